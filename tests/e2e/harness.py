@@ -1,0 +1,391 @@
+"""End-to-end harness: runs a real offload_server and talks to it with python3-grpcio.
+
+    from harness import Server, pb
+    server = Server("demo", backend="libsodium")
+    server.start()                      # returns once grpc.health.v1 reports SERVING for ""
+    info = server.keys.CreateKey(pb.keys.CreateKeyRequest(key_id="k", type=pb.keys.KEY_TYPE_ED25519))
+    server.stop()                       # SIGTERM, asserts exit code 0
+
+Configuration comes from the environment (CMake passes it to every e2e test):
+  OFFLOAD_SERVER            path of the offload_server binary (required)
+  OFFLOAD_PROTO_DIR         the repository's proto/ folder (default: ../../proto from this file)
+  OFFLOAD_TESTVECTORS_DIR   the shared test vectors folder (default: ../../../shared/testvectors)
+  OFFLOAD_SERVER_EXTRA_ARGS extra flags for every server, split like a shell would
+  OFFLOAD_E2E_KEEP          keep server data and log folders after the run when set to 1
+
+Python stubs are generated from proto/ at import time (once per process) into a temporary folder
+with protoc and Debian's grpc_python_plugin. Run with /usr/bin/python3: the Debian python3-grpcio
+and python3-protobuf packages are only visible to it. Everything binds to 127.0.0.1.
+"""
+
+import atexit
+import contextlib
+import importlib
+import json
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import types
+import unittest
+
+import grpc
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+_REPO = os.path.dirname(os.path.dirname(HERE))
+
+PROTO_DIR = os.environ.get("OFFLOAD_PROTO_DIR", os.path.join(_REPO, "proto"))
+TESTVECTORS_DIR = os.environ.get(
+    "OFFLOAD_TESTVECTORS_DIR", os.path.join(os.path.dirname(_REPO), "shared", "testvectors"))
+KEEP = os.environ.get("OFFLOAD_E2E_KEEP") == "1"
+
+START_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 15.0
+MAX_MESSAGE = 64 * 1024 * 1024  # client side; the server's own limit is what is under test
+
+# gRPC canonical codes as integers, for batch ItemStatus.code.
+OK = 0
+CANCELLED = 1
+INVALID_ARGUMENT = 3
+NOT_FOUND = 5
+ALREADY_EXISTS = 6
+FAILED_PRECONDITION = 9
+RESOURCE_EXHAUSTED = 8
+UNAVAILABLE = 14
+
+_WORK = tempfile.mkdtemp(prefix="offload-e2e-")
+_LIVE_SERVERS = []
+
+
+def _cleanup():
+    for server in list(_LIVE_SERVERS):
+        server.kill()
+    if KEEP:
+        sys.stderr.write("e2e: kept %s\n" % _WORK)
+    else:
+        shutil.rmtree(_WORK, ignore_errors=True)
+
+
+atexit.register(_cleanup)
+
+
+# ----------------------------------------------------------------------------------------------
+# Stubs generated from proto/ at test time.
+
+def _generate_stubs():
+    out = os.path.join(_WORK, "stubs")
+    os.makedirs(out)
+    protos = sorted(
+        os.path.join("offload", "v1", f)
+        for f in os.listdir(os.path.join(PROTO_DIR, "offload", "v1")) if f.endswith(".proto"))
+    if not protos:
+        raise RuntimeError("no .proto files under %s/offload/v1" % PROTO_DIR)
+    common = ["protoc", "--python_out=" + out, "--grpc_out=" + out,
+              "--plugin=protoc-gen-grpc=/usr/bin/grpc_python_plugin"]
+    for cmd in (common + ["-I", PROTO_DIR] + protos,
+                common + ["-I", HERE, "health.proto"]):
+        run = subprocess.run(cmd, cwd=PROTO_DIR, capture_output=True, text=True)
+        if run.returncode != 0:
+            raise RuntimeError("stub generation failed: %s\n%s" % (" ".join(cmd), run.stderr))
+    sys.path.insert(0, out)
+    mod = lambda name: importlib.import_module(name)
+    return types.SimpleNamespace(
+        common=mod("offload.v1.common_pb2"),
+        keys=mod("offload.v1.keys_pb2"), keys_grpc=mod("offload.v1.keys_pb2_grpc"),
+        ed=mod("offload.v1.ed25519_pb2"), ed_grpc=mod("offload.v1.ed25519_pb2_grpc"),
+        x=mod("offload.v1.x25519_pb2"), x_grpc=mod("offload.v1.x25519_pb2_grpc"),
+        box=mod("offload.v1.box_pb2"), box_grpc=mod("offload.v1.box_pb2_grpc"),
+        aead=mod("offload.v1.aead_pb2"), aead_grpc=mod("offload.v1.aead_pb2_grpc"),
+        health=mod("health_pb2"), health_grpc=mod("health_pb2_grpc"))
+
+
+pb = _generate_stubs()
+
+
+# ----------------------------------------------------------------------------------------------
+# Small helpers shared by the tests.
+
+def vector_path(*parts):
+    return os.path.join(TESTVECTORS_DIR, *parts)
+
+
+def load_json(*parts):
+    with open(vector_path(*parts)) as f:
+        return json.load(f)
+
+
+def h(hexstr):
+    return bytes.fromhex(hexstr)
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rpc_error(fn, *args, **kwargs):
+    """Calls `fn` and returns the grpc.RpcError it raised, or None if it succeeded."""
+    try:
+        fn(*args, **kwargs)
+    except grpc.RpcError as e:
+        return e
+    return None
+
+
+_SERVER_FLAGS = None
+
+
+def server_flags(binary):
+    """Flag names that `binary --helpfull` lists (empty if it cannot say)."""
+    global _SERVER_FLAGS
+    if _SERVER_FLAGS is None:
+        names = set()
+        for flag in ("--helpfull", "--help"):
+            try:
+                run = subprocess.run([binary, flag], capture_output=True, text=True, timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                continue
+            import re
+            names |= set(re.findall(r"--([a-z][a-z0-9_]*)", run.stdout + run.stderr))
+        _SERVER_FLAGS = names
+    return _SERVER_FLAGS
+
+
+# ----------------------------------------------------------------------------------------------
+# The server process.
+
+class Server:
+    """One offload_server process on a free loopback port, with a stub per service.
+
+    `data_dir` and `kek_hex` may be passed to restart on the same key store; otherwise each
+    Server gets a fresh folder and a random key-encryption key (given as OFFLOAD_KEK).
+    """
+
+    def __init__(self, name, backend=None, data_dir=None, kek_hex=None, args=()):
+        self.binary = os.environ.get("OFFLOAD_SERVER")
+        if not self.binary:
+            raise RuntimeError("OFFLOAD_SERVER is not set (path of the offload_server binary)")
+        if not os.access(self.binary, os.X_OK):
+            raise RuntimeError("OFFLOAD_SERVER=%s is not an executable file" % self.binary)
+        self.name = name
+        self.backend = backend
+        self.data_dir = data_dir or tempfile.mkdtemp(prefix="data-%s-" % name, dir=_WORK)
+        self.kek_hex = kek_hex or secrets.token_hex(32)
+        self.extra_args = list(args)
+        self.proc = None
+        self.channel = None
+        self.address = None
+        self.log_path = None
+        self.starts = 0
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def command(self):
+        port = free_port()
+        self.address = "127.0.0.1:%d" % port
+        cmd = [self.binary, "--grpc_address=" + self.address, "--data_dir=" + self.data_dir]
+        if self.backend:
+            cmd.append("--backend=" + self.backend)
+        # Any other listener the binary has (HTTP gateway, metrics) gets its own free loopback
+        # port, so that several servers can run side by side.
+        for flag in sorted(server_flags(self.binary)):
+            if flag == "grpc_address" or any(a.startswith("--%s=" % flag) for a in self.extra_args):
+                continue
+            if flag.endswith("_address") or flag.endswith("_addr") or flag.endswith("_listen"):
+                cmd.append("--%s=127.0.0.1:%d" % (flag, free_port()))
+            elif flag.endswith("_port") and flag != "grpc_port":
+                cmd.append("--%s=%d" % (flag, free_port()))
+        cmd += shlex.split(os.environ.get("OFFLOAD_SERVER_EXTRA_ARGS", ""))
+        cmd += self.extra_args
+        return cmd
+
+    def start(self):
+        """Starts the process and waits until health reports SERVING (fails fast if it exits)."""
+        assert self.proc is None, "already running"
+        self.starts += 1
+        cmd = self.command()
+        self.log_path = os.path.join(_WORK, "%s.%d.stderr.log" % (self.name, self.starts))
+        env = dict(os.environ, OFFLOAD_KEK=self.kek_hex)
+        self._log = open(self.log_path, "wb")
+        self._log.write(("# " + " ".join(shlex.quote(c) for c in cmd) + "\n").encode())
+        self._log.flush()
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log,
+                                     stderr=self._log, env=env)
+        _LIVE_SERVERS.append(self)
+        self.channel = self.new_channel()
+        self._bind_stubs(self.channel)
+        self.wait_serving(START_TIMEOUT_S)
+        return self
+
+    def new_channel(self):
+        return grpc.insecure_channel(self.address, options=[
+            ("grpc.max_send_message_length", MAX_MESSAGE),
+            ("grpc.max_receive_message_length", MAX_MESSAGE),
+            ("grpc.enable_http_proxy", 0),
+            ("grpc.enable_retries", 0),
+        ])
+
+    def stubs_on(self, channel):
+        return types.SimpleNamespace(
+            keys=pb.keys_grpc.KeyServiceStub(channel),
+            ed=pb.ed_grpc.Ed25519ServiceStub(channel),
+            x=pb.x_grpc.X25519ServiceStub(channel),
+            box=pb.box_grpc.BoxServiceStub(channel),
+            aead=pb.aead_grpc.AeadServiceStub(channel),
+            health=pb.health_grpc.HealthStub(channel))
+
+    def _bind_stubs(self, channel):
+        s = self.stubs_on(channel)
+        self.keys, self.ed, self.x, self.box, self.aead, self.health = (
+            s.keys, s.ed, s.x, s.box, s.aead, s.health)
+
+    def health_status(self, timeout=2.0):
+        resp = self.health.Check(pb.health.HealthCheckRequest(service=""), timeout=timeout)
+        return resp.status
+
+    def wait_serving(self, timeout):
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            rc = self.proc.poll()
+            if rc is not None:
+                raise RuntimeError("%s exited with code %s before SERVING\n%s"
+                                   % (self.name, rc, self.log_tail()))
+            try:
+                status = self.health_status(timeout=1.0)
+                if status == pb.health.HealthCheckResponse.SERVING:
+                    return
+                last = "health status %s" % pb.health.HealthCheckResponse.ServingStatus.Name(status)
+            except grpc.RpcError as e:
+                last = "%s: %s" % (e.code(), e.details())
+            time.sleep(0.05)
+        self.kill()
+        raise RuntimeError("%s not SERVING after %.0fs (last: %s)\n%s"
+                           % (self.name, timeout, last, self.log_tail()))
+
+    def signal(self, sig):
+        self.proc.send_signal(sig)
+
+    def wait_exit(self, timeout):
+        """Waits for the process; returns its exit code or None on timeout (process left alive)."""
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def _closed(self):
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
+        if self in _LIVE_SERVERS:
+            _LIVE_SERVERS.remove(self)
+        self._log.close()
+        self.proc = None
+
+    def terminate(self, timeout=STOP_TIMEOUT_S):
+        """SIGTERM and wait. Returns (exit code or None if it had to be SIGKILLed, seconds)."""
+        t0 = time.monotonic()
+        self.signal(signal.SIGTERM)
+        rc = self.wait_exit(timeout)
+        took = time.monotonic() - t0
+        if rc is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._closed()
+        return rc, took
+
+    def stop(self, timeout=STOP_TIMEOUT_S):
+        """SIGTERM; asserts that the server exits with code 0 within `timeout` seconds.
+
+        Returns the seconds it took to exit."""
+        if self.proc is None:
+            return 0.0
+        rc, took = self.terminate(timeout)
+        if rc is None:
+            raise AssertionError("%s did not exit within %.0fs of SIGTERM\n%s"
+                                 % (self.name, timeout, self.log_tail()))
+        if rc != 0:
+            raise AssertionError("%s exited with code %d after SIGTERM (expected 0)\n%s"
+                                 % (self.name, rc, self.log_tail()))
+        return took
+
+    def kill(self):
+        """SIGKILL, no questions asked (crash simulation and clean-up)."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        self.proc.wait()
+        self._closed()
+
+    # -- logs -------------------------------------------------------------------------------
+
+    def log_tail(self, lines=40):
+        if not self.log_path or not os.path.exists(self.log_path):
+            return "(no log)"
+        with open(self.log_path, "rb") as f:
+            data = f.read().decode("utf-8", "replace").splitlines()
+        return "---- %s: last %d lines of %s ----\n%s\n---- end ----" % (
+            self.name, min(lines, len(data)), self.log_path, "\n".join(data[-lines:]))
+
+    def log_lines(self):
+        with open(self.log_path, "rb") as f:
+            return f.read().decode("utf-8", "replace").splitlines()
+
+
+class ServerTestCase(unittest.TestCase):
+    """A TestCase whose failures print the tail of its servers' logs.
+
+    Subclasses put their Server objects in `cls.servers` (a list)."""
+
+    servers = ()
+
+    def run(self, result=None):
+        if result is None:
+            return super().run(result)
+        before = len(result.failures) + len(result.errors)
+        out = super().run(result)
+        if len(result.failures) + len(result.errors) > before:
+            for server in self.servers:
+                sys.stderr.write("\n" + server.log_tail() + "\n")
+        return out
+
+    # -- assertions shared by the tests ------------------------------------------------------
+
+    def assertRpcError(self, code, fn, *args, contains=(), **kwargs):
+        """Asserts that `fn(*args)` fails with grpc status `code`; returns the error."""
+        err = rpc_error(fn, *args, **kwargs)
+        self.assertIsNotNone(err, "expected %s, call succeeded" % code)
+        self.assertEqual(err.code(), code, "expected %s, got %s: %s"
+                         % (code, err.code(), err.details()))
+        if isinstance(contains, str):
+            contains = (contains,)
+        for part in contains:
+            self.assertIn(part, err.details() or "", "message does not mention %r" % part)
+        return err
+
+    def assertItem(self, result, code, contains=(), what=""):
+        """Asserts a batch item's ItemStatus code (and message parts for errors)."""
+        self.assertEqual(result.status.code, code, "%s: expected item code %d, got %d (%s)"
+                         % (what, code, result.status.code, result.status.message))
+        if isinstance(contains, str):
+            contains = (contains,)
+        for part in contains:
+            self.assertIn(part, result.status.message,
+                          "%s: item message does not mention %r" % (what, part))
+
+
+def thread_run(fn, n, *args):
+    """Runs fn(i, *args) for i in range(n) on threads; returns the threads (started)."""
+    threads = [threading.Thread(target=fn, args=(i,) + args, daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    return threads

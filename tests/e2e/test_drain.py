@@ -1,0 +1,159 @@
+"""Graceful shutdown: SIGTERM while many calls are in flight.
+
+Client threads keep the server busy with 1024-item BatchVerify and BatchDerive calls (inputs that
+miss the memo caches, so each call does real work) and 1 MB AEAD seals. Then SIGTERM:
+  - a call that was in flight (sent at least GRACE seconds before the signal, unanswered at it)
+    completes OK with correct answers;
+  - a call started after (or just before) the signal is OK or UNAVAILABLE, nothing else;
+  - the server exits with code 0 within EXIT_LIMIT seconds.
+
+    OFFLOAD_SERVER=build/bin/offload_server /usr/bin/python3 -m unittest -v tests/e2e/test_drain.py
+"""
+
+import os
+import threading
+import time
+import unittest
+
+import grpc
+
+from harness import Server, ServerTestCase, pb
+
+THREADS = 16
+ITEMS = 1024
+GRACE = 0.05      # a call sent this long before SIGTERM has certainly reached the server
+EXIT_LIMIT = 10.0
+T = 60
+
+
+class DrainTest(ServerTestCase):
+
+    def setUp(self):
+        self.server = Server("drain")
+        self.servers = [self.server]
+        self.server.start()
+        s = self.server
+        self.pk = s.keys.CreateKey(pb.keys.CreateKeyRequest(
+            key_id="drain-ed", type=pb.keys.KEY_TYPE_ED25519), timeout=T).versions[0].public_key
+        s.keys.CreateKey(pb.keys.CreateKeyRequest(key_id="drain-x", type=pb.keys.KEY_TYPE_X25519),
+                         timeout=T)
+        s.keys.CreateKey(pb.keys.CreateKeyRequest(
+            key_id="drain-aead", type=pb.keys.KEY_TYPE_CHACHA20_POLY1305), timeout=T)
+        self.messages = [b"drain message %d" % i for i in range(ITEMS)]
+        signed = s.ed.BatchSign(pb.ed.BatchSignRequest(items=[
+            pb.ed.SignRequest(key_id="drain-ed", message=m) for m in self.messages]), timeout=T)
+        self.sigs = [r.response.signature for r in signed.results]
+        self.calls = []  # (kind, t_sent, t_done, code, correct)
+        self.lock = threading.Lock()
+
+    def tearDown(self):
+        self.server.kill()
+
+    def one_call(self, stubs, kind, n):
+        """Makes one call; returns (code, correct)."""
+        if kind == "verify":
+            # 8 valid items, the rest with a per-call message suffix: invalid, never memoised.
+            suffix = b" #%d" % n
+            items = [pb.ed.VerifyRequest(public_key=self.pk, message=m + (suffix if i >= 8 else b""),
+                                         signature=sig)
+                     for i, (m, sig) in enumerate(zip(self.messages, self.sigs))]
+            r = stubs.ed.BatchVerify(pb.ed.BatchVerifyRequest(items=items), timeout=T)
+            ok = (len(r.results) == ITEMS and all(x.status.code == 0 for x in r.results)
+                  and [x.valid for x in r.results] == [i < 8 for i in range(ITEMS)])
+            return grpc.StatusCode.OK, ok
+        if kind == "derive":
+            peers = [os.urandom(32) for _ in range(ITEMS)]
+            r = stubs.x.BatchDerive(pb.x.BatchDeriveRequest(items=[
+                pb.x.DeriveRequest(key_id="drain-x", peer_public_key=p) for p in peers]), timeout=T)
+            # A random peer is of small order with negligible probability.
+            ok = (len(r.results) == ITEMS and all(
+                x.status.code == 0 and len(x.response.shared_key) == 32 for x in r.results))
+            return grpc.StatusCode.OK, ok
+        pt = os.urandom(1024 * 1024)
+        env = stubs.aead.Seal(pb.aead.AeadSealRequest(key_id="drain-aead", plaintext=pt), timeout=T)
+        return grpc.StatusCode.OK, len(env.envelope) == 5 + 12 + len(pt) + 16
+
+    def client(self, t, channel, stop):
+        stubs = self.server.stubs_on(channel)
+        kind = ("verify", "derive", "aead")[t % 3]
+        n = 0
+        while not stop.is_set():
+            n += 1
+            t0 = time.monotonic()
+            try:
+                code, correct = self.one_call(stubs, kind, t * 100000 + n)
+            except grpc.RpcError as e:
+                code, correct = e.code(), None
+            except ValueError as e:  # channel closed under us: only at the very end
+                code, correct = "ValueError: %s" % e, None
+            t1 = time.monotonic()
+            with self.lock:
+                self.calls.append((kind, t0, t1, code, correct))
+            if code != grpc.StatusCode.OK:
+                time.sleep(0.01)
+
+    def test_sigterm_drains_in_flight_calls(self):
+        s = self.server
+        channels = [s.new_channel() for _ in range(4)]
+        stop = threading.Event()
+        threads = []
+        for t in range(THREADS):
+            th = threading.Thread(target=self.client, args=(t, channels[t % 4], stop), daemon=True)
+            th.start()
+            threads.append(th)
+        time.sleep(1.5)
+        with self.lock:
+            warm = [c for c in self.calls if c[3] == grpc.StatusCode.OK]
+        self.assertTrue(warm, "no call completed during warm-up\n" + s.log_tail())
+        for kind in ("verify", "derive", "aead"):
+            d = [c[2] - c[1] for c in warm if c[0] == kind]
+            if d:
+                print("warm-up %s: %d calls, mean %.0f ms" % (kind, len(d), 1000 * sum(d) / len(d)))
+
+        t_term = time.monotonic()
+        rc, took = s.terminate(timeout=EXIT_LIMIT + 20)
+        # Keep calling for a moment after the exit: those calls must fail cleanly, not hang.
+        time.sleep(0.3)
+        stop.set()
+        for th in threads:
+            th.join(T + 5)
+            self.assertFalse(th.is_alive(), "client thread stuck")
+        for ch in channels:
+            ch.close()
+
+        in_flight, before, after, problems = [], [], [], []
+        for c in self.calls:
+            kind, t0, t1, code, correct = c
+            if t1 <= t_term:
+                before.append(c)
+                if code != grpc.StatusCode.OK or not correct:
+                    problems.append("before SIGTERM: %s %s correct=%s" % (kind, code, correct))
+            elif t0 < t_term - GRACE:
+                in_flight.append(c)
+                if code != grpc.StatusCode.OK or not correct:
+                    problems.append("in flight at SIGTERM (sent %.0f ms before, done %.0f ms after): "
+                                    "%s %s correct=%s" % (1000 * (t_term - t0), 1000 * (t1 - t_term),
+                                                         kind, code, correct))
+            else:
+                after.append(c)
+                if code not in (grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE):
+                    problems.append("started %.0f ms after SIGTERM: %s %s" % (
+                        1000 * (t0 - t_term), kind, code))
+                elif code == grpc.StatusCode.OK and not correct:
+                    problems.append("after SIGTERM: %s wrong answer" % kind)
+        codes = {}
+        for c in after:
+            codes[str(c[3])] = codes.get(str(c[3]), 0) + 1
+        last_ok = max((c[2] for c in in_flight + after if c[3] == grpc.StatusCode.OK), default=t_term)
+        print("SIGTERM: exit code %s after %.2fs; %d calls before, %d in flight (all must be OK; last "
+              "answered %.0f ms after the signal), %d started after: %s"
+              % (rc, took, len(before), len(in_flight), 1000 * (last_ok - t_term), len(after), codes))
+        self.assertEqual(problems, [])
+        self.assertGreaterEqual(len(in_flight), 4, "too few calls were in flight to test draining")
+        self.assertIsNotNone(rc, "server did not exit within %.0fs of SIGTERM" % (EXIT_LIMIT + 20))
+        self.assertEqual(rc, 0, "exit code after SIGTERM")
+        self.assertLess(took, EXIT_LIMIT, "exit took %.1fs" % took)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
