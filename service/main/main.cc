@@ -1,0 +1,50 @@
+// offload_server: the crypto-offload gRPC service. See README.md for the flags and a tour.
+#include <cstdint>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/time/time.h"
+#include "service/common/log.h"
+#include "service/main/server.h"
+
+ABSL_FLAG(std::string, grpc_address, "127.0.0.1:50051",
+          "Address the gRPC server listens on (host:port; port 0 picks a free one).");
+ABSL_FLAG(std::string, data_dir, "data", "Folder of the file key store (keys.db) and a generated KEK.");
+ABSL_FLAG(std::string, kek_file, "",
+          "File holding the 32-byte key-encryption key (64 hex characters or 32 raw bytes).");
+ABSL_FLAG(std::string, kek_env, "OFFLOAD_KEK",
+          "Environment variable holding the key-encryption key as 64 hex characters, used when "
+          "--kek_file is empty. When neither is set, a KEK is generated into --data_dir/kek.");
+ABSL_FLAG(int, max_batch_items, 1024, "Most items one batch RPC may carry.");
+ABSL_FLAG(int64_t, max_message_bytes, 16 << 20, "Largest request or response message, in bytes.");
+ABSL_FLAG(int, workers, 0, "Worker threads for crypto work; 0 = one per core.");
+ABSL_FLAG(std::string, backend, "auto",
+          "Crypto backend: auto (the faster per operation, measured at start), libsodium or openssl.");
+ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(20),
+          "On SIGTERM, how long in-flight calls may take before they are cancelled.");
+
+int main(int argc, char** argv) {
+  offload::BlockStopSignals();
+  absl::SetProgramUsageMessage("The crypto-offload gRPC service.\nUsage: offload_server [flags]");
+  absl::ParseCommandLine(argc, argv);
+
+  offload::ServerConfig config;
+  config.grpc_address = absl::GetFlag(FLAGS_grpc_address);
+  config.data_dir = absl::GetFlag(FLAGS_data_dir);
+  config.kek_file = absl::GetFlag(FLAGS_kek_file);
+  config.kek_env = absl::GetFlag(FLAGS_kek_env);
+  config.max_batch_items = absl::GetFlag(FLAGS_max_batch_items);
+  config.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  config.workers = absl::GetFlag(FLAGS_workers);
+  config.backend = absl::GetFlag(FLAGS_backend);
+  config.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+
+  absl::Status status = offload::RunServer(config);
+  if (!status.ok()) {
+    offload::Log(offload::LogLevel::kError, "server_failed", {{"error", status.ToString()}});
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,40 @@
+// The crypto-offload server: loads keys, starts the worker pool and the gRPC server, and serves
+// until SIGTERM or SIGINT, then drains in-flight calls and returns.
+//
+//   ServerConfig config;
+//   config.grpc_address = "127.0.0.1:50051";
+//   absl::Status s = RunServer(config);   // blocks until a stop signal; OK after a clean drain
+//
+// REQUIRES: SIGTERM and SIGINT are blocked in every thread before RunServer starts any (call
+// BlockStopSignals() first thing in main); RunServer waits for them with sigwait.
+#ifndef SERVICE_MAIN_SERVER_H_
+#define SERVICE_MAIN_SERVER_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace offload {
+
+struct ServerConfig {
+  std::string grpc_address = "127.0.0.1:50051";
+  std::string data_dir = "data";
+  std::string kek_file;  // empty: environment variable `kek_env`, else a generated data_dir/kek
+  std::string kek_env = "OFFLOAD_KEK";
+  int max_batch_items = 1024;
+  int64_t max_message_bytes = 16 << 20;
+  int workers = 0;                 // 0 = one per core
+  std::string backend = "auto";    // auto | libsodium | openssl
+  absl::Duration drain_timeout = absl::Seconds(20);
+};
+
+// Blocks SIGTERM and SIGINT in the calling thread (and so in every thread it starts later).
+void BlockStopSignals();
+
+absl::Status RunServer(const ServerConfig& config);
+
+}  // namespace offload
+
+#endif  // SERVICE_MAIN_SERVER_H_

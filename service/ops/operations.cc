@@ -1,0 +1,343 @@
+#include "service/ops/operations.h"
+
+#include <sodium.h>
+
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+#include "service/common/secret_bytes.h"
+#include "service/common/status_macros.h"
+#include "service/crypto/aead.h"
+#include "service/crypto/ed25519.h"
+#include "service/crypto/x25519.h"
+#include "service/ops/envelope.h"
+
+namespace offload::ops {
+namespace {
+
+using KeyPtr = std::shared_ptr<const keys::ManagedKey>;
+
+absl::Span<const uint8_t> Bytes(const std::string& s) {
+  return absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(s.data()), s.size());
+}
+
+// Gives `out` exactly `size` bytes and returns them as a writable span.
+absl::Span<uint8_t> Resize(std::string* out, size_t size) {
+  out->resize(size);
+  return absl::MakeSpan(reinterpret_cast<uint8_t*>(out->data()), out->size());
+}
+
+absl::Status CheckSize(absl::string_view field, const std::string& value, size_t expected) {
+  if (value.size() == expected) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": expected ", expected, " bytes, got ", value.size()));
+}
+
+absl::string_view TypeName(v1::KeyType type) {
+  switch (type) {
+    case v1::KEY_TYPE_ED25519: return "ed25519";
+    case v1::KEY_TYPE_X25519: return "x25519";
+    case v1::KEY_TYPE_CHACHA20_POLY1305: return "chacha20-poly1305";
+    case v1::KEY_TYPE_XCHACHA20_POLY1305: return "xchacha20-poly1305";
+    case v1::KEY_TYPE_AES256_GCM: return "aes256-gcm";
+    default: return "unspecified";
+  }
+}
+
+bool IsAeadType(v1::KeyType type) {
+  return type == v1::KEY_TYPE_CHACHA20_POLY1305 || type == v1::KEY_TYPE_XCHACHA20_POLY1305 ||
+         type == v1::KEY_TYPE_AES256_GCM;
+}
+
+// The key named `key_id`, which must be of a type accepted by `type_ok`; `wanted` names that type
+// in the error.
+template <typename TypeOk>
+absl::StatusOr<KeyPtr> FindKey(const keys::KeyManager& manager, const std::string& key_id,
+                               TypeOk type_ok, absl::string_view wanted) {
+  OFFLOAD_RETURN_IF_ERROR(keys::ValidateKeyId(key_id));
+  KeyPtr key = manager.Find(key_id);
+  if (key == nullptr) {
+    return absl::NotFoundError(absl::StrCat("key_id: no key named '", key_id, "'"));
+  }
+  if (!type_ok(key->type)) {
+    return absl::FailedPreconditionError(absl::StrCat("key_id: key '", key_id, "' is ",
+                                                      TypeName(key->type), ", expected ", wanted));
+  }
+  return key;
+}
+
+absl::StatusOr<KeyPtr> FindKeyOfType(const keys::KeyManager& manager, const std::string& key_id,
+                                     v1::KeyType type) {
+  return FindKey(
+      manager, key_id, [type](v1::KeyType t) { return t == type; }, TypeName(type));
+}
+
+absl::StatusOr<const keys::ManagedKeyVersion*> FindVersion(const keys::ManagedKey& key,
+                                                           uint32_t version) {
+  const keys::ManagedKeyVersion* v = key.Version(version);
+  if (v == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("key_version: key '", key.key_id, "' has no version ", version));
+  }
+  return v;
+}
+
+void SetItemStatus(const absl::Status& status, v1::ItemStatus* out) {
+  out->set_code(static_cast<int32_t>(status.code()));
+  out->set_message(std::string(status.message()));
+}
+
+// Writes the raw X25519 secret or the box key, as `output` asks, into `out` (32 bytes).
+absl::Status DeriveInto(const keys::ManagedKey& key, const keys::ManagedKeyVersion& version,
+                        absl::Span<const uint8_t> peer, v1::DeriveOutput output,
+                        absl::Span<uint8_t> out) {
+  const bool allow_zero = key.options.allow_zero_shared_secret();
+  if (output == v1::DERIVE_OUTPUT_BOX_BEFORENM) {
+    SecretBytes raw(crypto::kX25519KeySize);
+    OFFLOAD_RETURN_IF_ERROR(version.x25519->Derive(peer, allow_zero, absl::MakeSpan(raw)));
+    crypto::BoxKeyFromShared(raw, out);
+    return absl::OkStatus();
+  }
+  return version.x25519->Derive(peer, allow_zero, out);
+}
+
+}  // namespace
+
+Operations::Operations(keys::KeyManager* keys, WorkerPool* pool, crypto::BackendChoice backends,
+                       Options options)
+    : keys_(keys), pool_(pool), backends_(backends), options_(options) {}
+
+absl::Status Operations::Sign(const v1::SignRequest& request, v1::SignResponse* response) const {
+  OFFLOAD_ASSIGN_OR_RETURN(KeyPtr key,
+                           FindKeyOfType(*keys_, request.key_id(), v1::KEY_TYPE_ED25519));
+  const keys::ManagedKeyVersion* version = key->Current();
+  OFFLOAD_RETURN_IF_ERROR(version->signer->Sign(
+      Bytes(request.message()),
+      Resize(response->mutable_signature(), crypto::kEd25519SignatureSize)));
+  response->set_key_version(version->version);
+  response->set_public_key(version->public_key.data(), version->public_key.size());
+  return absl::OkStatus();
+}
+
+absl::Status Operations::Verify(const v1::VerifyRequest& request,
+                                v1::VerifyResponse* response) const {
+  OFFLOAD_RETURN_IF_ERROR(
+      CheckSize("public_key", request.public_key(), crypto::kEd25519PublicKeySize));
+  OFFLOAD_RETURN_IF_ERROR(
+      CheckSize("signature", request.signature(), crypto::kEd25519SignatureSize));
+  response->set_valid(crypto::Ed25519Verify(backends_.ed25519_verify, Bytes(request.public_key()),
+                                            Bytes(request.message()),
+                                            Bytes(request.signature())));
+  response->set_memo_hit(false);
+  return absl::OkStatus();
+}
+
+absl::Status Operations::Derive(const v1::DeriveRequest& request,
+                                v1::DeriveResponse* response) const {
+  OFFLOAD_RETURN_IF_ERROR(
+      CheckSize("peer_public_key", request.peer_public_key(), crypto::kX25519KeySize));
+  if (!v1::DeriveOutput_IsValid(request.output())) {
+    return absl::InvalidArgumentError(absl::StrCat("output: unknown value ", request.output()));
+  }
+  OFFLOAD_ASSIGN_OR_RETURN(KeyPtr key, FindKeyOfType(*keys_, request.key_id(), v1::KEY_TYPE_X25519));
+  OFFLOAD_ASSIGN_OR_RETURN(const keys::ManagedKeyVersion* version,
+                           FindVersion(*key, request.key_version()));
+  SecretBytes shared(crypto::kX25519KeySize);
+  OFFLOAD_RETURN_IF_ERROR(DeriveInto(*key, *version, Bytes(request.peer_public_key()),
+                                     request.output(), absl::MakeSpan(shared)));
+  response->set_shared_key(reinterpret_cast<const char*>(shared.data()), shared.size());
+  response->set_key_version(version->version);
+  response->set_memo_hit(false);
+  return absl::OkStatus();
+}
+
+absl::Status Operations::BoxSeal(const v1::BoxSealRequest& request,
+                                 v1::BoxSealResponse* response) const {
+  OFFLOAD_RETURN_IF_ERROR(
+      CheckSize("peer_public_key", request.peer_public_key(), crypto::kX25519KeySize));
+  if (!request.nonce().empty()) {
+    OFFLOAD_RETURN_IF_ERROR(CheckSize("nonce", request.nonce(), crypto::kBoxNonceSize));
+  }
+  OFFLOAD_ASSIGN_OR_RETURN(KeyPtr key, FindKeyOfType(*keys_, request.key_id(), v1::KEY_TYPE_X25519));
+  const keys::ManagedKeyVersion* version = key->Current();
+  SecretBytes box_key(crypto::kX25519KeySize);
+  OFFLOAD_RETURN_IF_ERROR(DeriveInto(*key, *version, Bytes(request.peer_public_key()),
+                                     v1::DERIVE_OUTPUT_BOX_BEFORENM, absl::MakeSpan(box_key)));
+  if (request.nonce().empty()) {
+    randombytes_buf(Resize(response->mutable_nonce(), crypto::kBoxNonceSize).data(),
+                    crypto::kBoxNonceSize);
+  } else {
+    response->set_nonce(request.nonce());
+  }
+  OFFLOAD_RETURN_IF_ERROR(crypto::BoxSealAfternm(
+      box_key, Bytes(response->nonce()), Bytes(request.plaintext()),
+      Resize(response->mutable_ciphertext(), request.plaintext().size() + crypto::kBoxTagSize)));
+  response->set_key_version(version->version);
+  return absl::OkStatus();
+}
+
+absl::Status Operations::BoxOpen(const v1::BoxOpenRequest& request,
+                                 v1::BoxOpenResponse* response) const {
+  OFFLOAD_RETURN_IF_ERROR(
+      CheckSize("peer_public_key", request.peer_public_key(), crypto::kX25519KeySize));
+  OFFLOAD_RETURN_IF_ERROR(CheckSize("nonce", request.nonce(), crypto::kBoxNonceSize));
+  if (request.ciphertext().size() < crypto::kBoxTagSize) {
+    return absl::InvalidArgumentError(absl::StrCat("ciphertext: expected at least ",
+                                                   crypto::kBoxTagSize, " bytes, got ",
+                                                   request.ciphertext().size()));
+  }
+  OFFLOAD_ASSIGN_OR_RETURN(KeyPtr key, FindKeyOfType(*keys_, request.key_id(), v1::KEY_TYPE_X25519));
+  OFFLOAD_ASSIGN_OR_RETURN(const keys::ManagedKeyVersion* version,
+                           FindVersion(*key, request.key_version()));
+  SecretBytes box_key(crypto::kX25519KeySize);
+  OFFLOAD_RETURN_IF_ERROR(DeriveInto(*key, *version, Bytes(request.peer_public_key()),
+                                     v1::DERIVE_OUTPUT_BOX_BEFORENM, absl::MakeSpan(box_key)));
+  absl::Status opened = crypto::BoxOpenAfternm(
+      box_key, Bytes(request.nonce()), Bytes(request.ciphertext()),
+      Resize(response->mutable_plaintext(), request.ciphertext().size() - crypto::kBoxTagSize));
+  if (!opened.ok()) {
+    response->clear_plaintext();
+    return opened;
+  }
+  response->set_memo_hit(false);
+  return absl::OkStatus();
+}
+
+absl::Status Operations::AeadSeal(const v1::AeadSealRequest& request,
+                                  v1::AeadSealResponse* response) const {
+  OFFLOAD_ASSIGN_OR_RETURN(KeyPtr key, FindKey(*keys_, request.key_id(), IsAeadType, "an AEAD type"));
+  const keys::ManagedKeyVersion* version = key->Current();
+  const crypto::Aead& aead = *version->aead;
+  const size_t nonce_size = crypto::AeadNonceSize(aead.algorithm());
+  absl::Span<uint8_t> envelope =
+      Resize(response->mutable_envelope(), EnvelopeSize(nonce_size, request.plaintext().size()));
+  uint8_t nonce[24];
+  randombytes_buf(nonce, nonce_size);
+  WriteEnvelopeHeader(version->version, absl::MakeConstSpan(nonce, nonce_size), envelope);
+  OFFLOAD_RETURN_IF_ERROR(aead.Seal(absl::MakeConstSpan(nonce, nonce_size),
+                                    Bytes(request.associated_data()), Bytes(request.plaintext()),
+                                    envelope.subspan(kEnvelopeHeaderPrefix + nonce_size)));
+  response->set_key_version(version->version);
+  return absl::OkStatus();
+}
+
+absl::Status Operations::AeadOpen(const v1::AeadOpenRequest& request,
+                                  v1::AeadOpenResponse* response) const {
+  OFFLOAD_ASSIGN_OR_RETURN(KeyPtr key, FindKey(*keys_, request.key_id(), IsAeadType, "an AEAD type"));
+  // Any version of one key has the same algorithm: the current one tells the nonce size.
+  const size_t nonce_size = crypto::AeadNonceSize(key->Current()->aead->algorithm());
+  OFFLOAD_ASSIGN_OR_RETURN(EnvelopeView view, ParseEnvelope(Bytes(request.envelope()), nonce_size));
+  if (view.key_version == 0) {
+    return absl::InvalidArgumentError("envelope: key version 0 does not exist");
+  }
+  OFFLOAD_ASSIGN_OR_RETURN(const keys::ManagedKeyVersion* version,
+                           FindVersion(*key, view.key_version));
+  absl::Status opened =
+      version->aead->Open(view.nonce, Bytes(request.associated_data()), view.ciphertext_and_tag,
+                          Resize(response->mutable_plaintext(), view.plaintext_size()));
+  if (!opened.ok()) {
+    response->clear_plaintext();
+    return opened;
+  }
+  response->set_key_version(version->version);
+  response->set_memo_hit(false);
+  return absl::OkStatus();
+}
+
+absl::Status Operations::CheckBatchSize(int items) const {
+  if (items == 0) return absl::InvalidArgumentError("items: the batch is empty");
+  if (items > options_.max_batch_items) {
+    return absl::InvalidArgumentError(absl::StrCat("items: expected at most ",
+                                                   options_.max_batch_items, " items, got ",
+                                                   items));
+  }
+  return absl::OkStatus();
+}
+
+template <typename ItemFn>
+void Operations::RunBatch(int n, ItemFn item, Done done) const {
+  struct State {
+    std::atomic<int> remaining;
+    Done done;
+  };
+  const int chunks = std::min(n, pool_->size());
+  auto state = std::make_shared<State>();
+  state->remaining.store(chunks);
+  state->done = std::move(done);
+  const int chunk_size = (n + chunks - 1) / chunks;
+  for (int begin = 0; begin < n; begin += chunk_size) {
+    const int end = std::min(n, begin + chunk_size);
+    pool_->Submit([state, item, begin, end]() {
+      for (int i = begin; i < end; ++i) item(i);
+      if (state->remaining.fetch_sub(1) == 1) std::move(state->done)(absl::OkStatus());
+    });
+  }
+}
+
+template <typename BatchRequest, typename BatchResponse, typename Request, typename Response>
+void Operations::BatchOf(const BatchRequest& request, BatchResponse* response,
+                         absl::Status (Operations::*single)(const Request&, Response*) const,
+                         Done done) const {
+  absl::Status size_ok = CheckBatchSize(request.items_size());
+  if (!size_ok.ok()) return std::move(done)(size_ok);
+  for (int i = 0; i < request.items_size(); ++i) response->add_results();
+  RunBatch(
+      request.items_size(),
+      [this, &request, response, single](int i) {
+        auto* result = response->mutable_results(i);
+        absl::Status s = (this->*single)(request.items(i), result->mutable_response());
+        if (!s.ok()) result->clear_response();
+        SetItemStatus(s, result->mutable_status());
+      },
+      std::move(done));
+}
+
+void Operations::BatchSign(const v1::BatchSignRequest& request, v1::BatchSignResponse* response,
+                           Done done) const {
+  BatchOf(request, response, &Operations::Sign, std::move(done));
+}
+void Operations::BatchDerive(const v1::BatchDeriveRequest& request,
+                             v1::BatchDeriveResponse* response, Done done) const {
+  BatchOf(request, response, &Operations::Derive, std::move(done));
+}
+void Operations::BatchBoxSeal(const v1::BatchBoxSealRequest& request,
+                              v1::BatchBoxSealResponse* response, Done done) const {
+  BatchOf(request, response, &Operations::BoxSeal, std::move(done));
+}
+void Operations::BatchBoxOpen(const v1::BatchBoxOpenRequest& request,
+                              v1::BatchBoxOpenResponse* response, Done done) const {
+  BatchOf(request, response, &Operations::BoxOpen, std::move(done));
+}
+void Operations::BatchAeadSeal(const v1::BatchAeadSealRequest& request,
+                               v1::BatchAeadSealResponse* response, Done done) const {
+  BatchOf(request, response, &Operations::AeadSeal, std::move(done));
+}
+void Operations::BatchAeadOpen(const v1::BatchAeadOpenRequest& request,
+                               v1::BatchAeadOpenResponse* response, Done done) const {
+  BatchOf(request, response, &Operations::AeadOpen, std::move(done));
+}
+
+void Operations::BatchVerify(const v1::BatchVerifyRequest& request,
+                             v1::BatchVerifyResponse* response, Done done) const {
+  absl::Status size_ok = CheckBatchSize(request.items_size());
+  if (!size_ok.ok()) return std::move(done)(size_ok);
+  for (int i = 0; i < request.items_size(); ++i) response->add_results();
+  RunBatch(
+      request.items_size(),
+      [this, &request, response](int i) {
+        v1::BatchVerifyResult* result = response->mutable_results(i);
+        v1::VerifyResponse single;
+        absl::Status s = Verify(request.items(i), &single);
+        result->set_valid(single.valid());
+        result->set_memo_hit(single.memo_hit());
+        SetItemStatus(s, result->mutable_status());
+      },
+      std::move(done));
+}
+
+}  // namespace offload::ops

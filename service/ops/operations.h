@@ -1,0 +1,88 @@
+// The service's operations, independent of transport: the gRPC handlers (service/rpc) and the
+// HTTP gateway call the same functions with the same request and response messages.
+//
+//   Operations ops(&key_manager, &pool, backends, Operations::Options{});
+//   v1::VerifyResponse response;
+//   absl::Status s = ops.Verify(request, &response);          // runs on the calling thread
+//   ops.BatchVerify(batch, &batch_response, [](absl::Status s) { ... });  // items on the pool
+//
+// Single-item operations run on the calling thread, which must be a worker, never a transport
+// thread. Batch operations check the item count, then spread the items over the worker pool and
+// call `done` once, from a worker, after every item has its result (or at once if the whole call
+// is refused). Every size is checked before use; errors name the field.
+// Thread-safety: all methods are const and may run concurrently.
+#ifndef SERVICE_OPS_OPERATIONS_H_
+#define SERVICE_OPS_OPERATIONS_H_
+
+#include <cstddef>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "offload/v1/aead.pb.h"
+#include "offload/v1/box.pb.h"
+#include "offload/v1/ed25519.pb.h"
+#include "offload/v1/x25519.pb.h"
+#include "service/crypto/backend.h"
+#include "service/keys/key_manager.h"
+#include "service/ops/worker_pool.h"
+
+namespace offload::ops {
+
+class Operations final {
+ public:
+  struct Options {
+    int max_batch_items = 1024;
+  };
+  using Done = absl::AnyInvocable<void(absl::Status) &&>;
+
+  // `keys` and `pool` must outlive this object.
+  Operations(keys::KeyManager* keys, WorkerPool* pool, crypto::BackendChoice backends,
+             Options options);
+
+  absl::Status Sign(const v1::SignRequest& request, v1::SignResponse* response) const;
+  absl::Status Verify(const v1::VerifyRequest& request, v1::VerifyResponse* response) const;
+  absl::Status Derive(const v1::DeriveRequest& request, v1::DeriveResponse* response) const;
+  absl::Status BoxSeal(const v1::BoxSealRequest& request, v1::BoxSealResponse* response) const;
+  absl::Status BoxOpen(const v1::BoxOpenRequest& request, v1::BoxOpenResponse* response) const;
+  absl::Status AeadSeal(const v1::AeadSealRequest& request, v1::AeadSealResponse* response) const;
+  absl::Status AeadOpen(const v1::AeadOpenRequest& request, v1::AeadOpenResponse* response) const;
+
+  // REQUIRES: `request` and `response` stay alive until `done` has been called.
+  void BatchSign(const v1::BatchSignRequest& request, v1::BatchSignResponse* response,
+                 Done done) const;
+  void BatchVerify(const v1::BatchVerifyRequest& request, v1::BatchVerifyResponse* response,
+                   Done done) const;
+  void BatchDerive(const v1::BatchDeriveRequest& request, v1::BatchDeriveResponse* response,
+                   Done done) const;
+  void BatchBoxSeal(const v1::BatchBoxSealRequest& request, v1::BatchBoxSealResponse* response,
+                    Done done) const;
+  void BatchBoxOpen(const v1::BatchBoxOpenRequest& request, v1::BatchBoxOpenResponse* response,
+                    Done done) const;
+  void BatchAeadSeal(const v1::BatchAeadSealRequest& request, v1::BatchAeadSealResponse* response,
+                     Done done) const;
+  void BatchAeadOpen(const v1::BatchAeadOpenRequest& request, v1::BatchAeadOpenResponse* response,
+                     Done done) const;
+
+  const Options& options() const { return options_; }
+
+ private:
+  // InvalidArgument for an empty batch or one over the limit.
+  absl::Status CheckBatchSize(int items) const;
+  // Runs `item(i)` for every i in [0, n) on the pool, in contiguous chunks, then `done(OK)`.
+  template <typename ItemFn>
+  void RunBatch(int n, ItemFn item, Done done) const;
+  // A batch whose results hold (status, response of `single`) per item.
+  template <typename BatchRequest, typename BatchResponse, typename Request, typename Response>
+  void BatchOf(const BatchRequest& request, BatchResponse* response,
+               absl::Status (Operations::*single)(const Request&, Response*) const,
+               Done done) const;
+
+  keys::KeyManager* const keys_;
+  WorkerPool* const pool_;
+  const crypto::BackendChoice backends_;
+  const Options options_;
+};
+
+}  // namespace offload::ops
+
+#endif  // SERVICE_OPS_OPERATIONS_H_

@@ -1,0 +1,48 @@
+#include "service/ops/worker_pool.h"
+
+#include <utility>
+
+namespace offload::ops {
+
+WorkerPool::WorkerPool(int threads) {
+  if (threads <= 0) threads = static_cast<int>(std::thread::hardware_concurrency());
+  if (threads <= 0) threads = 1;
+  threads_.reserve(threads);
+  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Run(); });
+}
+
+WorkerPool::~WorkerPool() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  for (std::thread& t : threads_) t.join();
+}
+
+void WorkerPool::Submit(absl::AnyInvocable<void() &&> task) {
+  absl::MutexLock lock(&mu_);
+  queue_.push_back(std::move(task));
+}
+
+size_t WorkerPool::queue_depth() const {
+  absl::MutexLock lock(&mu_);
+  return queue_.size();
+}
+
+bool WorkerPool::HasWorkOrStopping() const { return stopping_ || !queue_.empty(); }
+
+void WorkerPool::Run() {
+  while (true) {
+    absl::AnyInvocable<void() &&> task;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(this, &WorkerPool::HasWorkOrStopping));
+      if (queue_.empty()) return;  // stopping, and every submitted task has run
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    std::move(task)();
+  }
+}
+
+}  // namespace offload::ops
