@@ -1,0 +1,149 @@
+// offloadctl's command-line layer: the subcommand table, flag checks, hex and input handling, and
+// the exit-code policy. Everything here is pure (no RPC, no global flags) so it can be unit-tested;
+// main.cc copies the absl flags into an `Options` and commands.cc runs the RPCs.
+//
+//   absl::StatusOr<const CommandSpec*> spec = FindCommand(positional);
+//   absl::Status ok = CheckCommand(**spec, positional, options);
+//   absl::StatusOr<std::string> message = ReadBytesInput(options.message, ...);
+//
+// Thread-safety: all functions are reentrant; none keeps state.
+#ifndef TOOLS_OFFLOADCTL_CLI_H_
+#define TOOLS_OFFLOADCTL_CLI_H_
+
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "offload/v1/keys.pb.h"
+
+namespace offload::ctl {
+
+// Process exit codes.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitInvalidSignature = 1;  // `verify` answered "invalid"
+inline constexpr int kExitRpcError = 2;          // the server (or the channel) returned an error
+inline constexpr int kExitUsage = 64;            // bad command line or unreadable local input
+
+// Everything the subcommands read from the command line. Optional fields hold a value only when
+// the flag was given, so "--message=" (an empty message) differs from no --message at all.
+struct Options {
+  std::string server = "127.0.0.1:50051";
+  absl::Duration timeout = absl::Seconds(10);
+  bool json = false;
+  bool hex_output = false;
+  bool verbose = false;
+
+  std::optional<std::string> type;
+  bool allow_zero_shared_secret = false;
+  std::optional<std::string> secret_hex;
+  std::optional<std::string> secret_file;
+
+  std::optional<std::string> message;
+  std::optional<std::string> message_hex;
+  std::optional<std::string> message_file;
+
+  std::optional<std::string> public_key_hex;
+  std::optional<std::string> signature_hex;
+  std::optional<std::string> peer_hex;
+  std::optional<uint32_t> version;
+  bool box = false;
+  std::optional<std::string> nonce_hex;
+  std::optional<std::string> ciphertext_hex;
+  std::optional<std::string> ciphertext_file;
+  std::optional<std::string> aad;
+  std::optional<std::string> aad_hex;
+  std::optional<std::string> envelope_hex;
+  std::optional<std::string> envelope_file;
+
+  // Names (without dashes) of every flag given on the command line, globals included.
+  std::set<std::string> specified;
+};
+
+// One subcommand: its words ("keys create" has two), positional arguments after the words, the
+// non-global flags it accepts, and the help text.
+struct CommandSpec {
+  std::string name;            // "keys create", "sign", ...
+  std::vector<std::string> args;  // names of the required positional arguments, e.g. {"ID"}
+  std::vector<std::string> flags;  // accepted flags besides the global ones
+  std::string synopsis;        // one line: what it does
+  std::string example;         // a command line that works against a fresh server
+};
+
+// The subcommand table, in the order the usage text lists them.
+const std::vector<CommandSpec>& Commands();
+
+// Flags that every subcommand accepts.
+const std::vector<std::string>& GlobalFlags();
+
+// Finds the subcommand named by the first one or two `positional` words (argv[0] excluded).
+// InvalidArgument for an unknown or missing subcommand.
+absl::StatusOr<const CommandSpec*> FindCommand(absl::Span<const std::string> positional);
+
+// Checks the positional argument count of `spec` and that every flag in `options.specified` is
+// global or accepted by `spec`. InvalidArgument names the offending argument or flag.
+absl::Status CheckCommand(const CommandSpec& spec, absl::Span<const std::string> positional,
+                          const Options& options);
+
+// Checks flag names and values in `args` (argv without argv[0]) against the absl flag registry,
+// with absl's syntax (--name=value, --name value, --bool, --nobool, "--" ends flags), without
+// changing any flag. Lets main exit with kExitUsage where absl::ParseCommandLine would exit 1.
+// Returns the names of the flags given ("box" for --nobox), which this Abseil version's
+// CommandLineFlag does not expose. Flags read from a --flagfile are not seen.
+absl::StatusOr<std::set<std::string>> CheckFlagSyntax(absl::Span<const std::string> args);
+
+// The full usage text: global flags, then every subcommand with its flags and an example.
+std::string UsageText();
+
+// Decodes hex. Surrounding ASCII whitespace is ignored; anything else must be an even number of
+// [0-9a-fA-F] characters. InvalidArgument names `field` and the first bad position.
+absl::StatusOr<std::string> DecodeHex(absl::string_view field, absl::string_view hex);
+
+// Lower-case hex of `bytes`.
+std::string EncodeHex(absl::string_view bytes);
+
+// Reads a whole file ("-" is stdin). InvalidArgument if it cannot be read.
+absl::StatusOr<std::string> ReadFileBytes(absl::string_view path);
+
+// Resolves one byte input given as text, hex or a file; `name` is the flag stem ("message" for
+// --message / --message_hex / --message_file). More than one given is InvalidArgument. None given:
+// `fallback_stdin` reads stdin, otherwise `required` makes it InvalidArgument and an absent
+// optional input is the empty string. Pass nullptr for forms the input does not have.
+absl::StatusOr<std::string> ReadBytesInput(absl::string_view name,
+                                           const std::optional<std::string>* text,
+                                           const std::optional<std::string>* hex,
+                                           const std::optional<std::string>* file,
+                                           bool required, bool fallback_stdin);
+
+// "ed25519", "x25519", "chacha20-poly1305", "xchacha20-poly1305", "aes256-gcm" (case and '-'/'_'
+// insensitive, "KEY_TYPE_" prefix allowed) to the proto enum.
+absl::StatusOr<v1::KeyType> ParseKeyType(absl::string_view name);
+
+// The short lower-case name ParseKeyType accepts, or "unspecified(N)".
+std::string KeyTypeName(v1::KeyType type);
+
+// Human-readable lines for a key: id, type, options, one line per version.
+std::string FormatKeyInfo(const v1::KeyInfo& key);
+
+// One line per key for `keys list`.
+std::string FormatKeyListLine(const v1::KeyInfo& key);
+
+// The exit code for a failed command: kExitRpcError if `status` came from the server
+// (see MarkRpcError), kExitUsage otherwise.
+int ExitCodeFor(const absl::Status& status);
+
+// Tags `status` as an RPC error (an absl::Status payload) so ExitCodeFor maps it to kExitRpcError.
+absl::Status MarkRpcError(absl::Status status);
+
+// "error: NOT_FOUND: no such key" - the line printed on stderr for a failed command.
+std::string FormatError(const absl::Status& status);
+
+}  // namespace offload::ctl
+
+#endif  // TOOLS_OFFLOADCTL_CLI_H_

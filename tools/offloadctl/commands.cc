@@ -1,0 +1,372 @@
+#include "tools/offloadctl/commands.h"
+
+#include <sodium.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "google/protobuf/message.h"
+#include "google/protobuf/util/json_util.h"
+#include "grpcpp/grpcpp.h"
+#include "offload/v1/aead.grpc.pb.h"
+#include "offload/v1/box.grpc.pb.h"
+#include "offload/v1/ed25519.grpc.pb.h"
+#include "offload/v1/keys.grpc.pb.h"
+#include "offload/v1/x25519.grpc.pb.h"
+#include "service/common/status_macros.h"
+
+namespace offload::ctl {
+namespace {
+
+void Write(absl::string_view bytes) { std::fwrite(bytes.data(), 1, bytes.size(), stdout); }
+
+void Wipe(std::string* s) {
+  if (!s->empty()) sodium_memzero(s->data(), s->size());
+}
+
+absl::Status PrintJson(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions json_options;
+  json_options.preserve_proto_field_names = true;
+  json_options.always_print_primitive_fields = true;
+  std::string out;
+  auto status = google::protobuf::util::MessageToJsonString(message, &out, json_options);
+  if (!status.ok()) {
+    return absl::InternalError(absl::StrCat("JSON encoding failed: ", status.ToString()));
+  }
+  Write(out);
+  Write("\n");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> RequireHex(absl::string_view flag,
+                                       const std::optional<std::string>& hex) {
+  if (!hex.has_value()) return absl::InvalidArgumentError(absl::StrCat("missing --", flag));
+  return DecodeHex(absl::StrCat("--", flag), *hex);
+}
+
+absl::StatusOr<std::string> OptionalHex(absl::string_view flag,
+                                        const std::optional<std::string>& hex) {
+  if (!hex.has_value()) return std::string();
+  return DecodeHex(absl::StrCat("--", flag), *hex);
+}
+
+// The message or plaintext: --message, --message_hex, --message_file, else stdin.
+absl::StatusOr<std::string> ReadMessage(const Options& o) {
+  if (!o.message && !o.message_hex && !o.message_file && isatty(STDIN_FILENO)) {
+    std::fputs("offloadctl: reading the message from stdin (end with Ctrl-D)\n", stderr);
+  }
+  return ReadBytesInput("message", &o.message, &o.message_hex, &o.message_file,
+                        /*required=*/true, /*fallback_stdin=*/true);
+}
+
+absl::StatusOr<std::string> ReadAad(const Options& o) {
+  return ReadBytesInput("aad", &o.aad, &o.aad_hex, nullptr, /*required=*/false,
+                        /*fallback_stdin=*/false);
+}
+
+// Holds the channel and stubs of one invocation and runs calls with the --timeout deadline.
+class Client final {
+ public:
+  explicit Client(const Options& options)
+      : options_(options),
+        channel_(grpc::CreateChannel(options.server, grpc::InsecureChannelCredentials())),
+        keys_(v1::KeyService::NewStub(channel_)),
+        ed25519_(v1::Ed25519Service::NewStub(channel_)),
+        x25519_(v1::X25519Service::NewStub(channel_)),
+        box_(v1::BoxService::NewStub(channel_)),
+        aead_(v1::AeadService::NewStub(channel_)) {}
+
+  // Runs `call(context)` once with a fresh context; maps a gRPC error to a tagged absl::Status.
+  template <typename Call>
+  absl::Status Invoke(Call call) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+    const grpc::Status status = call(&context);
+    if (status.ok()) return absl::OkStatus();
+    return MarkRpcError(absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                                     status.error_message()));
+  }
+
+  v1::KeyService::Stub& keys() { return *keys_; }
+  v1::Ed25519Service::Stub& ed25519() { return *ed25519_; }
+  v1::X25519Service::Stub& x25519() { return *x25519_; }
+  v1::BoxService::Stub& box() { return *box_; }
+  v1::AeadService::Stub& aead() { return *aead_; }
+
+ private:
+  const Options& options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::KeyService::Stub> keys_;
+  std::unique_ptr<v1::Ed25519Service::Stub> ed25519_;
+  std::unique_ptr<v1::X25519Service::Stub> x25519_;
+  std::unique_ptr<v1::BoxService::Stub> box_;
+  std::unique_ptr<v1::AeadService::Stub> aead_;
+};
+
+absl::Status PrintKey(const Options& o, const v1::KeyInfo& key) {
+  if (o.json) return PrintJson(key);
+  Write(FormatKeyInfo(key));
+  return absl::OkStatus();
+}
+
+absl::Status PrintPlaintext(const Options& o, const google::protobuf::Message& response,
+                            const std::string& plaintext) {
+  if (o.json) return PrintJson(response);
+  if (o.hex_output) {
+    Write(absl::StrCat(EncodeHex(plaintext), "\n"));
+  } else {
+    Write(plaintext);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::KeyType> RequireType(const Options& o) {
+  if (!o.type.has_value()) {
+    return absl::InvalidArgumentError(
+        "missing --type (ed25519, x25519, chacha20-poly1305, xchacha20-poly1305, aes256-gcm)");
+  }
+  return ParseKeyType(*o.type);
+}
+
+absl::StatusOr<int> KeysCreate(Client& c, const Options& o, const std::string& id) {
+  v1::CreateKeyRequest request;
+  request.set_key_id(id);
+  OFFLOAD_ASSIGN_OR_RETURN(v1::KeyType type, RequireType(o));
+  request.set_type(type);
+  request.mutable_options()->set_allow_zero_shared_secret(o.allow_zero_shared_secret);
+  v1::KeyInfo response;
+  OFFLOAD_RETURN_IF_ERROR(
+      c.Invoke([&](auto* ctx) { return c.keys().CreateKey(ctx, request, &response); }));
+  OFFLOAD_RETURN_IF_ERROR(PrintKey(o, response));
+  return kExitOk;
+}
+
+absl::StatusOr<int> KeysImport(Client& c, const Options& o, const std::string& id) {
+  v1::ImportKeyRequest request;
+  request.set_key_id(id);
+  OFFLOAD_ASSIGN_OR_RETURN(v1::KeyType type, RequireType(o));
+  request.set_type(type);
+  request.mutable_options()->set_allow_zero_shared_secret(o.allow_zero_shared_secret);
+  absl::Cleanup wipe = [&request] { Wipe(request.mutable_secret()); };
+  OFFLOAD_ASSIGN_OR_RETURN(*request.mutable_secret(),
+                           ReadBytesInput("secret", nullptr, &o.secret_hex, &o.secret_file,
+                                          /*required=*/true, /*fallback_stdin=*/false));
+  v1::KeyInfo response;
+  OFFLOAD_RETURN_IF_ERROR(
+      c.Invoke([&](auto* ctx) { return c.keys().ImportKey(ctx, request, &response); }));
+  OFFLOAD_RETURN_IF_ERROR(PrintKey(o, response));
+  return kExitOk;
+}
+
+absl::StatusOr<int> KeysList(Client& c, const Options& o) {
+  v1::ListKeysResponse response;
+  OFFLOAD_RETURN_IF_ERROR(c.Invoke(
+      [&](auto* ctx) { return c.keys().ListKeys(ctx, v1::ListKeysRequest(), &response); }));
+  if (o.json) {
+    OFFLOAD_RETURN_IF_ERROR(PrintJson(response));
+  } else {
+    for (const v1::KeyInfo& key : response.keys()) Write(FormatKeyListLine(key));
+    if (o.verbose) std::fprintf(stderr, "%d key(s)\n", response.keys_size());
+  }
+  return kExitOk;
+}
+
+absl::StatusOr<int> KeysGet(Client& c, const Options& o, const std::string& id) {
+  v1::GetKeyRequest request;
+  request.set_key_id(id);
+  v1::KeyInfo response;
+  OFFLOAD_RETURN_IF_ERROR(
+      c.Invoke([&](auto* ctx) { return c.keys().GetKey(ctx, request, &response); }));
+  OFFLOAD_RETURN_IF_ERROR(PrintKey(o, response));
+  return kExitOk;
+}
+
+absl::StatusOr<int> KeysRotate(Client& c, const Options& o, const std::string& id) {
+  v1::RotateKeyRequest request;
+  request.set_key_id(id);
+  v1::KeyInfo response;
+  OFFLOAD_RETURN_IF_ERROR(
+      c.Invoke([&](auto* ctx) { return c.keys().RotateKey(ctx, request, &response); }));
+  OFFLOAD_RETURN_IF_ERROR(PrintKey(o, response));
+  return kExitOk;
+}
+
+absl::StatusOr<int> KeysDelete(Client& c, const Options& o, const std::string& id) {
+  v1::DeleteKeyRequest request;
+  request.set_key_id(id);
+  v1::DeleteKeyResponse response;
+  OFFLOAD_RETURN_IF_ERROR(
+      c.Invoke([&](auto* ctx) { return c.keys().DeleteKey(ctx, request, &response); }));
+  if (o.json) {
+    OFFLOAD_RETURN_IF_ERROR(PrintJson(response));
+  } else {
+    Write(absl::StrCat("deleted: ", id, "\n"));
+  }
+  return kExitOk;
+}
+
+absl::StatusOr<int> Sign(Client& c, const Options& o, const std::string& id) {
+  v1::SignRequest request;
+  request.set_key_id(id);
+  OFFLOAD_ASSIGN_OR_RETURN(*request.mutable_message(), ReadMessage(o));
+  v1::SignResponse response;
+  OFFLOAD_RETURN_IF_ERROR(
+      c.Invoke([&](auto* ctx) { return c.ed25519().Sign(ctx, request, &response); }));
+  if (o.json) {
+    OFFLOAD_RETURN_IF_ERROR(PrintJson(response));
+  } else {
+    Write(absl::StrCat("signature: ", EncodeHex(response.signature()),
+                       "\nkey_version: ", response.key_version(),
+                       "\npublic_key: ", EncodeHex(response.public_key()), "\n"));
+  }
+  return kExitOk;
+}
+
+absl::StatusOr<int> Verify(Client& c, const Options& o) {
+  v1::VerifyRequest request;
+  OFFLOAD_ASSIGN_OR_RETURN(*request.mutable_public_key(),
+                           RequireHex("public_key_hex", o.public_key_hex));
+  OFFLOAD_ASSIGN_OR_RETURN(*request.mutable_signature(),
+                           RequireHex("signature_hex", o.signature_hex));
+  OFFLOAD_ASSIGN_OR_RETURN(*request.mutable_message(), ReadMessage(o));
+  v1::VerifyResponse response;
+  OFFLOAD_RETURN_IF_ERROR(
+      c.Invoke([&](auto* ctx) { return c.ed25519().Verify(ctx, request, &response); }));
+  if (o.json) {
+    OFFLOAD_RETURN_IF_ERROR(PrintJson(response));
+  } else {
+    Write(response.valid() ? "valid\n" : "invalid\n");
+  }
+  if (o.verbose) std::fprintf(stderr, "memo_hit: %s\n", response.memo_hit() ? "true" : "false");
+  return response.valid() ? kExitOk : kExitInvalidSignature;
+}
+
+absl::StatusOr<int> Derive(Client& c, const Options& o, const std::string& id) {
+  v1::DeriveRequest request;
+  request.set_key_id(id);
+  request.set_key_version(o.version.value_or(0));
+  OFFLOAD_ASSIGN_OR_RETURN(*request.mutable_peer_public_key(), RequireHex("peer_hex", o.peer_hex));
+  request.set_output(o.box ? v1::DERIVE_OUTPUT_BOX_BEFORENM : v1::DERIVE_OUTPUT_RAW);
+  v1::DeriveResponse response;
+  absl::Cleanup wipe = [&response] { Wipe(response.mutable_shared_key()); };
+  OFFLOAD_RETURN_IF_ERROR(
+      c.Invoke([&](auto* ctx) { return c.x25519().Derive(ctx, request, &response); }));
+  if (o.json) {
+    OFFLOAD_RETURN_IF_ERROR(PrintJson(response));
+  } else {
+    Write(absl::StrCat("shared_key: ", EncodeHex(response.shared_key()),
+                       "\nkey_version: ", response.key_version(),
+                       "\nmemo_hit: ", response.memo_hit() ? "true" : "false", "\n"));
+  }
+  return kExitOk;
+}
+
+absl::StatusOr<int> BoxSeal(Client& c, const Options& o, const std::string& id) {
+  v1::BoxSealRequest request;
+  request.set_key_id(id);
+  OFFLOAD_ASSIGN_OR_RETURN(*request.mutable_peer_public_key(), RequireHex("peer_hex", o.peer_hex));
+  OFFLOAD_ASSIGN_OR_RETURN(*request.mutable_nonce(), OptionalHex("nonce_hex", o.nonce_hex));
+  OFFLOAD_ASSIGN_OR_RETURN(*request.mutable_plaintext(), ReadMessage(o));
+  v1::BoxSealResponse response;
+  OFFLOAD_RETURN_IF_ERROR(
+      c.Invoke([&](auto* ctx) { return c.box().Seal(ctx, request, &response); }));
+  if (o.json) {
+    OFFLOAD_RETURN_IF_ERROR(PrintJson(response));
+  } else {
+    Write(absl::StrCat("nonce: ", EncodeHex(response.nonce()),
+                       "\nciphertext: ", EncodeHex(response.ciphertext()),
+                       "\nkey_version: ", response.key_version(), "\n"));
+  }
+  return kExitOk;
+}
+
+absl::StatusOr<int> BoxOpen(Client& c, const Options& o, const std::string& id) {
+  v1::BoxOpenRequest request;
+  request.set_key_id(id);
+  request.set_key_version(o.version.value_or(0));
+  OFFLOAD_ASSIGN_OR_RETURN(*request.mutable_peer_public_key(), RequireHex("peer_hex", o.peer_hex));
+  OFFLOAD_ASSIGN_OR_RETURN(*request.mutable_nonce(), RequireHex("nonce_hex", o.nonce_hex));
+  OFFLOAD_ASSIGN_OR_RETURN(*request.mutable_ciphertext(),
+                           ReadBytesInput("ciphertext", nullptr, &o.ciphertext_hex,
+                                          &o.ciphertext_file, /*required=*/true,
+                                          /*fallback_stdin=*/false));
+  v1::BoxOpenResponse response;
+  absl::Cleanup wipe = [&response] { Wipe(response.mutable_plaintext()); };
+  OFFLOAD_RETURN_IF_ERROR(
+      c.Invoke([&](auto* ctx) { return c.box().Open(ctx, request, &response); }));
+  OFFLOAD_RETURN_IF_ERROR(PrintPlaintext(o, response, response.plaintext()));
+  if (o.verbose) std::fprintf(stderr, "memo_hit: %s\n", response.memo_hit() ? "true" : "false");
+  return kExitOk;
+}
+
+absl::StatusOr<int> AeadSeal(Client& c, const Options& o, const std::string& id) {
+  v1::AeadSealRequest request;
+  request.set_key_id(id);
+  OFFLOAD_ASSIGN_OR_RETURN(*request.mutable_associated_data(), ReadAad(o));
+  OFFLOAD_ASSIGN_OR_RETURN(*request.mutable_plaintext(), ReadMessage(o));
+  v1::AeadSealResponse response;
+  OFFLOAD_RETURN_IF_ERROR(
+      c.Invoke([&](auto* ctx) { return c.aead().Seal(ctx, request, &response); }));
+  if (o.json) {
+    OFFLOAD_RETURN_IF_ERROR(PrintJson(response));
+  } else {
+    Write(absl::StrCat("envelope: ", EncodeHex(response.envelope()),
+                       "\nkey_version: ", response.key_version(), "\n"));
+  }
+  return kExitOk;
+}
+
+absl::StatusOr<int> AeadOpen(Client& c, const Options& o, const std::string& id) {
+  v1::AeadOpenRequest request;
+  request.set_key_id(id);
+  OFFLOAD_ASSIGN_OR_RETURN(*request.mutable_envelope(),
+                           ReadBytesInput("envelope", nullptr, &o.envelope_hex, &o.envelope_file,
+                                          /*required=*/true, /*fallback_stdin=*/false));
+  OFFLOAD_ASSIGN_OR_RETURN(*request.mutable_associated_data(), ReadAad(o));
+  v1::AeadOpenResponse response;
+  absl::Cleanup wipe = [&response] { Wipe(response.mutable_plaintext()); };
+  OFFLOAD_RETURN_IF_ERROR(
+      c.Invoke([&](auto* ctx) { return c.aead().Open(ctx, request, &response); }));
+  OFFLOAD_RETURN_IF_ERROR(PrintPlaintext(o, response, response.plaintext()));
+  if (o.verbose) {
+    std::fprintf(stderr, "key_version: %u\nmemo_hit: %s\n", response.key_version(),
+                 response.memo_hit() ? "true" : "false");
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+absl::StatusOr<int> RunCommand(const CommandSpec& spec, absl::Span<const std::string> positional,
+                               const Options& options) {
+  if (spec.name == "help") {
+    Write(UsageText());
+    return kExitOk;
+  }
+  Client client(options);
+  const std::string id = positional.empty() ? "" : positional.back();
+  const std::string& n = spec.name;
+  if (n == "keys create") return KeysCreate(client, options, id);
+  if (n == "keys import") return KeysImport(client, options, id);
+  if (n == "keys list") return KeysList(client, options);
+  if (n == "keys get") return KeysGet(client, options, id);
+  if (n == "keys rotate") return KeysRotate(client, options, id);
+  if (n == "keys delete") return KeysDelete(client, options, id);
+  if (n == "sign") return Sign(client, options, id);
+  if (n == "verify") return Verify(client, options);
+  if (n == "derive") return Derive(client, options, id);
+  if (n == "box-seal") return BoxSeal(client, options, id);
+  if (n == "box-open") return BoxOpen(client, options, id);
+  if (n == "seal") return AeadSeal(client, options, id);
+  if (n == "open") return AeadOpen(client, options, id);
+  return absl::InternalError(absl::StrCat("subcommand '", n, "' has no implementation"));
+}
+
+}  // namespace offload::ctl
