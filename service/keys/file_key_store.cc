@@ -1,0 +1,129 @@
+#include "service/keys/file_key_store.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "service/common/status_macros.h"
+#include "service/keys/envelope.h"
+#include "service/keys/record_codec.h"
+
+namespace offload::keys {
+namespace {
+
+constexpr mode_t kFileMode = 0600;
+constexpr mode_t kDirMode = 0700;
+
+absl::Status Annotate(const absl::Status& status, absl::string_view path) {
+  return absl::Status(status.code(), absl::StrCat(path, ": ", status.message()));
+}
+
+}  // namespace
+
+FileKeyStore::FileKeyStore(std::string data_dir, internal::UniqueFd dir_fd, SecretBytes kek)
+    : dir_(std::move(data_dir)),
+      path_(absl::StrCat(dir_, "/", kFileName)),
+      dir_fd_(std::move(dir_fd)),
+      kek_(std::move(kek)) {}
+
+absl::StatusOr<std::unique_ptr<FileKeyStore>> FileKeyStore::Open(const std::string& data_dir,
+                                                                 SecretBytes kek) {
+  if (kek.size() != kKekSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kek: expected ", kKekSize, " bytes, got ", kek.size()));
+  }
+  if (data_dir.empty()) return absl::InvalidArgumentError("data_dir: must not be empty");
+  std::string dir = data_dir;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  OFFLOAD_RETURN_IF_ERROR(internal::MakeDirs(dir, kDirMode));
+  OFFLOAD_ASSIGN_OR_RETURN(internal::UniqueFd dir_fd, internal::OpenDir(dir));
+  if (::flock(dir_fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("key store ", dir, " is in use by another process (flock on the directory)"));
+    }
+    return internal::ErrnoError(errno, "flock", dir);
+  }
+  // A temp file is only ever a write that did not reach its rename: the old file is authoritative.
+  if (::unlinkat(dir_fd.get(), kTempFileName, 0) != 0 && errno != ENOENT) {
+    return internal::ErrnoError(errno, "remove leftover", absl::StrCat(dir, "/", kTempFileName));
+  }
+
+  std::unique_ptr<FileKeyStore> store(new FileKeyStore(dir, std::move(dir_fd), std::move(kek)));
+  absl::MutexLock lock(&store->mu_);
+  struct stat st;
+  if (::fstatat(store->dir_fd_.get(), kFileName, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    if (errno != ENOENT) return internal::ErrnoError(errno, "stat", store->path_);
+    OFFLOAD_RETURN_IF_ERROR(store->WriteLocked({}));
+  } else {
+    OFFLOAD_RETURN_IF_ERROR(store->ReadLocked().status());
+  }
+  return store;
+}
+
+absl::StatusOr<std::vector<KeyRecord>> FileKeyStore::ReadLocked() {
+  absl::StatusOr<SecretBytes> blob =
+      internal::ReadFileAt(dir_fd_.get(), kFileName, kMaxFileSize);
+  if (!blob.ok()) {
+    if (absl::IsNotFound(blob.status())) {
+      return absl::DataLossError(absl::StrCat(path_, ": the key store file has disappeared"));
+    }
+    return Annotate(blob.status(), dir_);
+  }
+  absl::StatusOr<SecretBytes> plain =
+      OpenEnvelope(kek_, EnvelopeKind::kKeyStoreContents, {}, *blob);
+  if (!plain.ok()) return Annotate(plain.status(), path_);
+  absl::StatusOr<std::vector<KeyRecord>> records = ParseKeyStoreContents(*plain);
+  if (!records.ok()) return Annotate(records.status(), path_);
+  return records;
+}
+
+absl::Status FileKeyStore::WriteLocked(absl::Span<const KeyRecord> records) {
+  OFFLOAD_ASSIGN_OR_RETURN(SecretBytes plain, SerializeKeyStoreContents(records));
+  OFFLOAD_ASSIGN_OR_RETURN(std::vector<uint8_t> blob,
+                           SealEnvelope(kek_, EnvelopeKind::kKeyStoreContents, {}, plain));
+  return internal::WriteFileAtomically(dir_fd_.get(), dir_, kFileName, kTempFileName, blob,
+                                       kFileMode);
+}
+
+absl::StatusOr<std::vector<KeyRecord>> FileKeyStore::LoadAll() {
+  absl::MutexLock lock(&mu_);
+  return ReadLocked();
+}
+
+absl::Status FileKeyStore::Put(const KeyRecord& record) {
+  OFFLOAD_RETURN_IF_ERROR(ValidateKeyRecord(record));
+  absl::MutexLock lock(&mu_);
+  OFFLOAD_ASSIGN_OR_RETURN(std::vector<KeyRecord> records, ReadLocked());
+  auto it = std::lower_bound(
+      records.begin(), records.end(), record.key_id,
+      [](const KeyRecord& r, const std::string& id) { return r.key_id < id; });
+  if (it != records.end() && it->key_id == record.key_id) {
+    *it = record;
+  } else {
+    records.insert(it, record);
+  }
+  return WriteLocked(records);
+}
+
+absl::Status FileKeyStore::Delete(absl::string_view key_id) {
+  absl::MutexLock lock(&mu_);
+  OFFLOAD_ASSIGN_OR_RETURN(std::vector<KeyRecord> records, ReadLocked());
+  auto it = std::find_if(records.begin(), records.end(),
+                         [key_id](const KeyRecord& r) { return r.key_id == key_id; });
+  if (it == records.end()) {
+    return absl::NotFoundError(absl::StrCat("key \"", key_id, "\" is not in the store"));
+  }
+  records.erase(it);
+  return WriteLocked(records);
+}
+
+std::string FileKeyStore::Describe() const { return absl::StrCat("file:", path_); }
+
+}  // namespace offload::keys

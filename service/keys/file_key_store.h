@@ -1,0 +1,69 @@
+// The embedded key store: every key in one file, <data_dir>/keys.db, encrypted under the KEK.
+//
+//   OFFLOAD_ASSIGN_OR_RETURN(SecretBytes kek, LoadKek(source));
+//   OFFLOAD_ASSIGN_OR_RETURN(auto store, FileKeyStore::Open("/var/lib/offload", std::move(kek)));
+//   OFFLOAD_ASSIGN_OR_RETURN(auto manager, KeyManager::Create(std::move(store), backends));
+//
+// keys.db is one envelope (envelope.h, kind kKeyStoreContents) around the serialised
+// offload.store.v1.KeyStoreContents (record_codec.h), mode 0600. Every mutation decrypts the
+// current file, applies the change and replaces the file atomically (keys.db.tmp, fsync, rename,
+// fsync of the directory): a crash leaves the old or the new complete file, and a leftover temp
+// file is removed on open. No plaintext record is kept in memory between calls.
+// One process at a time: Open takes an exclusive flock on the data directory, held until the
+// store is destroyed. Thread-safety: every method may be called from any thread.
+#ifndef SERVICE_KEYS_FILE_KEY_STORE_H_
+#define SERVICE_KEYS_FILE_KEY_STORE_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "service/common/secret_bytes.h"
+#include "service/keys/internal/file_util.h"
+#include "service/keys/key_store.h"
+
+namespace offload::keys {
+
+class FileKeyStore final : public KeyStore {
+ public:
+  static constexpr char kFileName[] = "keys.db";
+  static constexpr char kTempFileName[] = "keys.db.tmp";
+  static constexpr size_t kMaxFileSize = size_t{64} << 20;
+
+  // Opens the store in `data_dir` (created with mode 0700 if missing), creating an empty keys.db
+  // if there is none, and checks that the existing file decrypts under `kek`.
+  // InvalidArgument if `kek` is not 32 bytes; FailedPrecondition if another process has the
+  // store open or keys.db was sealed under another KEK; DataLoss if keys.db is corrupted.
+  static absl::StatusOr<std::unique_ptr<FileKeyStore>> Open(const std::string& data_dir,
+                                                            SecretBytes kek);
+
+  absl::StatusOr<std::vector<KeyRecord>> LoadAll() override;
+  absl::Status Put(const KeyRecord& record) override;
+  absl::Status Delete(absl::string_view key_id) override;
+  std::string Describe() const override;
+
+  // <data_dir>/keys.db
+  const std::string& path() const { return path_; }
+
+ private:
+  FileKeyStore(std::string data_dir, internal::UniqueFd dir_fd, SecretBytes kek);
+
+  absl::StatusOr<std::vector<KeyRecord>> ReadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status WriteLocked(absl::Span<const KeyRecord> records) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::string dir_;
+  const std::string path_;
+  const internal::UniqueFd dir_fd_;  // holds the flock
+  const SecretBytes kek_;
+  absl::Mutex mu_;  // serialises read-modify-write cycles of the file
+};
+
+}  // namespace offload::keys
+
+#endif  // SERVICE_KEYS_FILE_KEY_STORE_H_

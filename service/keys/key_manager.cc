@@ -1,0 +1,369 @@
+#include "service/keys/key_manager.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "service/common/status_macros.h"
+#include "service/keys/record_codec.h"
+
+namespace offload::keys {
+namespace {
+
+absl::Status Annotate(const absl::Status& status, absl::string_view key_id, uint32_t version) {
+  return absl::Status(status.code(), absl::StrCat("key \"", key_id, "\" version ", version, ": ",
+                                                  status.message()));
+}
+
+absl::StatusOr<crypto::AeadAlgorithm> AeadAlgorithmFor(v1::KeyType type) {
+  switch (type) {
+    case v1::KEY_TYPE_CHACHA20_POLY1305:
+      return crypto::AeadAlgorithm::kChaCha20Poly1305;
+    case v1::KEY_TYPE_XCHACHA20_POLY1305:
+      return crypto::AeadAlgorithm::kXChaCha20Poly1305;
+    case v1::KEY_TYPE_AES256_GCM:
+      return crypto::AeadAlgorithm::kAes256Gcm;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("type: ", static_cast<int>(type), " is not an AEAD key type"));
+  }
+}
+
+crypto::Backend AeadBackendFor(const crypto::BackendChoice& backends,
+                               crypto::AeadAlgorithm algorithm) {
+  switch (algorithm) {
+    case crypto::AeadAlgorithm::kChaCha20Poly1305:
+      return backends.chacha20_poly1305;
+    case crypto::AeadAlgorithm::kXChaCha20Poly1305:
+      return backends.xchacha20_poly1305;
+    case crypto::AeadAlgorithm::kAes256Gcm:
+      return backends.aes256_gcm;
+  }
+  return backends.aes256_gcm;
+}
+
+crypto::Backend OtherBackend(crypto::Backend b) {
+  return b == crypto::Backend::kLibsodium ? crypto::Backend::kOpenSsl : crypto::Backend::kLibsodium;
+}
+
+// Builds the crypto object of one version. When `version->public_key` is empty (a new version)
+// it is filled from the secret; otherwise (a stored version) it must match the secret.
+absl::StatusOr<std::shared_ptr<const ManagedKeyVersion>> PrepareVersion(
+    v1::KeyType type, const crypto::BackendChoice& backends, KeyVersionRecord* version) {
+  auto prepared = std::make_shared<ManagedKeyVersion>();
+  prepared->version = version->version;
+  prepared->created_unix_seconds = version->created_unix_seconds;
+  switch (type) {
+    case v1::KEY_TYPE_ED25519: {
+      OFFLOAD_ASSIGN_OR_RETURN(prepared->signer,
+                               crypto::Ed25519Signer::FromSeed(backends.ed25519_sign, version->secret));
+      const auto& pk = prepared->signer->public_key();
+      prepared->public_key.assign(pk.begin(), pk.end());
+      break;
+    }
+    case v1::KEY_TYPE_X25519: {
+      OFFLOAD_ASSIGN_OR_RETURN(prepared->x25519,
+                               crypto::X25519PrivateKey::FromBytes(backends.x25519, version->secret));
+      const auto& pk = prepared->x25519->public_key();
+      prepared->public_key.assign(pk.begin(), pk.end());
+      break;
+    }
+    case v1::KEY_TYPE_CHACHA20_POLY1305:
+    case v1::KEY_TYPE_XCHACHA20_POLY1305:
+    case v1::KEY_TYPE_AES256_GCM: {
+      OFFLOAD_ASSIGN_OR_RETURN(const crypto::AeadAlgorithm algorithm, AeadAlgorithmFor(type));
+      const crypto::Backend backend = AeadBackendFor(backends, algorithm);
+      absl::StatusOr<std::unique_ptr<crypto::Aead>> aead =
+          crypto::Aead::Create(backend, algorithm, version->secret);
+      if (absl::IsUnimplemented(aead.status())) {
+        // E.g. libsodium AES-GCM without AES-NI: both backends give the same answers, use the other.
+        aead = crypto::Aead::Create(OtherBackend(backend), algorithm, version->secret);
+      }
+      if (!aead.ok()) return aead.status();
+      prepared->aead = std::move(*aead);
+      break;
+    }
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("type: unknown key type ", static_cast<int>(type)));
+  }
+  if (version->public_key.empty()) {
+    version->public_key = prepared->public_key;
+  } else if (!SecretEquals(version->public_key, prepared->public_key)) {
+    return absl::DataLossError("stored public key does not match the stored secret");
+  }
+  return std::shared_ptr<const ManagedKeyVersion>(std::move(prepared));
+}
+
+// A snapshot of `record`, reusing `reuse` (the already-prepared versions of the previous snapshot,
+// oldest first) and preparing the rest. Fills missing public keys in `record`.
+absl::StatusOr<std::shared_ptr<const ManagedKey>> PrepareKey(
+    KeyRecord* record, const crypto::BackendChoice& backends,
+    const std::vector<std::shared_ptr<const ManagedKeyVersion>>& reuse = {}) {
+  auto key = std::make_shared<ManagedKey>();
+  key->key_id = record->key_id;
+  key->type = record->type;
+  key->options = record->options;
+  key->current_version = record->current_version;
+  key->versions.reserve(record->versions.size());
+  for (size_t i = 0; i < record->versions.size(); ++i) {
+    KeyVersionRecord& v = record->versions[i];
+    if (i < reuse.size() && reuse[i]->version == v.version) {
+      key->versions.push_back(reuse[i]);
+      continue;
+    }
+    absl::StatusOr<std::shared_ptr<const ManagedKeyVersion>> prepared =
+        PrepareVersion(record->type, backends, &v);
+    if (!prepared.ok()) return Annotate(prepared.status(), record->key_id, v.version);
+    key->versions.push_back(*std::move(prepared));
+  }
+  return std::shared_ptr<const ManagedKey>(std::move(key));
+}
+
+absl::Status CheckTypeAndOptions(v1::KeyType type, const v1::KeyOptions& options) {
+  if (!IsKnownKeyType(type)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "type: expected KEY_TYPE_ED25519, KEY_TYPE_X25519, KEY_TYPE_CHACHA20_POLY1305, "
+        "KEY_TYPE_XCHACHA20_POLY1305 or KEY_TYPE_AES256_GCM, got ",
+        v1::KeyType_IsValid(type) ? v1::KeyType_Name(type) : absl::StrCat(static_cast<int>(type))));
+  }
+  if (options.allow_zero_shared_secret() && type != v1::KEY_TYPE_X25519) {
+    return absl::InvalidArgumentError(
+        "options.allow_zero_shared_secret: only valid for KEY_TYPE_X25519 keys");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NotFound(absl::string_view key_id) {
+  return absl::NotFoundError(absl::StrCat("key \"", key_id, "\" not found"));
+}
+
+KeyVersionRecord NewVersion(uint32_t version, SecretBytes secret) {
+  KeyVersionRecord v;
+  v.version = version;
+  v.created_unix_seconds = absl::ToUnixSeconds(absl::Now());
+  v.secret = std::move(secret);
+  return v;
+}
+
+SecretBytes RandomSecret() {
+  SecretBytes secret(kKeySecretSize);
+  randombytes_buf(secret.data(), secret.size());
+  return secret;
+}
+
+}  // namespace
+
+const ManagedKeyVersion* ManagedKey::Version(uint32_t version) const {
+  if (version == 0) version = current_version;
+  auto it = std::lower_bound(versions.begin(), versions.end(), version,
+                             [](const std::shared_ptr<const ManagedKeyVersion>& v, uint32_t want) {
+                               return v->version < want;
+                             });
+  return it != versions.end() && (*it)->version == version ? it->get() : nullptr;
+}
+
+v1::KeyInfo ManagedKey::Info() const {
+  v1::KeyInfo info;
+  info.set_key_id(key_id);
+  info.set_type(type);
+  info.set_current_version(current_version);
+  *info.mutable_options() = options;
+  for (const auto& v : versions) {
+    v1::KeyVersionInfo* vi = info.add_versions();
+    vi->set_version(v->version);
+    vi->set_public_key(v->public_key.data(), v->public_key.size());
+    vi->set_created_unix_seconds(v->created_unix_seconds);
+  }
+  return info;
+}
+
+KeyManager::KeyManager(std::unique_ptr<KeyStore> store, crypto::BackendChoice backends)
+    : store_(std::move(store)), backends_(backends) {}
+
+absl::StatusOr<std::unique_ptr<KeyManager>> KeyManager::Create(std::unique_ptr<KeyStore> store,
+                                                                crypto::BackendChoice backends) {
+  if (store == nullptr) return absl::InvalidArgumentError("store: must not be null");
+  OFFLOAD_RETURN_IF_ERROR(crypto::InitCrypto());
+  std::unique_ptr<KeyManager> manager(new KeyManager(std::move(store), backends));
+  OFFLOAD_ASSIGN_OR_RETURN(std::vector<KeyRecord> records, manager->store_->LoadAll());
+
+  absl::MutexLock write_lock(&manager->write_mu_);
+  absl::MutexLock lock(&manager->mu_);
+  for (KeyRecord& record : records) {
+    if (absl::Status s = ValidateKeyRecord(record); !s.ok()) {
+      return absl::DataLossError(absl::StrCat("stored key \"", record.key_id, "\": ", s.message()));
+    }
+    OFFLOAD_ASSIGN_OR_RETURN(std::shared_ptr<const ManagedKey> key,
+                             PrepareKey(&record, manager->backends_));
+    if (!manager->keys_.emplace(record.key_id, std::move(key)).second) {
+      return absl::DataLossError(
+          absl::StrCat("stored key \"", record.key_id, "\" appears more than once"));
+    }
+    std::string id = record.key_id;
+    manager->records_.emplace(std::move(id), std::move(record));
+  }
+  return manager;
+}
+
+absl::StatusOr<v1::KeyInfo> KeyManager::CreateKey(const v1::CreateKeyRequest& request) {
+  OFFLOAD_RETURN_IF_ERROR(ValidateKeyId(request.key_id()));
+  OFFLOAD_RETURN_IF_ERROR(CheckTypeAndOptions(request.type(), request.options()));
+  KeyRecord record;
+  record.key_id = request.key_id();
+  record.type = request.type();
+  record.options = request.options();
+  record.current_version = 1;
+  record.versions.push_back(NewVersion(1, RandomSecret()));
+  return AddKey(std::move(record));
+}
+
+absl::StatusOr<v1::KeyInfo> KeyManager::ImportKey(const v1::ImportKeyRequest& request) {
+  OFFLOAD_RETURN_IF_ERROR(ValidateKeyId(request.key_id()));
+  OFFLOAD_RETURN_IF_ERROR(CheckTypeAndOptions(request.type(), request.options()));
+  const absl::Span<const uint8_t> given(reinterpret_cast<const uint8_t*>(request.secret().data()),
+                                        request.secret().size());
+  SecretBytes secret;
+  if (request.type() == v1::KEY_TYPE_ED25519) {
+    if (given.size() == crypto::kEd25519NaclSecretKeySize) {
+      const absl::Span<const uint8_t> seed = given.first(crypto::kEd25519SeedSize);
+      OFFLOAD_ASSIGN_OR_RETURN(const auto derived, crypto::Ed25519PublicKeyFromSeed(seed));
+      if (!SecretEquals(derived, given.subspan(crypto::kEd25519SeedSize))) {
+        return absl::InvalidArgumentError("secret: public half does not match the seed");
+      }
+      secret = MakeSecret(seed);
+    } else if (given.size() == crypto::kEd25519SeedSize) {
+      secret = MakeSecret(given);
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("secret: expected 32 or 64 bytes, got ", given.size()));
+    }
+  } else {
+    if (given.size() != kKeySecretSize) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("secret: expected ", kKeySecretSize, " bytes, got ", given.size()));
+    }
+    secret = MakeSecret(given);
+  }
+  KeyRecord record;
+  record.key_id = request.key_id();
+  record.type = request.type();
+  record.options = request.options();
+  record.current_version = 1;
+  record.versions.push_back(NewVersion(1, std::move(secret)));
+  return AddKey(std::move(record));
+}
+
+absl::StatusOr<v1::KeyInfo> KeyManager::AddKey(KeyRecord record) {
+  absl::MutexLock write_lock(&write_mu_);
+  if (records_.contains(record.key_id)) {
+    return absl::AlreadyExistsError(absl::StrCat("key_id: \"", record.key_id, "\" already exists"));
+  }
+  // Prepare first: a key whose crypto objects cannot be built is never persisted.
+  OFFLOAD_ASSIGN_OR_RETURN(std::shared_ptr<const ManagedKey> key, PrepareKey(&record, backends_));
+  OFFLOAD_RETURN_IF_ERROR(store_->Put(record));
+  const std::string id = record.key_id;
+  records_.emplace(id, std::move(record));
+  {
+    absl::MutexLock lock(&mu_);
+    keys_[id] = key;
+  }
+  return key->Info();
+}
+
+absl::StatusOr<v1::KeyInfo> KeyManager::GetKey(absl::string_view key_id) const {
+  std::shared_ptr<const ManagedKey> key = Find(key_id);
+  if (key == nullptr) {
+    OFFLOAD_RETURN_IF_ERROR(ValidateKeyId(key_id));
+    return NotFound(key_id);
+  }
+  return key->Info();
+}
+
+std::vector<v1::KeyInfo> KeyManager::ListKeys() const {
+  std::vector<std::shared_ptr<const ManagedKey>> keys;
+  {
+    absl::MutexLock lock(&mu_);
+    keys.reserve(keys_.size());
+    for (const auto& [id, key] : keys_) keys.push_back(key);
+  }
+  std::sort(keys.begin(), keys.end(),
+            [](const auto& a, const auto& b) { return a->key_id < b->key_id; });
+  std::vector<v1::KeyInfo> infos;
+  infos.reserve(keys.size());
+  for (const auto& key : keys) infos.push_back(key->Info());
+  return infos;
+}
+
+absl::StatusOr<v1::KeyInfo> KeyManager::RotateKey(absl::string_view key_id) {
+  OFFLOAD_RETURN_IF_ERROR(ValidateKeyId(key_id));
+  absl::MutexLock write_lock(&write_mu_);
+  auto it = records_.find(key_id);
+  if (it == records_.end()) return NotFound(key_id);
+  const uint32_t last = it->second.versions.back().version;
+  if (last == std::numeric_limits<uint32_t>::max()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("key \"", key_id, "\": no version number left to rotate to"));
+  }
+  std::shared_ptr<const ManagedKey> previous = Find(key_id);
+  if (previous == nullptr) return absl::InternalError("key snapshot missing for a stored record");
+
+  KeyRecord updated = it->second;
+  updated.versions.push_back(NewVersion(last + 1, RandomSecret()));
+  updated.current_version = last + 1;
+  OFFLOAD_ASSIGN_OR_RETURN(std::shared_ptr<const ManagedKey> key,
+                           PrepareKey(&updated, backends_, previous->versions));
+  OFFLOAD_RETURN_IF_ERROR(store_->Put(updated));
+  it->second = std::move(updated);
+  {
+    absl::MutexLock lock(&mu_);
+    keys_[key->key_id] = key;
+  }
+  NotifyListeners(key_id);
+  return key->Info();
+}
+
+absl::Status KeyManager::DeleteKey(absl::string_view key_id) {
+  OFFLOAD_RETURN_IF_ERROR(ValidateKeyId(key_id));
+  absl::MutexLock write_lock(&write_mu_);
+  auto it = records_.find(key_id);
+  if (it == records_.end()) return NotFound(key_id);
+  OFFLOAD_RETURN_IF_ERROR(store_->Delete(key_id));
+  records_.erase(it);
+  {
+    absl::MutexLock lock(&mu_);
+    keys_.erase(key_id);
+  }
+  NotifyListeners(key_id);
+  return absl::OkStatus();
+}
+
+std::shared_ptr<const ManagedKey> KeyManager::Find(absl::string_view key_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = keys_.find(key_id);
+  return it == keys_.end() ? nullptr : it->second;
+}
+
+void KeyManager::AddChangeListener(ChangeListener listener) {
+  absl::MutexLock lock(&mu_);
+  listeners_.push_back(std::move(listener));
+}
+
+void KeyManager::NotifyListeners(absl::string_view key_id) {
+  std::vector<ChangeListener> listeners;
+  {
+    absl::MutexLock lock(&mu_);
+    listeners = listeners_;
+  }
+  for (const ChangeListener& listener : listeners) listener(key_id);
+}
+
+size_t KeyManager::size() const {
+  absl::MutexLock lock(&mu_);
+  return keys_.size();
+}
+
+}  // namespace offload::keys

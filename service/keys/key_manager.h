@@ -1,0 +1,117 @@
+// Managed keys: the in-memory view of every key, with crypto objects prepared once per key version,
+// backed by a persistent KeyStore.
+//
+//   auto manager = KeyManager::Create(std::move(store), backends);      // loads every key
+//   auto info = (*manager)->CreateKey(request);                          // persisted before return
+//   std::shared_ptr<const ManagedKey> key = (*manager)->Find("payments");
+//   const ManagedKeyVersion* v = key->Current();
+//   v->signer->Sign(message, sig);
+//
+// Mutations (create, import, rotate, delete) are serialised and written to the store before they
+// return; a mutation that was acknowledged survives a crash. Lookups never block on the store: they
+// read an immutable snapshot. Thread-safety: every method may be called from any thread.
+#ifndef SERVICE_KEYS_KEY_MANAGER_H_
+#define SERVICE_KEYS_KEY_MANAGER_H_
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "offload/v1/keys.pb.h"
+#include "service/common/secret_bytes.h"
+#include "service/crypto/aead.h"
+#include "service/crypto/backend.h"
+#include "service/crypto/ed25519.h"
+#include "service/crypto/x25519.h"
+#include "service/keys/key_store.h"
+
+namespace offload::keys {
+
+// One version of a key, with the crypto object for its type (exactly one of the three is set).
+struct ManagedKeyVersion {
+  uint32_t version = 0;
+  int64_t created_unix_seconds = 0;
+  std::vector<uint8_t> public_key;  // 32 bytes for Ed25519 / X25519, empty for AEAD
+  std::unique_ptr<crypto::Ed25519Signer> signer;
+  std::unique_ptr<crypto::X25519PrivateKey> x25519;
+  std::unique_ptr<crypto::Aead> aead;
+};
+
+// An immutable snapshot of one key. A rotation or deletion makes a new snapshot; holders of the
+// old one may finish their work with it.
+struct ManagedKey {
+  std::string key_id;
+  v1::KeyType type = v1::KEY_TYPE_UNSPECIFIED;
+  v1::KeyOptions options;
+  uint32_t current_version = 0;
+  std::vector<std::shared_ptr<const ManagedKeyVersion>> versions;  // oldest first
+
+  const ManagedKeyVersion* Current() const { return Version(current_version); }
+  // nullptr if `version` does not exist. 0 means the current version.
+  const ManagedKeyVersion* Version(uint32_t version) const;
+  v1::KeyInfo Info() const;
+};
+
+// InvalidArgument unless `key_id` matches [a-z0-9][a-z0-9._-]{0,63}.
+absl::Status ValidateKeyId(absl::string_view key_id);
+
+class KeyManager final {
+ public:
+  // Called after a key is rotated or deleted, with its id, outside the manager's lock. Used by
+  // the memo caches to drop the key's entries. Listeners run before the next mutation starts, so
+  // they must not call CreateKey / ImportKey / RotateKey / DeleteKey (lookups are fine).
+  using ChangeListener = std::function<void(absl::string_view key_id)>;
+
+  // Loads every key from `store` and prepares its crypto objects with `backends`.
+  static absl::StatusOr<std::unique_ptr<KeyManager>> Create(std::unique_ptr<KeyStore> store,
+                                                            crypto::BackendChoice backends);
+
+  // InvalidArgument for a bad id or type, AlreadyExists if the id is taken.
+  absl::StatusOr<v1::KeyInfo> CreateKey(const v1::CreateKeyRequest& request);
+  // As CreateKey, plus InvalidArgument for a secret of the wrong size, or a 64-byte Ed25519
+  // secret whose public half does not match its seed.
+  absl::StatusOr<v1::KeyInfo> ImportKey(const v1::ImportKeyRequest& request);
+  // NotFound if there is no such key.
+  absl::StatusOr<v1::KeyInfo> GetKey(absl::string_view key_id) const;
+  std::vector<v1::KeyInfo> ListKeys() const;  // sorted by key id
+  absl::StatusOr<v1::KeyInfo> RotateKey(absl::string_view key_id);
+  absl::Status DeleteKey(absl::string_view key_id);
+
+  // The current snapshot of `key_id`, or nullptr. Never blocks on I/O.
+  std::shared_ptr<const ManagedKey> Find(absl::string_view key_id) const;
+
+  void AddChangeListener(ChangeListener listener);
+  size_t size() const;
+
+ private:
+  KeyManager(std::unique_ptr<KeyStore> store, crypto::BackendChoice backends);
+
+  // Persists a new key (version 1 built by CreateKey / ImportKey) and publishes its snapshot.
+  absl::StatusOr<v1::KeyInfo> AddKey(KeyRecord record) ABSL_LOCKS_EXCLUDED(write_mu_, mu_);
+  // Runs every listener with `key_id`. Called with write_mu_ held (so a delete's listeners finish
+  // before the same id can be created again) but never with mu_ held.
+  void NotifyListeners(absl::string_view key_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  std::unique_ptr<KeyStore> store_;
+  const crypto::BackendChoice backends_;
+  absl::Mutex write_mu_;  // serialises mutations, held across store writes
+  // The stored form of every key (with secrets), needed to write a whole record on rotation.
+  absl::flat_hash_map<std::string, KeyRecord> records_ ABSL_GUARDED_BY(write_mu_);
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<const ManagedKey>> keys_ ABSL_GUARDED_BY(mu_);
+  std::vector<ChangeListener> listeners_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace offload::keys
+
+#endif  // SERVICE_KEYS_KEY_MANAGER_H_

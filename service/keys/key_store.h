@@ -1,0 +1,67 @@
+// Persistent storage of managed keys, independent of where the bytes go (file, postgres).
+//
+//   std::unique_ptr<KeyStore> store = ...;            // e.g. FileKeyStore::Open(dir, kek)
+//   OFFLOAD_ASSIGN_OR_RETURN(std::vector<KeyRecord> all, store->LoadAll());
+//   OFFLOAD_RETURN_IF_ERROR(store->Put(record));      // durable when it returns OK
+//
+// A record carries a key's secrets in wiping buffers; backends encrypt them under the
+// key-encryption key before they leave the process (see envelope.h and record_codec.h, which every
+// backend shares). Thread-safety: implementations must allow calls from any thread; KeyManager
+// additionally serialises its mutations.
+#ifndef SERVICE_KEYS_KEY_STORE_H_
+#define SERVICE_KEYS_KEY_STORE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "offload/v1/keys.pb.h"
+#include "service/common/secret_bytes.h"
+
+namespace offload::keys {
+
+// Every secret is 32 bytes: the Ed25519 seed (not the 64-byte seed || public key form), the
+// X25519 scalar, or the AEAD key.
+inline constexpr size_t kKeySecretSize = 32;
+
+struct KeyVersionRecord {
+  uint32_t version = 0;
+  int64_t created_unix_seconds = 0;
+  SecretBytes secret;
+  std::vector<uint8_t> public_key;  // 32 bytes for Ed25519 / X25519, empty for AEAD types
+};
+
+struct KeyRecord {
+  std::string key_id;
+  v1::KeyType type = v1::KEY_TYPE_UNSPECIFIED;
+  v1::KeyOptions options;
+  uint32_t current_version = 0;
+  std::vector<KeyVersionRecord> versions;  // oldest first, versions strictly increasing
+};
+
+class KeyStore {
+ public:
+  virtual ~KeyStore() = default;
+
+  // Every stored record, sorted by key id. DataLoss / FailedPrecondition if the stored data is
+  // corrupted or encrypted under another key-encryption key.
+  virtual absl::StatusOr<std::vector<KeyRecord>> LoadAll() = 0;
+
+  // Inserts or replaces the record with `record.key_id`. When OK is returned the change is
+  // durable (survives a crash or power loss); on error the store is unchanged.
+  // REQUIRES: `record` passes ValidateKeyRecord (record_codec.h), else InvalidArgument.
+  virtual absl::Status Put(const KeyRecord& record) = 0;
+
+  // Removes the record with `key_id`, durably. NotFound if there is none.
+  virtual absl::Status Delete(absl::string_view key_id) = 0;
+
+  // A one-line description for logs, e.g. "file:/var/lib/offload/keys.db". Never secrets.
+  virtual std::string Describe() const = 0;
+};
+
+}  // namespace offload::keys
+
+#endif  // SERVICE_KEYS_KEY_STORE_H_
