@@ -8,6 +8,7 @@ X25519 (Wycheproof, RFC 7748), the NaCl box known answer, and the Wycheproof AEA
 Set OFFLOAD_E2E_SLOW=1 to add the RFC 7748 1,000-iteration X25519 test.
 """
 
+import base64
 import os
 import struct
 import unittest
@@ -57,6 +58,7 @@ class VectorTests:
         cls.name = cls.BACKEND or "auto"
         cls.server = Server("vectors-" + cls.name, backend=cls.BACKEND)
         cls.servers = [cls.server]
+        cls.imported_secrets = []
         cls.server.start()
 
     @classmethod
@@ -72,6 +74,7 @@ class VectorTests:
         req = pb.keys.ImportKeyRequest(key_id=key_id, type=key_type, secret=secret)
         if allow_zero:
             req.options.allow_zero_shared_secret = True
+        self.imported_secrets.append(secret)
         info = self.server.keys.ImportKey(req, timeout=TIMEOUT)
         self.assertEqual(info.key_id, key_id)
         self.assertEqual(info.type, key_type)
@@ -497,6 +500,39 @@ class VectorTests:
     def test_aead_aes_gcm(self):
         n = self.run_aead_file("aes_gcm_test.json", pb.keys.KEY_TYPE_AES256_GCM, 12, 96)
         self.assertEqual(n, 66)
+
+    def test_zz_no_secret_in_log(self):
+        """Runs last: no imported secret appears in the server's log, in hex or base64."""
+        log = "\n".join(self.server.log_lines()[1:])  # [0] is our command line (no secrets)
+        leaks = []
+        for secret in self.imported_secrets:
+            if len(set(secret)) < 8:  # low-entropy test keys could match by accident
+                continue
+            for form in (secret.hex(), secret.hex().upper(), base64.b64encode(secret).decode()[:40]):
+                if form in log:
+                    leaks.append(form)
+        self.say("server log: %d lines checked for %d imported secrets"
+                 % (log.count("\n") + 1, len(self.imported_secrets)))
+        self.assertEqual(leaks, [], "secrets found in the server log")
+
+    def test_zz_secrets_encrypted_at_rest(self):
+        """Runs last: no imported secret is stored in clear (raw or hex) under --data_dir."""
+        blobs = {}
+        for root, _, files in os.walk(self.server.data_dir):
+            for f in files:
+                with open(os.path.join(root, f), "rb") as fh:
+                    blobs[os.path.relpath(os.path.join(root, f), self.server.data_dir)] = fh.read()
+        self.assertTrue(blobs, "nothing stored under --data_dir")
+        found = []
+        for secret in self.imported_secrets:
+            if len(set(secret)) < 8:
+                continue
+            for name, data in blobs.items():
+                if secret in data or secret.hex().encode() in data.lower():
+                    found.append("%s in %s" % (secret.hex()[:16], name))
+        self.say("data_dir: %d file(s), %d bytes checked for %d imported secrets"
+                 % (len(blobs), sum(map(len, blobs.values())), len(self.imported_secrets)))
+        self.assertEqual(found, [], "secrets stored in clear")
 
 
 class AutoBackend(VectorTests, ServerTestCase):
