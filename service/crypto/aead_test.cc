@@ -1,6 +1,7 @@
 #include "service/crypto/aead.h"
 
 #include <cstdint>
+#include <ostream>
 #include <random>
 #include <string>
 #include <tuple>
@@ -11,6 +12,11 @@
 #include "tests/testing/vectors.h"
 
 namespace offload::crypto {
+
+// Test names and failure messages show "libsodium" / "openssl" rather than raw bytes.
+inline void PrintTo(Backend backend, std::ostream* os) { *os << BackendName(backend); }
+inline void PrintTo(AeadAlgorithm algorithm, std::ostream* os) { *os << AeadName(algorithm); }
+
 namespace {
 
 using testvectors::HasFlag;

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdint>
+#include <ostream>
 #include <random>
 #include <set>
 #include <string>
@@ -16,6 +17,10 @@
 #include "tests/testing/vectors.h"
 
 namespace offload::crypto {
+
+// Test names and failure messages show "libsodium" / "openssl" rather than raw bytes.
+inline void PrintTo(Backend backend, std::ostream* os) { *os << BackendName(backend); }
+
 namespace {
 
 using testvectors::Hex;

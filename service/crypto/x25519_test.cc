@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdint>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -14,6 +15,10 @@
 #include "tests/testing/vectors.h"
 
 namespace offload::crypto {
+
+// Test names and failure messages show "libsodium" / "openssl" rather than raw bytes.
+inline void PrintTo(Backend backend, std::ostream* os) { *os << BackendName(backend); }
+
 namespace {
 
 using testvectors::HasFlag;
