@@ -1,0 +1,114 @@
+// The service's memo caches: repeated work costs a keyed hash and a lookup instead of a curve
+// operation or a decryption. Semantics (DESIGN.md, "Memo caches"):
+//
+//   cache   key (a keyed BLAKE2b-256 digest of...)                 value
+//   verify  public key, signature, message                          "valid" (only valid results)
+//   derive  key version instance, output kind, peer public key      32-byte shared key (wiped)
+//   open    key version instance, nonce, tag, AAD, length           ciphertext copy + plaintext
+//
+// A digest is computed with a per-process random salt, so cache keys reveal nothing and cannot
+// be aimed at from outside. Key versions are named by `instance`, a number the KeyManager never
+// reuses in a process: a deleted and re-created key id, or another version, can never hit
+// another's entries. An open hit also compares the full ciphertext with the stored copy, so a
+// tampered ciphertext that reuses a cached nonce and tag misses, and fails as it would fresh.
+// Failed verifications and failed opens are never cached.
+//
+//   Memo memo(MemoOptions{});
+//   Digest d = memo.VerifyDigest(pk, sig, msg);
+//   if (!memo.VerifyHit(d)) { if (Verify(...)) memo.VerifyInsert(d); }
+//
+// Thread-safety: every method may be called concurrently.
+#ifndef SERVICE_MEMO_MEMO_H_
+#define SERVICE_MEMO_MEMO_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "service/common/secret_bytes.h"
+#include "service/memo/lru_cache.h"
+
+namespace offload::memo {
+
+struct MemoOptions {
+  size_t verify_bytes = 32u << 20;
+  size_t derive_bytes = 16u << 20;
+  size_t open_bytes_per_key = 8u << 20;
+  size_t open_bytes_total = 256u << 20;
+  int shards = 16;            // per cache; per key for the open cache: max(1, shards / 4)
+  bool enabled = true;        // false: every lookup misses and nothing is stored
+};
+
+class Memo final {
+ public:
+  explicit Memo(MemoOptions options);
+  ~Memo();
+
+  // --- verify ---
+  Digest VerifyDigest(absl::Span<const uint8_t> public_key, absl::Span<const uint8_t> signature,
+                      absl::Span<const uint8_t> message) const;
+  bool VerifyHit(const Digest& digest);
+  // REQUIRES: the triple behind `digest` verified as valid.
+  void VerifyInsert(const Digest& digest);
+
+  // --- derive ---
+  // `output` distinguishes raw secrets from box keys (the DeriveOutput enum value).
+  Digest DeriveDigest(uint64_t instance, int output, absl::Span<const uint8_t> peer) const;
+  // On a hit copies the 32-byte shared key into `out`. REQUIRES: `out.size() == 32`.
+  bool DeriveLookup(const Digest& digest, absl::Span<uint8_t> out);
+  void DeriveInsert(const Digest& digest, absl::string_view key_id,
+                    absl::Span<const uint8_t> shared);
+
+  // --- open (AEAD) ---
+  Digest OpenDigest(uint64_t instance, absl::Span<const uint8_t> nonce,
+                    absl::Span<const uint8_t> ciphertext_and_tag,
+                    absl::Span<const uint8_t> aad) const;
+  // On a hit (same digest and byte-identical `ciphertext_and_tag`) writes the plaintext to `out`.
+  bool OpenLookup(absl::string_view key_id, const Digest& digest,
+                  absl::Span<const uint8_t> ciphertext_and_tag, std::string* out);
+  // Records that `ciphertext_and_tag` opens to `plaintext` (after a successful Open or Seal).
+  void OpenInsert(absl::string_view key_id, const Digest& digest,
+                  absl::Span<const uint8_t> ciphertext_and_tag,
+                  absl::Span<const uint8_t> plaintext);
+
+  // Drops every derive and open entry of `key_id` (all versions).
+  void DropKey(absl::string_view key_id);
+
+  CacheStats verify_stats() const { return verify_.Stats(); }
+  CacheStats derive_stats() const { return derive_.Stats(); }
+  CacheStats open_stats() const;
+  const MemoOptions& options() const { return options_; }
+
+ private:
+  struct OpenEntry {
+    std::string ciphertext_and_tag;
+    SecretBytes plaintext;
+  };
+  using OpenCache = LruCache<OpenEntry>;
+  struct Empty {};
+
+  uint64_t OwnerTag(absl::string_view key_id) const;
+  std::shared_ptr<OpenCache> FindOpenCache(absl::string_view key_id);
+  std::shared_ptr<OpenCache> OpenCacheFor(absl::string_view key_id);
+
+  const MemoOptions options_;
+  uint8_t salt_[32];
+  LruCache<Empty> verify_;
+  LruCache<SecretBytes> derive_;
+  ByteBudget open_budget_;
+
+  mutable absl::Mutex open_mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<OpenCache>> open_ ABSL_GUARDED_BY(open_mu_);
+  // Counters of per-key caches already dropped, so that the totals never go backwards.
+  CacheStats open_retired_ ABSL_GUARDED_BY(open_mu_);
+};
+
+}  // namespace offload::memo
+
+#endif  // SERVICE_MEMO_MEMO_H_
