@@ -1,5 +1,7 @@
 #include "service/keys/key_manager.h"
 
+#include <atomic>
+
 #include <algorithm>
 #include <limits>
 #include <utility>
@@ -53,8 +55,10 @@ crypto::Backend OtherBackend(crypto::Backend b) {
 // it is filled from the secret; otherwise (a stored version) it must match the secret.
 absl::StatusOr<std::shared_ptr<const ManagedKeyVersion>> PrepareVersion(
     v1::KeyType type, const crypto::BackendChoice& backends, KeyVersionRecord* version) {
+  static std::atomic<uint64_t> next_instance{1};
   auto prepared = std::make_shared<ManagedKeyVersion>();
   prepared->version = version->version;
+  prepared->instance = next_instance.fetch_add(1, std::memory_order_relaxed);
   prepared->created_unix_seconds = version->created_unix_seconds;
   switch (type) {
     case v1::KEY_TYPE_ED25519: {
