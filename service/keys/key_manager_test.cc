@@ -461,11 +461,29 @@ TEST_F(KeyManagerTest, DeleteRemovesEverythingAndNotifies) {
   m = Open();
   EXPECT_EQ(m->Find("gone"), nullptr);
   EXPECT_NE(m->Find("kept"), nullptr);
-  // The id can be reused; it gets a fresh version 1.
+  // The id can be reused; it gets a fresh version 1, with a new instance number.
   auto info = m->CreateKey(CreateReq("gone", v1::KEY_TYPE_X25519));
   ASSERT_TRUE(info.ok());
   EXPECT_EQ(info->current_version(), 1u);
   EXPECT_NE(m->Find("gone")->Current()->public_key, old_pk);
+  EXPECT_NE(m->Find("gone")->Version(1)->instance, held->Version(1)->instance);
+}
+
+TEST_F(KeyManagerTest, InstancesAreUniqueAndStableAcrossRotation) {
+  auto m = Open();
+  ASSERT_TRUE(m->CreateKey(CreateReq("a", v1::KEY_TYPE_ED25519)).ok());
+  ASSERT_TRUE(m->CreateKey(CreateReq("b", v1::KEY_TYPE_ED25519)).ok());
+  const uint64_t a1 = m->Find("a")->Current()->instance;
+  ASSERT_TRUE(m->RotateKey("a").ok());
+  auto a = m->Find("a");
+  EXPECT_EQ(a->Version(1)->instance, a1) << "an unchanged version keeps its instance";
+  std::set<uint64_t> seen = {a->Version(1)->instance, a->Version(2)->instance,
+                             m->Find("b")->Current()->instance};
+  EXPECT_EQ(seen.size(), 3u);
+  EXPECT_EQ(seen.count(0), 0u);
+  ASSERT_TRUE(m->DeleteKey("a").ok());
+  ASSERT_TRUE(m->CreateKey(CreateReq("a", v1::KEY_TYPE_ED25519)).ok());
+  EXPECT_EQ(seen.count(m->Find("a")->Current()->instance), 0u);
 }
 
 TEST_F(KeyManagerTest, ConcurrentCreatesAllPersist) {
