@@ -1,8 +1,7 @@
 #include "service/keys/key_manager.h"
 
-#include <atomic>
-
 #include <algorithm>
+#include <atomic>
 #include <limits>
 #include <utility>
 

@@ -39,8 +39,9 @@ namespace offload::keys {
 // One version of a key, with the crypto object for its type (exactly one of the three is set).
 struct ManagedKeyVersion {
   uint32_t version = 0;
-  // Unique in this process and never reused, even after the key is deleted and its id created
-  // again: the memo caches name a key version by it.
+  // Names this prepared version within the process: never 0, never reused (a deleted and
+  // re-created key id, or a reload, gets new numbers). Memo caches key on it instead of
+  // (key id, version). Not persisted.
   uint64_t instance = 0;
   int64_t created_unix_seconds = 0;
   std::vector<uint8_t> public_key;  // 32 bytes for Ed25519 / X25519, empty for AEAD
