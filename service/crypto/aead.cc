@@ -1,5 +1,6 @@
 #include "service/crypto/aead.h"
 
+
 #include <openssl/evp.h>
 #include <sodium.h>
 
@@ -8,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "service/crypto/op_counts.h"
 #include "service/common/secret_bytes.h"
 #include "service/common/status_macros.h"
 #include "service/crypto/internal/size_check.h"
@@ -57,6 +59,7 @@ class SodiumChaChaAead final : public Aead {
 
   absl::Status Seal(absl::Span<const uint8_t> nonce, absl::Span<const uint8_t> aad,
                     absl::Span<const uint8_t> plaintext, absl::Span<uint8_t> out) const override {
+    internal::CountOp(CryptoOp::kAeadSeal);
     OFFLOAD_RETURN_IF_ERROR(CheckSealArgs(algorithm_, nonce, plaintext, out));
     unsigned long long out_len = 0;  // NOLINT(runtime/int): libsodium's type
     int rc = algorithm_ == AeadAlgorithm::kChaCha20Poly1305
@@ -75,6 +78,7 @@ class SodiumChaChaAead final : public Aead {
   absl::Status Open(absl::Span<const uint8_t> nonce, absl::Span<const uint8_t> aad,
                     absl::Span<const uint8_t> ciphertext_and_tag,
                     absl::Span<uint8_t> out) const override {
+    internal::CountOp(CryptoOp::kAeadOpen);
     OFFLOAD_RETURN_IF_ERROR(CheckOpenArgs(algorithm_, nonce, ciphertext_and_tag, out));
     unsigned long long out_len = 0;  // NOLINT(runtime/int): libsodium's type
     int rc = algorithm_ == AeadAlgorithm::kChaCha20Poly1305
@@ -110,6 +114,7 @@ class SodiumAesGcmAead final : public Aead {
 
   absl::Status Seal(absl::Span<const uint8_t> nonce, absl::Span<const uint8_t> aad,
                     absl::Span<const uint8_t> plaintext, absl::Span<uint8_t> out) const override {
+    internal::CountOp(CryptoOp::kAeadSeal);
     OFFLOAD_RETURN_IF_ERROR(CheckSealArgs(AeadAlgorithm::kAes256Gcm, nonce, plaintext, out));
     unsigned long long out_len = 0;  // NOLINT(runtime/int): libsodium's type
     if (crypto_aead_aes256gcm_encrypt_afternm(out.data(), &out_len, plaintext.data(),
@@ -124,6 +129,7 @@ class SodiumAesGcmAead final : public Aead {
   absl::Status Open(absl::Span<const uint8_t> nonce, absl::Span<const uint8_t> aad,
                     absl::Span<const uint8_t> ciphertext_and_tag,
                     absl::Span<uint8_t> out) const override {
+    internal::CountOp(CryptoOp::kAeadOpen);
     OFFLOAD_RETURN_IF_ERROR(CheckOpenArgs(AeadAlgorithm::kAes256Gcm, nonce, ciphertext_and_tag, out));
     unsigned long long out_len = 0;  // NOLINT(runtime/int): libsodium's type
     if (crypto_aead_aes256gcm_decrypt_afternm(out.data(), &out_len, nullptr,
@@ -248,6 +254,7 @@ class OpenSslAead final : public Aead {
 
   absl::Status Seal(absl::Span<const uint8_t> nonce, absl::Span<const uint8_t> aad,
                     absl::Span<const uint8_t> plaintext, absl::Span<uint8_t> out) const override {
+    internal::CountOp(CryptoOp::kAeadSeal);
     OFFLOAD_RETURN_IF_ERROR(CheckSealArgs(algorithm_, nonce, plaintext, out));
     if (algorithm_ != AeadAlgorithm::kXChaCha20Poly1305) {
       return EvpSeal(cipher_, key_.data(), nonce.data(), aad, plaintext, out);
@@ -259,6 +266,7 @@ class OpenSslAead final : public Aead {
   absl::Status Open(absl::Span<const uint8_t> nonce, absl::Span<const uint8_t> aad,
                     absl::Span<const uint8_t> ciphertext_and_tag,
                     absl::Span<uint8_t> out) const override {
+    internal::CountOp(CryptoOp::kAeadOpen);
     OFFLOAD_RETURN_IF_ERROR(CheckOpenArgs(algorithm_, nonce, ciphertext_and_tag, out));
     if (algorithm_ != AeadAlgorithm::kXChaCha20Poly1305) {
       return EvpOpen(cipher_, key_.data(), nonce.data(), aad, ciphertext_and_tag, out);

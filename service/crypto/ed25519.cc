@@ -1,10 +1,12 @@
 #include "service/crypto/ed25519.h"
 
+
 #include <openssl/evp.h>
 #include <sodium.h>
 
 #include <utility>
 
+#include "service/crypto/op_counts.h"
 #include "service/common/secret_bytes.h"
 #include "service/common/status_macros.h"
 #include "service/crypto/internal/ed25519_policy.h"
@@ -26,6 +28,7 @@ class SodiumEd25519Signer final : public Ed25519Signer {
       : secret_key_(std::move(secret_key)), public_key_(public_key) {}
 
   absl::Status Sign(absl::Span<const uint8_t> message, absl::Span<uint8_t> signature) const override {
+    internal::CountOp(CryptoOp::kEd25519Sign);
     OFFLOAD_RETURN_IF_ERROR(CheckSize("signature", signature.size(), kEd25519SignatureSize));
     if (crypto_sign_detached(signature.data(), nullptr, message.data(), message.size(),
                              secret_key_.data()) != 0) {
@@ -48,6 +51,7 @@ class OpenSslEd25519Signer final : public Ed25519Signer {
       : key_(std::move(key)), public_key_(public_key) {}
 
   absl::Status Sign(absl::Span<const uint8_t> message, absl::Span<uint8_t> signature) const override {
+    internal::CountOp(CryptoOp::kEd25519Sign);
     OFFLOAD_RETURN_IF_ERROR(CheckSize("signature", signature.size(), kEd25519SignatureSize));
     SslUniquePtr<EVP_MD_CTX> ctx(EVP_MD_CTX_new());
     if (ctx == nullptr) return OpenSslError("EVP_MD_CTX_new");
@@ -137,6 +141,7 @@ bool Ed25519Verify(Backend backend, absl::Span<const uint8_t> public_key,
   if (public_key.size() != kEd25519PublicKeySize || signature.size() != kEd25519SignatureSize) {
     return false;
   }
+  internal::CountOp(CryptoOp::kEd25519Verify);
   switch (backend) {
     case Backend::kLibsodium:
       return crypto_sign_verify_detached(signature.data(), message.data(), message.size(),

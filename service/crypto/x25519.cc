@@ -1,5 +1,6 @@
 #include "service/crypto/x25519.h"
 
+
 #include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/proverr.h>
@@ -10,6 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "service/crypto/op_counts.h"
 #include "service/common/secret_bytes.h"
 #include "service/common/status_macros.h"
 #include "service/crypto/internal/size_check.h"
@@ -41,6 +43,7 @@ class SodiumX25519PrivateKey final : public X25519PrivateKey {
 
   absl::Status Derive(absl::Span<const uint8_t> peer_public_key, bool allow_zero,
                       absl::Span<uint8_t> shared) const override {
+    internal::CountOp(CryptoOp::kX25519);
     OFFLOAD_RETURN_IF_ERROR(CheckDeriveArgs(peer_public_key, shared));
     // crypto_scalarmult masks bit 255 of the u-coordinate and returns -1 for an all-zero result.
     if (crypto_scalarmult(shared.data(), secret_.data(), peer_public_key.data()) != 0) {
@@ -66,6 +69,7 @@ class OpenSslX25519PrivateKey final : public X25519PrivateKey {
 
   absl::Status Derive(absl::Span<const uint8_t> peer_public_key, bool allow_zero,
                       absl::Span<uint8_t> shared) const override {
+    internal::CountOp(CryptoOp::kX25519);
     OFFLOAD_RETURN_IF_ERROR(CheckDeriveArgs(peer_public_key, shared));
     SslUniquePtr<EVP_PKEY> peer(EVP_PKEY_new_raw_public_key(
         EVP_PKEY_X25519, nullptr, peer_public_key.data(), peer_public_key.size()));
@@ -142,6 +146,7 @@ void BoxKeyFromShared(absl::Span<const uint8_t> raw_shared, absl::Span<uint8_t> 
 
 absl::Status BoxSealAfternm(absl::Span<const uint8_t> box_key, absl::Span<const uint8_t> nonce,
                             absl::Span<const uint8_t> plaintext, absl::Span<uint8_t> out) {
+  internal::CountOp(CryptoOp::kBoxSeal);
   OFFLOAD_RETURN_IF_ERROR(CheckSize("box_key", box_key.size(), crypto_box_BEFORENMBYTES));
   OFFLOAD_RETURN_IF_ERROR(CheckSize("nonce", nonce.size(), kBoxNonceSize));
   OFFLOAD_RETURN_IF_ERROR(CheckSize("out", out.size(), plaintext.size() + kBoxTagSize));
@@ -154,6 +159,7 @@ absl::Status BoxSealAfternm(absl::Span<const uint8_t> box_key, absl::Span<const 
 
 absl::Status BoxOpenAfternm(absl::Span<const uint8_t> box_key, absl::Span<const uint8_t> nonce,
                             absl::Span<const uint8_t> ciphertext, absl::Span<uint8_t> out) {
+  internal::CountOp(CryptoOp::kBoxOpen);
   OFFLOAD_RETURN_IF_ERROR(CheckSize("box_key", box_key.size(), crypto_box_BEFORENMBYTES));
   OFFLOAD_RETURN_IF_ERROR(CheckSize("nonce", nonce.size(), kBoxNonceSize));
   if (ciphertext.size() < kBoxTagSize) {

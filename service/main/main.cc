@@ -24,6 +24,11 @@ ABSL_FLAG(std::string, backend, "auto",
           "Crypto backend: auto (the faster per operation, measured at start), libsodium or openssl.");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(20),
           "On SIGTERM, how long in-flight calls may take before they are cancelled.");
+ABSL_FLAG(bool, memo, true, "Memo caches on (false: every request is computed afresh).");
+ABSL_FLAG(int64_t, memo_verify_bytes, 32 << 20, "Byte bound of the verify memo.");
+ABSL_FLAG(int64_t, memo_derive_bytes, 16 << 20, "Byte bound of the derive memo (shared keys).");
+ABSL_FLAG(int64_t, memo_open_bytes_per_key, 8 << 20, "Byte bound of the open memo per key.");
+ABSL_FLAG(int64_t, memo_open_bytes_total, 256 << 20, "Byte bound of the open memo in all.");
 
 int main(int argc, char** argv) {
   offload::BlockStopSignals();
@@ -40,6 +45,11 @@ int main(int argc, char** argv) {
   config.workers = absl::GetFlag(FLAGS_workers);
   config.backend = absl::GetFlag(FLAGS_backend);
   config.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  config.memo_enabled = absl::GetFlag(FLAGS_memo);
+  config.memo_verify_bytes = absl::GetFlag(FLAGS_memo_verify_bytes);
+  config.memo_derive_bytes = absl::GetFlag(FLAGS_memo_derive_bytes);
+  config.memo_open_bytes_per_key = absl::GetFlag(FLAGS_memo_open_bytes_per_key);
+  config.memo_open_bytes_total = absl::GetFlag(FLAGS_memo_open_bytes_total);
 
   absl::Status status = offload::RunServer(config);
   if (!status.ok()) {

@@ -17,6 +17,7 @@
 #include "service/keys/file_key_store.h"
 #include "service/keys/kek.h"
 #include "service/keys/key_manager.h"
+#include "service/memo/memo.h"
 #include "service/ops/operations.h"
 #include "service/ops/worker_pool.h"
 #include "service/rpc/services.h"
@@ -34,6 +35,12 @@ absl::Status CheckConfig(const ServerConfig& config) {
   if (config.max_batch_items < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_batch_items: expected at least 1, got ", config.max_batch_items));
+  }
+  for (int64_t bound : {config.memo_verify_bytes, config.memo_derive_bytes,
+                        config.memo_open_bytes_per_key, config.memo_open_bytes_total}) {
+    if (bound < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("memo bounds: expected >= 0, got ", bound));
+    }
   }
   if (config.max_message_bytes < 1024 || config.max_message_bytes > (1LL << 30)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -91,9 +98,20 @@ absl::Status RunServer(const ServerConfig& config) {
        {"keys", key_manager->size()},
        {"seconds", absl::ToDoubleSeconds(absl::Now() - load_start)}});
 
+  memo::MemoOptions memo_options;
+  memo_options.enabled = config.memo_enabled;
+  memo_options.verify_bytes = static_cast<size_t>(config.memo_verify_bytes);
+  memo_options.derive_bytes = static_cast<size_t>(config.memo_derive_bytes);
+  memo_options.open_bytes_per_key = static_cast<size_t>(config.memo_open_bytes_per_key);
+  memo_options.open_bytes_total = static_cast<size_t>(config.memo_open_bytes_total);
+  memo::Memo memo(memo_options);
+  // A rotated or deleted key's entries go at once (they could never be served again anyway:
+  // entries are named by key version instances that are never reused).
+  key_manager->AddChangeListener([&memo](absl::string_view key_id) { memo.DropKey(key_id); });
+
   // Declared before the server so that it outlives it: the server's calls finish on the pool.
   ops::WorkerPool pool(config.workers);
-  ops::Operations operations(key_manager.get(), &pool, backends,
+  ops::Operations operations(key_manager.get(), &memo, &pool, backends,
                              ops::Operations::Options{config.max_batch_items});
   rpc::Services services(&operations, key_manager.get(), &pool);
 
@@ -116,7 +134,12 @@ absl::Status RunServer(const ServerConfig& config) {
        {"grpc_port", port},
        {"workers", pool.size()},
        {"max_batch_items", config.max_batch_items},
-       {"max_message_bytes", config.max_message_bytes}});
+       {"max_message_bytes", config.max_message_bytes},
+       {"memo", {{"enabled", config.memo_enabled},
+                 {"verify_bytes", config.memo_verify_bytes},
+                 {"derive_bytes", config.memo_derive_bytes},
+                 {"open_bytes_per_key", config.memo_open_bytes_per_key},
+                 {"open_bytes_total", config.memo_open_bytes_total}}}});
 
   const int signal_number = WaitForStopSignal();
   Log(LogLevel::kInfo, "server_draining",

@@ -28,6 +28,12 @@ struct ServerConfig {
   int workers = 0;                 // 0 = one per core
   std::string backend = "auto";    // auto | libsodium | openssl
   absl::Duration drain_timeout = absl::Seconds(20);
+  // Memo cache bounds in bytes; memo_enabled = false turns every cache off (for baselines).
+  bool memo_enabled = true;
+  int64_t memo_verify_bytes = 32 << 20;
+  int64_t memo_derive_bytes = 16 << 20;
+  int64_t memo_open_bytes_per_key = 8 << 20;
+  int64_t memo_open_bytes_total = 256 << 20;
 };
 
 // Blocks SIGTERM and SIGINT in the calling thread (and so in every thread it starts later).

@@ -108,9 +108,22 @@ absl::Status DeriveInto(const keys::ManagedKey& key, const keys::ManagedKeyVersi
 
 }  // namespace
 
-Operations::Operations(keys::KeyManager* keys, WorkerPool* pool, crypto::BackendChoice backends,
-                       Options options)
-    : keys_(keys), pool_(pool), backends_(backends), options_(options) {}
+Operations::Operations(keys::KeyManager* keys, memo::Memo* memo, WorkerPool* pool,
+                       crypto::BackendChoice backends, Options options)
+    : keys_(keys), memo_(memo), pool_(pool), backends_(backends), options_(options) {}
+
+absl::Status Operations::DeriveShared(const keys::ManagedKey& key,
+                                      const keys::ManagedKeyVersion& version,
+                                      absl::Span<const uint8_t> peer, v1::DeriveOutput output,
+                                      absl::Span<uint8_t> out, bool* memo_hit) const {
+  if (output == v1::DERIVE_OUTPUT_UNSPECIFIED) output = v1::DERIVE_OUTPUT_RAW;
+  const memo::Digest digest = memo_->DeriveDigest(version.instance, output, peer);
+  *memo_hit = memo_->DeriveLookup(digest, out);
+  if (*memo_hit) return absl::OkStatus();
+  OFFLOAD_RETURN_IF_ERROR(DeriveInto(key, version, peer, output, out));
+  memo_->DeriveInsert(digest, key.key_id, out);
+  return absl::OkStatus();
+}
 
 absl::Status Operations::Sign(const v1::SignRequest& request, v1::SignResponse* response) const {
   OFFLOAD_ASSIGN_OR_RETURN(KeyPtr key,
@@ -130,9 +143,17 @@ absl::Status Operations::Verify(const v1::VerifyRequest& request,
       CheckSize("public_key", request.public_key(), crypto::kEd25519PublicKeySize));
   OFFLOAD_RETURN_IF_ERROR(
       CheckSize("signature", request.signature(), crypto::kEd25519SignatureSize));
-  response->set_valid(crypto::Ed25519Verify(backends_.ed25519_verify, Bytes(request.public_key()),
-                                            Bytes(request.message()),
-                                            Bytes(request.signature())));
+  const memo::Digest digest = memo_->VerifyDigest(
+      Bytes(request.public_key()), Bytes(request.signature()), Bytes(request.message()));
+  if (memo_->VerifyHit(digest)) {
+    response->set_valid(true);
+    response->set_memo_hit(true);
+    return absl::OkStatus();
+  }
+  const bool valid = crypto::Ed25519Verify(backends_.ed25519_verify, Bytes(request.public_key()),
+                                           Bytes(request.message()), Bytes(request.signature()));
+  if (valid) memo_->VerifyInsert(digest);  // only valid results are remembered
+  response->set_valid(valid);
   response->set_memo_hit(false);
   return absl::OkStatus();
 }
@@ -147,12 +168,13 @@ absl::Status Operations::Derive(const v1::DeriveRequest& request,
   OFFLOAD_ASSIGN_OR_RETURN(KeyPtr key, FindKeyOfType(*keys_, request.key_id(), v1::KEY_TYPE_X25519));
   OFFLOAD_ASSIGN_OR_RETURN(const keys::ManagedKeyVersion* version,
                            FindVersion(*key, request.key_version()));
-  SecretBytes shared(crypto::kX25519KeySize);
-  OFFLOAD_RETURN_IF_ERROR(DeriveInto(*key, *version, Bytes(request.peer_public_key()),
-                                     request.output(), absl::MakeSpan(shared)));
-  response->set_shared_key(reinterpret_cast<const char*>(shared.data()), shared.size());
+  bool hit = false;
+  OFFLOAD_RETURN_IF_ERROR(DeriveShared(*key, *version, Bytes(request.peer_public_key()),
+                                       request.output(),
+                                       Resize(response->mutable_shared_key(), crypto::kX25519KeySize),
+                                       &hit));
   response->set_key_version(version->version);
-  response->set_memo_hit(false);
+  response->set_memo_hit(hit);
   return absl::OkStatus();
 }
 
@@ -166,8 +188,10 @@ absl::Status Operations::BoxSeal(const v1::BoxSealRequest& request,
   OFFLOAD_ASSIGN_OR_RETURN(KeyPtr key, FindKeyOfType(*keys_, request.key_id(), v1::KEY_TYPE_X25519));
   const keys::ManagedKeyVersion* version = key->Current();
   SecretBytes box_key(crypto::kX25519KeySize);
-  OFFLOAD_RETURN_IF_ERROR(DeriveInto(*key, *version, Bytes(request.peer_public_key()),
-                                     v1::DERIVE_OUTPUT_BOX_BEFORENM, absl::MakeSpan(box_key)));
+  bool hit = false;
+  OFFLOAD_RETURN_IF_ERROR(DeriveShared(*key, *version, Bytes(request.peer_public_key()),
+                                       v1::DERIVE_OUTPUT_BOX_BEFORENM, absl::MakeSpan(box_key),
+                                       &hit));
   if (request.nonce().empty()) {
     randombytes_buf(Resize(response->mutable_nonce(), crypto::kBoxNonceSize).data(),
                     crypto::kBoxNonceSize);
@@ -195,8 +219,10 @@ absl::Status Operations::BoxOpen(const v1::BoxOpenRequest& request,
   OFFLOAD_ASSIGN_OR_RETURN(const keys::ManagedKeyVersion* version,
                            FindVersion(*key, request.key_version()));
   SecretBytes box_key(crypto::kX25519KeySize);
-  OFFLOAD_RETURN_IF_ERROR(DeriveInto(*key, *version, Bytes(request.peer_public_key()),
-                                     v1::DERIVE_OUTPUT_BOX_BEFORENM, absl::MakeSpan(box_key)));
+  bool hit = false;
+  OFFLOAD_RETURN_IF_ERROR(DeriveShared(*key, *version, Bytes(request.peer_public_key()),
+                                       v1::DERIVE_OUTPUT_BOX_BEFORENM, absl::MakeSpan(box_key),
+                                       &hit));
   absl::Status opened = crypto::BoxOpenAfternm(
       box_key, Bytes(request.nonce()), Bytes(request.ciphertext()),
       Resize(response->mutable_plaintext(), request.ciphertext().size() - crypto::kBoxTagSize));
@@ -204,7 +230,7 @@ absl::Status Operations::BoxOpen(const v1::BoxOpenRequest& request,
     response->clear_plaintext();
     return opened;
   }
-  response->set_memo_hit(false);
+  response->set_memo_hit(hit);
   return absl::OkStatus();
 }
 
@@ -219,9 +245,15 @@ absl::Status Operations::AeadSeal(const v1::AeadSealRequest& request,
   uint8_t nonce[24];
   randombytes_buf(nonce, nonce_size);
   WriteEnvelopeHeader(version->version, absl::MakeConstSpan(nonce, nonce_size), envelope);
+  absl::Span<uint8_t> ciphertext_and_tag = envelope.subspan(kEnvelopeHeaderPrefix + nonce_size);
   OFFLOAD_RETURN_IF_ERROR(aead.Seal(absl::MakeConstSpan(nonce, nonce_size),
                                     Bytes(request.associated_data()), Bytes(request.plaintext()),
-                                    envelope.subspan(kEnvelopeHeaderPrefix + nonce_size)));
+                                    ciphertext_and_tag));
+  // Seal records what it produced, so that opening this envelope again costs no cipher run.
+  memo_->OpenInsert(key->key_id,
+                    memo_->OpenDigest(version->instance, absl::MakeConstSpan(nonce, nonce_size),
+                                      ciphertext_and_tag, Bytes(request.associated_data())),
+                    ciphertext_and_tag, Bytes(request.plaintext()));
   response->set_key_version(version->version);
   return absl::OkStatus();
 }
@@ -237,14 +269,22 @@ absl::Status Operations::AeadOpen(const v1::AeadOpenRequest& request,
   }
   OFFLOAD_ASSIGN_OR_RETURN(const keys::ManagedKeyVersion* version,
                            FindVersion(*key, view.key_version));
-  absl::Status opened =
-      version->aead->Open(view.nonce, Bytes(request.associated_data()), view.ciphertext_and_tag,
-                          Resize(response->mutable_plaintext(), view.plaintext_size()));
-  if (!opened.ok()) {
-    response->clear_plaintext();
-    return opened;
-  }
   response->set_key_version(version->version);
+  const memo::Digest digest = memo_->OpenDigest(
+      version->instance, view.nonce, view.ciphertext_and_tag, Bytes(request.associated_data()));
+  if (memo_->OpenLookup(key->key_id, digest, view.ciphertext_and_tag,
+                        response->mutable_plaintext())) {
+    response->set_memo_hit(true);
+    return absl::OkStatus();
+  }
+  absl::Span<uint8_t> plaintext = Resize(response->mutable_plaintext(), view.plaintext_size());
+  absl::Status opened = version->aead->Open(view.nonce, Bytes(request.associated_data()),
+                                            view.ciphertext_and_tag, plaintext);
+  if (!opened.ok()) {
+    response->Clear();
+    return opened;  // failed opens are never cached: the next try fails afresh
+  }
+  memo_->OpenInsert(key->key_id, digest, view.ciphertext_and_tag, plaintext);
   response->set_memo_hit(false);
   return absl::OkStatus();
 }

@@ -9,7 +9,8 @@
 // Single-item operations run on the calling thread, which must be a worker, never a transport
 // thread. Batch operations check the item count, then spread the items over the worker pool and
 // call `done` once, from a worker, after every item has its result (or at once if the whole call
-// is refused). Every size is checked before use; errors name the field.
+// is refused). Every size is checked before use; errors name the field. Results come from the
+// memo caches when they hold them (`memo_hit`), and successful results are recorded there.
 // Thread-safety: all methods are const and may run concurrently.
 #ifndef SERVICE_OPS_OPERATIONS_H_
 #define SERVICE_OPS_OPERATIONS_H_
@@ -24,6 +25,7 @@
 #include "offload/v1/x25519.pb.h"
 #include "service/crypto/backend.h"
 #include "service/keys/key_manager.h"
+#include "service/memo/memo.h"
 #include "service/ops/worker_pool.h"
 
 namespace offload::ops {
@@ -35,9 +37,9 @@ class Operations final {
   };
   using Done = absl::AnyInvocable<void(absl::Status) &&>;
 
-  // `keys` and `pool` must outlive this object.
-  Operations(keys::KeyManager* keys, WorkerPool* pool, crypto::BackendChoice backends,
-             Options options);
+  // `keys`, `memo` and `pool` must outlive this object.
+  Operations(keys::KeyManager* keys, memo::Memo* memo, WorkerPool* pool,
+             crypto::BackendChoice backends, Options options);
 
   absl::Status Sign(const v1::SignRequest& request, v1::SignResponse* response) const;
   absl::Status Verify(const v1::VerifyRequest& request, v1::VerifyResponse* response) const;
@@ -77,7 +79,14 @@ class Operations final {
                absl::Status (Operations::*single)(const Request&, Response*) const,
                Done done) const;
 
+  // The 32-byte shared key of `version` with `peer` (raw or box key, as `output` says), from the
+  // derive memo when it has it. Sets `*memo_hit`.
+  absl::Status DeriveShared(const keys::ManagedKey& key, const keys::ManagedKeyVersion& version,
+                            absl::Span<const uint8_t> peer, v1::DeriveOutput output,
+                            absl::Span<uint8_t> out, bool* memo_hit) const;
+
   keys::KeyManager* const keys_;
+  memo::Memo* const memo_;
   WorkerPool* const pool_;
   const crypto::BackendChoice backends_;
   const Options options_;
