@@ -1,0 +1,338 @@
+// The memo caches at work through the real operations: real keys in a real file store, real
+// ciphers (counted where they run), the real worker pool.
+#include "service/ops/operations.h"
+
+#include <sodium.h>
+#include <stdlib.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "gtest/gtest.h"
+#include "service/crypto/op_counts.h"
+#include "service/keys/file_key_store.h"
+
+namespace offload::ops {
+namespace {
+
+using crypto::CryptoOp;
+using crypto::CryptoOpCount;
+
+std::string RandomBytes(size_t n, std::mt19937_64& rng) {
+  std::string s(n, '\0');
+  for (char& c : s) c = static_cast<char>(rng());
+  return s;
+}
+
+class OperationsTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Start(memo::MemoOptions{}); }
+
+  void Start(memo::MemoOptions memo_options) {
+    ASSERT_TRUE(crypto::InitCrypto().ok());
+    char tmpl[] = "/tmp/offload-ops-test-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    SecretBytes kek(32);
+    randombytes_buf(kek.data(), kek.size());
+    auto store = keys::FileKeyStore::Open(dir_, std::move(kek));
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto manager = keys::KeyManager::Create(*std::move(store), crypto::BackendChoice{});
+    ASSERT_TRUE(manager.ok()) << manager.status();
+    keys_ = *std::move(manager);
+    memo_ = std::make_unique<memo::Memo>(memo_options);
+    keys_->AddChangeListener([this](absl::string_view id) { memo_->DropKey(id); });
+    pool_ = std::make_unique<WorkerPool>(2);
+    ops_ = std::make_unique<Operations>(keys_.get(), memo_.get(), pool_.get(),
+                                        crypto::BackendChoice{}, Operations::Options{});
+  }
+
+  void TearDown() override {
+    ops_.reset();
+    pool_.reset();
+    keys_.reset();
+    memo_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  void CreateKey(const std::string& id, v1::KeyType type) {
+    v1::CreateKeyRequest request;
+    request.set_key_id(id);
+    request.set_type(type);
+    ASSERT_TRUE(keys_->CreateKey(request).ok());
+  }
+
+  std::string Seal(const std::string& key_id, const std::string& plaintext,
+                   const std::string& aad = "") {
+    v1::AeadSealRequest request;
+    request.set_key_id(key_id);
+    request.set_plaintext(plaintext);
+    request.set_associated_data(aad);
+    v1::AeadSealResponse response;
+    EXPECT_TRUE(ops_->AeadSeal(request, &response).ok());
+    return response.envelope();
+  }
+
+  absl::Status Open(const std::string& key_id, const std::string& envelope,
+                    v1::AeadOpenResponse* response, const std::string& aad = "") {
+    v1::AeadOpenRequest request;
+    request.set_key_id(key_id);
+    request.set_envelope(envelope);
+    request.set_associated_data(aad);
+    return ops_->AeadOpen(request, response);
+  }
+
+  std::string dir_;
+  std::unique_ptr<keys::KeyManager> keys_;
+  std::unique_ptr<memo::Memo> memo_;
+  std::unique_ptr<WorkerPool> pool_;
+  std::unique_ptr<Operations> ops_;
+};
+
+// The mobile app: 27 read-state blobs of 55 KB, opened on every resume. Ciphertexts made
+// elsewhere (not by this process's Seal) so that the first round really decrypts.
+TEST_F(OperationsTest, ReplayOf27BlobsRunsTheCipher27Times) {
+  CreateKey("state", v1::KEY_TYPE_XCHACHA20_POLY1305);
+  std::mt19937_64 rng(27);
+  std::vector<std::string> envelopes, plaintexts;
+  for (int i = 0; i < 27; ++i) {
+    plaintexts.push_back(RandomBytes(55 * 1024, rng));
+    envelopes.push_back(Seal("state", plaintexts.back()));
+  }
+  memo_->DropKey("state");  // forget what Seal recorded: as if sealed by another replica
+  const uint64_t before = CryptoOpCount(CryptoOp::kAeadOpen);
+  int hits = 0;
+  for (int round = 0; round < 2; ++round) {
+    for (int i = 0; i < 27; ++i) {
+      v1::AeadOpenResponse response;
+      ASSERT_TRUE(Open("state", envelopes[i], &response).ok());
+      ASSERT_EQ(response.plaintext(), plaintexts[i]);
+      EXPECT_EQ(response.memo_hit(), round == 1) << "round " << round << " blob " << i;
+      hits += response.memo_hit();
+    }
+  }
+  EXPECT_EQ(CryptoOpCount(CryptoOp::kAeadOpen) - before, 27u);
+  EXPECT_EQ(hits, 27);
+}
+
+TEST_F(OperationsTest, SealedEnvelopeOpensWithZeroCipherRuns) {
+  CreateKey("k", v1::KEY_TYPE_CHACHA20_POLY1305);
+  const std::string envelope = Seal("k", "hello", "aad");
+  const uint64_t before = CryptoOpCount(CryptoOp::kAeadOpen);
+  v1::AeadOpenResponse response;
+  ASSERT_TRUE(Open("k", envelope, &response, "aad").ok());
+  EXPECT_EQ(response.plaintext(), "hello");
+  EXPECT_TRUE(response.memo_hit());
+  EXPECT_EQ(CryptoOpCount(CryptoOp::kAeadOpen) - before, 0u);
+  // The same envelope with other associated data is not the same question: it fails.
+  EXPECT_EQ(Open("k", envelope, &response, "other").code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(OperationsTest, FailedOpenFailsEveryTimeAndIsNeverCached) {
+  CreateKey("k", v1::KEY_TYPE_AES256_GCM);
+  std::string envelope = Seal("k", std::string(1000, 'x'));
+  // Tamper with the body but keep nonce and tag: the memo must not answer for it.
+  envelope[100] ^= 1;
+  const uint64_t before = CryptoOpCount(CryptoOp::kAeadOpen);
+  for (int i = 0; i < 5; ++i) {
+    v1::AeadOpenResponse response;
+    absl::Status s = Open("k", envelope, &response);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_FALSE(response.memo_hit());
+    EXPECT_TRUE(response.plaintext().empty());
+  }
+  EXPECT_EQ(CryptoOpCount(CryptoOp::kAeadOpen) - before, 5u);
+}
+
+TEST_F(OperationsTest, Derive15PeersOver100RoundsRuns15X25519) {
+  CreateKey("dev", v1::KEY_TYPE_X25519);
+  std::vector<std::string> peers;
+  for (int i = 0; i < 15; ++i) {
+    std::string pk(32, '\0'), sk(32, '\0');
+    crypto_box_keypair(reinterpret_cast<uint8_t*>(pk.data()), reinterpret_cast<uint8_t*>(sk.data()));
+    peers.push_back(pk);
+  }
+  const uint64_t before = CryptoOpCount(CryptoOp::kX25519);
+  std::vector<std::string> first(15);
+  int hits = 0;
+  for (int round = 0; round < 100; ++round) {
+    for (int i = 0; i < 15; ++i) {
+      v1::DeriveRequest request;
+      request.set_key_id("dev");
+      request.set_peer_public_key(peers[i]);
+      request.set_output(v1::DERIVE_OUTPUT_BOX_BEFORENM);
+      v1::DeriveResponse response;
+      ASSERT_TRUE(ops_->Derive(request, &response).ok());
+      if (round == 0) first[i] = response.shared_key();
+      ASSERT_EQ(response.shared_key(), first[i]);
+      hits += response.memo_hit();
+    }
+  }
+  EXPECT_EQ(CryptoOpCount(CryptoOp::kX25519) - before, 15u);
+  EXPECT_EQ(hits, 15 * 99);
+}
+
+TEST_F(OperationsTest, RepeatedValidVerifiesOnceInvalidEveryTime) {
+  CreateKey("signer", v1::KEY_TYPE_ED25519);
+  v1::SignRequest sign;
+  sign.set_key_id("signer");
+  sign.set_message(std::string(64, 'm'));
+  v1::SignResponse signed_;
+  ASSERT_TRUE(ops_->Sign(sign, &signed_).ok());
+  v1::VerifyRequest good;
+  good.set_public_key(signed_.public_key());
+  good.set_message(sign.message());
+  good.set_signature(signed_.signature());
+  v1::VerifyRequest bad = good;
+  bad.mutable_message()->back() ^= 1;
+
+  uint64_t before = CryptoOpCount(CryptoOp::kEd25519Verify);
+  for (int i = 0; i < 10; ++i) {
+    v1::VerifyResponse r;
+    ASSERT_TRUE(ops_->Verify(good, &r).ok());
+    EXPECT_TRUE(r.valid());
+    EXPECT_EQ(r.memo_hit(), i > 0);
+  }
+  EXPECT_EQ(CryptoOpCount(CryptoOp::kEd25519Verify) - before, 1u);
+  before = CryptoOpCount(CryptoOp::kEd25519Verify);
+  for (int i = 0; i < 10; ++i) {
+    v1::VerifyResponse r;
+    ASSERT_TRUE(ops_->Verify(bad, &r).ok());
+    EXPECT_FALSE(r.valid());
+    EXPECT_FALSE(r.memo_hit());
+  }
+  EXPECT_EQ(CryptoOpCount(CryptoOp::kEd25519Verify) - before, 10u);
+}
+
+TEST_F(OperationsTest, BatchVerifyReportsMemoHitsPerItem) {
+  CreateKey("signer", v1::KEY_TYPE_ED25519);
+  v1::BatchVerifyRequest batch;
+  for (int i = 0; i < 64; ++i) {
+    v1::SignRequest sign;
+    sign.set_key_id("signer");
+    sign.set_message("message " + std::to_string(i));
+    v1::SignResponse s;
+    ASSERT_TRUE(ops_->Sign(sign, &s).ok());
+    v1::VerifyRequest* item = batch.add_items();
+    item->set_public_key(s.public_key());
+    item->set_message(sign.message());
+    item->set_signature(s.signature());
+  }
+  for (int round = 0; round < 2; ++round) {
+    v1::BatchVerifyResponse response;
+    absl::Notification done;
+    ops_->BatchVerify(batch, &response, [&](absl::Status s) {
+      EXPECT_TRUE(s.ok());
+      done.Notify();
+    });
+    done.WaitForNotification();
+    ASSERT_EQ(response.results_size(), 64);
+    for (const auto& r : response.results()) {
+      EXPECT_EQ(r.status().code(), 0);
+      EXPECT_TRUE(r.valid());
+      EXPECT_EQ(r.memo_hit(), round == 1);
+    }
+  }
+}
+
+TEST_F(OperationsTest, DeleteAndRecreateNeverServesTheOldKeysEntries) {
+  CreateKey("k", v1::KEY_TYPE_X25519);
+  std::string peer(32, '\0'), sk(32, '\0');
+  crypto_box_keypair(reinterpret_cast<uint8_t*>(peer.data()), reinterpret_cast<uint8_t*>(sk.data()));
+  v1::DeriveRequest request;
+  request.set_key_id("k");
+  request.set_peer_public_key(peer);
+  v1::DeriveResponse old_response;
+  ASSERT_TRUE(ops_->Derive(request, &old_response).ok());
+  EXPECT_GT(memo_->derive_stats().entries, 0u);
+  ASSERT_TRUE(keys_->DeleteKey("k").ok());
+  EXPECT_EQ(memo_->derive_stats().entries, 0u);  // dropped at once
+  v1::DeriveResponse response;
+  EXPECT_EQ(ops_->Derive(request, &response).code(), absl::StatusCode::kNotFound);
+  // Same id, same version number (1), new secret: a fresh computation, a new answer.
+  CreateKey("k", v1::KEY_TYPE_X25519);
+  ASSERT_TRUE(ops_->Derive(request, &response).ok());
+  EXPECT_FALSE(response.memo_hit());
+  EXPECT_EQ(response.key_version(), 1u);
+  EXPECT_NE(response.shared_key(), old_response.shared_key());
+}
+
+TEST_F(OperationsTest, RotationDropsEntriesAndOldVersionStillOpens) {
+  CreateKey("k", v1::KEY_TYPE_XCHACHA20_POLY1305);
+  const std::string v1_envelope = Seal("k", "version one");
+  EXPECT_EQ(memo_->open_stats().entries, 1u);
+  ASSERT_TRUE(keys_->RotateKey("k").ok());
+  EXPECT_EQ(memo_->open_stats().entries, 0u);
+  v1::AeadOpenResponse response;
+  ASSERT_TRUE(Open("k", v1_envelope, &response).ok());
+  EXPECT_EQ(response.plaintext(), "version one");
+  EXPECT_FALSE(response.memo_hit());
+  EXPECT_EQ(response.key_version(), 1u);
+  const std::string v2_envelope = Seal("k", "version two");
+  ASSERT_TRUE(Open("k", v2_envelope, &response).ok());
+  EXPECT_EQ(response.key_version(), 2u);
+  EXPECT_TRUE(response.memo_hit());
+}
+
+TEST_F(OperationsTest, HitNeverCrossesKeys) {
+  // Two keys with the same secret: equal ciphertexts, yet each key has its own entries.
+  std::string secret(32, 's');
+  for (const char* id : {"a", "b"}) {
+    v1::ImportKeyRequest request;
+    request.set_key_id(id);
+    request.set_type(v1::KEY_TYPE_CHACHA20_POLY1305);
+    request.set_secret(secret);
+    ASSERT_TRUE(keys_->ImportKey(request).ok());
+  }
+  const std::string envelope = Seal("a", "payload");
+  v1::AeadOpenResponse response;
+  ASSERT_TRUE(Open("b", envelope, &response).ok());
+  EXPECT_FALSE(response.memo_hit());
+  EXPECT_EQ(response.plaintext(), "payload");
+  ASSERT_TRUE(Open("a", envelope, &response).ok());
+  EXPECT_TRUE(response.memo_hit());
+}
+
+TEST_F(OperationsTest, FloodOfUniqueInputsStaysWithinBounds) {
+  memo::MemoOptions small;
+  small.verify_bytes = 64 * 1024;
+  small.open_bytes_per_key = 256 * 1024;
+  small.open_bytes_total = 256 * 1024;
+  TearDown();
+  Start(small);
+  CreateKey("k", v1::KEY_TYPE_CHACHA20_POLY1305);
+  std::mt19937_64 rng(99);
+  for (int i = 0; i < 2000; ++i) {
+    v1::AeadOpenResponse response;
+    ASSERT_TRUE(Open("k", Seal("k", RandomBytes(1 + rng() % 4000, rng)), &response).ok());
+  }
+  const memo::CacheStats open = memo_->open_stats();
+  EXPECT_LE(open.bytes, small.open_bytes_per_key);
+  EXPECT_GT(open.evictions, 0u);
+  CreateKey("s", v1::KEY_TYPE_ED25519);
+  for (int i = 0; i < 2000; ++i) {
+    v1::SignRequest sign;
+    sign.set_key_id("s");
+    sign.set_message(RandomBytes(32, rng));
+    v1::SignResponse s;
+    ASSERT_TRUE(ops_->Sign(sign, &s).ok());
+    v1::VerifyRequest verify;
+    verify.set_public_key(s.public_key());
+    verify.set_message(sign.message());
+    verify.set_signature(s.signature());
+    v1::VerifyResponse r;
+    ASSERT_TRUE(ops_->Verify(verify, &r).ok());
+  }
+  const memo::CacheStats verify = memo_->verify_stats();
+  EXPECT_LE(verify.bytes, small.verify_bytes);
+  EXPECT_GT(verify.evictions, 0u);
+  EXPECT_EQ(verify.entries * memo::LruCache<int>::EntryCost(0), verify.bytes);
+}
+
+}  // namespace
+}  // namespace offload::ops
