@@ -24,6 +24,10 @@ ABSL_FLAG(std::string, backend, "auto",
           "Crypto backend: auto (the faster per operation, measured at start), libsodium or openssl.");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(20),
           "On SIGTERM, how long in-flight calls may take before they are cancelled.");
+ABSL_FLAG(std::string, metrics_address, "127.0.0.1:9464",
+          "Address of the Prometheus /metrics endpoint (host:port); empty turns it off.");
+ABSL_FLAG(double, log_requests_sample_rate, 0,
+          "Fraction of calls logged as JSON lines (method, code, latency, items; never payloads).");
 ABSL_FLAG(bool, memo, true, "Memo caches on (false: every request is computed afresh).");
 ABSL_FLAG(int64_t, memo_verify_bytes, 32 << 20, "Byte bound of the verify memo.");
 ABSL_FLAG(int64_t, memo_derive_bytes, 16 << 20, "Byte bound of the derive memo (shared keys).");
@@ -45,6 +49,8 @@ int main(int argc, char** argv) {
   config.workers = absl::GetFlag(FLAGS_workers);
   config.backend = absl::GetFlag(FLAGS_backend);
   config.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  config.metrics_address = absl::GetFlag(FLAGS_metrics_address);
+  config.log_requests_sample_rate = absl::GetFlag(FLAGS_log_requests_sample_rate);
   config.memo_enabled = absl::GetFlag(FLAGS_memo);
   config.memo_verify_bytes = absl::GetFlag(FLAGS_memo_verify_bytes);
   config.memo_derive_bytes = absl::GetFlag(FLAGS_memo_derive_bytes);

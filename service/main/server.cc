@@ -1,6 +1,10 @@
 #include "service/main/server.h"
 
 #include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
 
 #include <memory>
 #include <string>
@@ -18,6 +22,9 @@
 #include "service/keys/kek.h"
 #include "service/keys/key_manager.h"
 #include "service/memo/memo.h"
+#include "service/metrics/instrumented_key_store.h"
+#include "service/metrics/metrics.h"
+#include "service/crypto/op_counts.h"
 #include "service/ops/operations.h"
 #include "service/ops/worker_pool.h"
 #include "service/rpc/services.h"
@@ -60,6 +67,57 @@ int WaitForStopSignal() {
   return signal_number;
 }
 
+double ResidentBytes() {
+  long pages = 0, resident = 0;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+    std::fclose(f);
+  }
+  return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE));
+}
+
+// Values other components count themselves, read when Prometheus scrapes.
+void RegisterPulledMetrics(metrics::Metrics& m, memo::Memo& memo, ops::WorkerPool& pool,
+                           keys::KeyManager& keys) {
+  using Read = memo::CacheStats (memo::Memo::*)() const;
+  const std::pair<const char*, Read> caches[] = {{"verify", &memo::Memo::verify_stats},
+                                                 {"derive", &memo::Memo::derive_stats},
+                                                 {"open", &memo::Memo::open_stats}};
+  for (const auto& [name, read] : caches) {
+    const metrics::Metrics::Labels labels = {{"cache", name}};
+    m.AddPullCounter("offload_memo_hits_total", "Memo lookups answered from the cache", labels,
+                     [&memo, read = read] { return double((memo.*read)().hits); });
+    m.AddPullCounter("offload_memo_misses_total", "Memo lookups that had to compute", labels,
+                     [&memo, read = read] { return double((memo.*read)().misses); });
+    m.AddPullCounter("offload_memo_evictions_total", "Entries pushed out by the byte bound",
+                     labels, [&memo, read = read] { return double((memo.*read)().evictions); });
+    m.AddPullGauge("offload_memo_entries", "Entries held", labels,
+                   [&memo, read = read] { return double((memo.*read)().entries); });
+    m.AddPullGauge("offload_memo_bytes", "Bytes charged (values, keys, per-entry overhead)",
+                   labels, [&memo, read = read] { return double((memo.*read)().bytes); });
+    m.AddPullGauge("offload_memo_capacity_bytes", "Byte bound", labels,
+                   [&memo, read = read] { return double((memo.*read)().capacity_bytes); });
+  }
+  m.AddPullGauge("offload_worker_queue_depth", "Tasks waiting for a worker thread", {},
+                 [&pool] { return double(pool.queue_depth()); });
+  m.AddPullGauge("offload_worker_busy", "Worker threads running a task", {},
+                 [&pool] { return double(pool.busy()); });
+  m.AddPullGauge("offload_workers", "Worker threads", {}, [&pool] { return double(pool.size()); });
+  m.AddPullGauge("offload_keys", "Managed keys loaded", {},
+                 [&keys] { return double(keys.size()); });
+  for (int op = 0; op < static_cast<int>(crypto::CryptoOp::kNumOps); ++op) {
+    const auto o = static_cast<crypto::CryptoOp>(op);
+    // Counted from here on: the start-up backend measurement is not the service's work.
+    m.AddPullCounter("offload_crypto_operations_total", "Primitive runs (memo hits run none)",
+                     {{"op", crypto::CryptoOpName(o)}},
+                     [o, base = crypto::CryptoOpCount(o)] {
+                       return double(crypto::CryptoOpCount(o) - base);
+                     });
+  }
+  m.AddPullGauge("offload_process_resident_memory_bytes", "Resident set size of the process", {},
+                 [] { return ResidentBytes(); });
+}
+
 }  // namespace
 
 void BlockStopSignals() {
@@ -77,6 +135,22 @@ absl::Status RunServer(const ServerConfig& config) {
   Log(LogLevel::kInfo, "crypto_backends",
       {{"mode", config.backend}, {"choice", backends.ToString()}});
 
+  metrics::Metrics metrics;
+  metrics.SetInfo("offload_build_info", "Version and the crypto backend chosen per operation",
+                  {{"version", OFFLOAD_VERSION},
+                   {"ed25519_sign", std::string(crypto::BackendName(backends.ed25519_sign))},
+                   {"ed25519_verify", std::string(crypto::BackendName(backends.ed25519_verify))},
+                   {"x25519", std::string(crypto::BackendName(backends.x25519))},
+                   {"chacha20_poly1305", std::string(crypto::BackendName(backends.chacha20_poly1305))},
+                   {"xchacha20_poly1305",
+                    std::string(crypto::BackendName(backends.xchacha20_poly1305))},
+                   {"aes256_gcm", std::string(crypto::BackendName(backends.aes256_gcm))}});
+  auto ready = std::make_shared<std::atomic<bool>>(false);
+  metrics.AddPullGauge("offload_ready", "1 once the key store is loaded and calls are served",
+                       {}, [ready] { return ready->load() ? 1.0 : 0.0; });
+  // Metrics are up first, so that a slow or failing key store load can be seen.
+  OFFLOAD_RETURN_IF_ERROR(metrics.StartExposer(config.metrics_address));
+
   const absl::Time load_start = absl::Now();
   keys::KekOrigin kek_origin;
   OFFLOAD_ASSIGN_OR_RETURN(
@@ -88,8 +162,10 @@ absl::Status RunServer(const ServerConfig& config) {
          {"advice", "supply the key-encryption key by --kek_file or an environment variable in "
                     "production; whoever reads this file can decrypt every key"}});
   }
-  OFFLOAD_ASSIGN_OR_RETURN(auto store, keys::FileKeyStore::Open(config.data_dir, std::move(kek)));
-  const std::string store_description = store->Describe();
+  OFFLOAD_ASSIGN_OR_RETURN(auto file_store,
+                           keys::FileKeyStore::Open(config.data_dir, std::move(kek)));
+  const std::string store_description = file_store->Describe();
+  auto store = std::make_unique<metrics::InstrumentedKeyStore>(std::move(file_store), &metrics);
   OFFLOAD_ASSIGN_OR_RETURN(auto key_manager,
                            keys::KeyManager::Create(std::move(store), backends));
   Log(LogLevel::kInfo, "keys_loaded",
@@ -113,7 +189,9 @@ absl::Status RunServer(const ServerConfig& config) {
   ops::WorkerPool pool(config.workers);
   ops::Operations operations(key_manager.get(), &memo, &pool, backends,
                              ops::Operations::Options{config.max_batch_items});
-  rpc::Services services(&operations, key_manager.get(), &pool);
+  RegisterPulledMetrics(metrics, memo, pool, *key_manager);
+  rpc::Services services(&operations, key_manager.get(), &pool, &metrics,
+                         config.log_requests_sample_rate);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -129,9 +207,11 @@ absl::Status RunServer(const ServerConfig& config) {
         absl::StrCat("grpc_address: cannot listen on ", config.grpc_address));
   }
   server->GetHealthCheckService()->SetServingStatus(true);
+  ready->store(true);
   Log(LogLevel::kInfo, "server_started",
       {{"grpc_address", config.grpc_address},
        {"grpc_port", port},
+       {"metrics_address", config.metrics_address},
        {"workers", pool.size()},
        {"max_batch_items", config.max_batch_items},
        {"max_message_bytes", config.max_message_bytes},
@@ -146,6 +226,7 @@ absl::Status RunServer(const ServerConfig& config) {
       {{"signal", signal_number == SIGTERM ? "SIGTERM" : "SIGINT"},
        {"drain_timeout_seconds", absl::ToDoubleSeconds(config.drain_timeout)}});
   server->GetHealthCheckService()->SetServingStatus(false);
+  ready->store(false);
   // Refuses new calls at once; waits for in-flight calls until the deadline, then cancels them.
   server->Shutdown(absl::ToChronoTime(absl::Now() + config.drain_timeout));
   server->Wait();

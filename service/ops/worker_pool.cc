@@ -41,7 +41,9 @@ void WorkerPool::Run() {
       task = std::move(queue_.front());
       queue_.pop_front();
     }
+    busy_.fetch_add(1, std::memory_order_relaxed);
     std::move(task)();
+    busy_.fetch_sub(1, std::memory_order_relaxed);
   }
 }
 

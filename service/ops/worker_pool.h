@@ -8,6 +8,7 @@
 #ifndef SERVICE_OPS_WORKER_POOL_H_
 #define SERVICE_OPS_WORKER_POOL_H_
 
+#include <atomic>
 #include <cstddef>
 #include <deque>
 #include <thread>
@@ -32,6 +33,8 @@ class WorkerPool final {
   int size() const { return static_cast<int>(threads_.size()); }
   // Tasks waiting for a thread (not those running).
   size_t queue_depth() const;
+  // Threads running a task right now.
+  int busy() const { return busy_.load(std::memory_order_relaxed); }
 
  private:
   void Run();
@@ -40,6 +43,7 @@ class WorkerPool final {
   mutable absl::Mutex mu_;
   std::deque<absl::AnyInvocable<void() &&>> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<int> busy_{0};
   std::vector<std::thread> threads_;
 };
 

@@ -4,6 +4,9 @@
 #include <string>
 #include <utility>
 
+#include "absl/random/random.h"
+#include "service/common/log.h"
+
 #include "offload/v1/aead.grpc.pb.h"
 #include "offload/v1/box.grpc.pb.h"
 #include "offload/v1/ed25519.grpc.pb.h"
@@ -23,61 +26,142 @@ using grpc::CallbackServerContext;
 using grpc::ServerUnaryReactor;
 using ops::Operations;
 
-// Runs calls on the worker pool and finishes them. Shared by every service.
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// How the items of a finished call ended (see metrics::ItemCounts).
+metrics::ItemCounts CountOne(absl::StatusCode code) {
+  if (code == absl::StatusCode::kOk) return {1, 0, 0};
+  if (code == absl::StatusCode::kInvalidArgument) return {0, 1, 0};
+  return {0, 0, 1};
+}
+template <typename Response>
+metrics::ItemCounts CountItems(const Response&, absl::StatusCode code) {
+  return CountOne(code);
+}
+metrics::ItemCounts CountItems(const v1::VerifyResponse& r, absl::StatusCode code) {
+  return (code == absl::StatusCode::kOk && !r.valid()) ? metrics::ItemCounts{0, 1, 0}
+                                                       : CountOne(code);
+}
+template <typename BatchResponse>
+metrics::ItemCounts CountBatch(const BatchResponse& r) {
+  metrics::ItemCounts counts;
+  for (const auto& result : r.results()) {
+    bool valid = true;
+    if constexpr (std::is_same_v<BatchResponse, v1::BatchVerifyResponse>) valid = result.valid();
+    const auto code = static_cast<absl::StatusCode>(result.status().code());
+    metrics::ItemCounts one = CountOne(code);
+    if (code == absl::StatusCode::kOk && !valid) one = {0, 1, 0};
+    counts.ok += one.ok;
+    counts.invalid += one.invalid;
+    counts.error += one.error;
+  }
+  return counts;
+}
+
+// Runs calls on the worker pool, finishes them, and records their metrics. Shared by every
+// service.
 class Dispatcher {
  public:
-  Dispatcher(Operations* operations, keys::KeyManager* keys, ops::WorkerPool* pool)
-      : operations_(operations), keys_(keys), pool_(pool) {}
+  Dispatcher(Operations* operations, keys::KeyManager* keys, ops::WorkerPool* pool,
+             metrics::Metrics* metrics, double log_sample_rate)
+      : operations_(operations),
+        keys_(keys),
+        pool_(pool),
+        metrics_(metrics),
+        log_sample_rate_(log_sample_rate) {}
+
+  // A method's metrics handle; start-up only.
+  metrics::MethodMetrics* Method(absl::string_view service, absl::string_view method,
+                                 bool batch) {
+    return metrics_->Method(service, method, batch);
+  }
 
   // Runs `fn` (returning absl::Status) on the pool, then finishes the call with its status.
   // A call cancelled or past its deadline while it waited is finished without running.
-  template <typename Fn>
-  ServerUnaryReactor* Run(CallbackServerContext* context, Fn fn) {
+  template <typename Response, typename Fn>
+  ServerUnaryReactor* Run(CallbackServerContext* context, metrics::MethodMetrics* method,
+                          const Response* response, Fn fn) {
     ServerUnaryReactor* reactor = context->DefaultReactor();
-    pool_->Submit([context, reactor, fn = std::move(fn)]() mutable {
-      if (grpc::Status early = Expired(context); !early.ok()) return reactor->Finish(early);
-      reactor->Finish(ToGrpcStatus(fn()));
+    const Clock::time_point start = Clock::now();
+    pool_->Submit([this, context, reactor, method, response, start, fn = std::move(fn)]() mutable {
+      absl::Status status = Expired(context);
+      if (status.ok()) status = fn();
+      Finish(reactor, method, start, status, CountItems(*response, status.code()), 0);
     });
     return reactor;
   }
 
   template <typename Request, typename Response>
-  ServerUnaryReactor* Unary(CallbackServerContext* context, const Request* request,
-                            Response* response,
+  ServerUnaryReactor* Unary(CallbackServerContext* context, metrics::MethodMetrics* method,
+                            const Request* request, Response* response,
                             absl::Status (Operations::*op)(const Request&, Response*) const) {
     Operations* operations = operations_;
-    return Run(context, [=] { return (operations->*op)(*request, response); });
+    return Run(context, method, response,
+               [=] { return (operations->*op)(*request, response); });
   }
 
   // The batch's items run on the pool; the last one to finish finishes the call.
   template <typename Request, typename Response>
-  ServerUnaryReactor* Batch(CallbackServerContext* context, const Request* request,
-                            Response* response,
+  ServerUnaryReactor* Batch(CallbackServerContext* context, metrics::MethodMetrics* method,
+                            const Request* request, Response* response,
                             void (Operations::*op)(const Request&, Response*, Operations::Done)
                                 const) {
     ServerUnaryReactor* reactor = context->DefaultReactor();
-    (operations_->*op)(*request, response, [reactor, response](absl::Status status) {
-      if (!status.ok()) response->Clear();
-      reactor->Finish(ToGrpcStatus(status));
-    });
+    const Clock::time_point start = Clock::now();
+    if (absl::Status expired = Expired(context); !expired.ok()) {
+      Finish(reactor, method, start, expired, {}, request->items_size());
+      return reactor;
+    }
+    (operations_->*op)(*request, response,
+                       [this, reactor, method, request, response, start](absl::Status status) {
+                         const metrics::ItemCounts counts =
+                             status.ok() ? CountBatch(*response) : metrics::ItemCounts{};
+                         if (!status.ok()) response->Clear();
+                         Finish(reactor, method, start, status, counts, request->items_size());
+                       });
     return reactor;
   }
 
   keys::KeyManager* keys() const { return keys_; }
 
  private:
-  static grpc::Status Expired(CallbackServerContext* context) {
-    if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "call cancelled");
+  static absl::Status Expired(CallbackServerContext* context) {
+    if (context->IsCancelled()) return absl::CancelledError("call cancelled");
     if (context->deadline() < std::chrono::system_clock::now()) {
-      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline passed while queued");
+      return absl::DeadlineExceededError("deadline passed while queued");
     }
-    return grpc::Status::OK;
+    return absl::OkStatus();
+  }
+
+  void Finish(ServerUnaryReactor* reactor, metrics::MethodMetrics* method,
+              Clock::time_point start, const absl::Status& status,
+              const metrics::ItemCounts& counts, int batch_size) {
+    const double seconds = SecondsSince(start);
+    method->Record(status.code(), seconds, counts, batch_size);
+    if (log_sample_rate_ > 0 && absl::Bernoulli(bitgen_, log_sample_rate_)) {
+      // Names, codes and sizes only: never key material, messages or plaintexts.
+      Log(LogLevel::kInfo, "request",
+          {{"method", method->name()},
+           {"code", absl::StatusCodeToString(status.code())},
+           {"seconds", seconds},
+           {"items", batch_size}});
+    }
+    reactor->Finish(ToGrpcStatus(status));
   }
 
   Operations* const operations_;
   keys::KeyManager* const keys_;
   ops::WorkerPool* const pool_;
+  metrics::Metrics* const metrics_;
+  const double log_sample_rate_;
+  static thread_local absl::InsecureBitGen bitgen_;
 };
+
+thread_local absl::InsecureBitGen Dispatcher::bitgen_;
 
 // Copies a StatusOr<KeyInfo> into `response`.
 absl::Status Store(absl::StatusOr<v1::KeyInfo> info, v1::KeyInfo* response) {
@@ -86,29 +170,42 @@ absl::Status Store(absl::StatusOr<v1::KeyInfo> info, v1::KeyInfo* response) {
   return absl::OkStatus();
 }
 
+constexpr absl::string_view kKeys = "offload.v1.KeyService";
+constexpr absl::string_view kEd25519 = "offload.v1.Ed25519Service";
+constexpr absl::string_view kX25519 = "offload.v1.X25519Service";
+constexpr absl::string_view kBox = "offload.v1.BoxService";
+constexpr absl::string_view kAead = "offload.v1.AeadService";
+
 class KeyService final : public v1::KeyService::CallbackService {
  public:
-  explicit KeyService(Dispatcher* d) : d_(d) {}
+  explicit KeyService(Dispatcher* d)
+      : d_(d),
+        create_(d->Method(kKeys, "CreateKey", false)),
+        import_(d->Method(kKeys, "ImportKey", false)),
+        get_(d->Method(kKeys, "GetKey", false)),
+        list_(d->Method(kKeys, "ListKeys", false)),
+        rotate_(d->Method(kKeys, "RotateKey", false)),
+        delete_(d->Method(kKeys, "DeleteKey", false)) {}
 
   ServerUnaryReactor* CreateKey(CallbackServerContext* c, const v1::CreateKeyRequest* q,
                                 v1::KeyInfo* r) override {
     keys::KeyManager* k = d_->keys();
-    return d_->Run(c, [=] { return Store(k->CreateKey(*q), r); });
+    return d_->Run(c, create_, r, [=] { return Store(k->CreateKey(*q), r); });
   }
   ServerUnaryReactor* ImportKey(CallbackServerContext* c, const v1::ImportKeyRequest* q,
                                 v1::KeyInfo* r) override {
     keys::KeyManager* k = d_->keys();
-    return d_->Run(c, [=] { return Store(k->ImportKey(*q), r); });
+    return d_->Run(c, import_, r, [=] { return Store(k->ImportKey(*q), r); });
   }
   ServerUnaryReactor* GetKey(CallbackServerContext* c, const v1::GetKeyRequest* q,
                              v1::KeyInfo* r) override {
     keys::KeyManager* k = d_->keys();
-    return d_->Run(c, [=] { return Store(k->GetKey(q->key_id()), r); });
+    return d_->Run(c, get_, r, [=] { return Store(k->GetKey(q->key_id()), r); });
   }
   ServerUnaryReactor* ListKeys(CallbackServerContext* c, const v1::ListKeysRequest* q,
                                v1::ListKeysResponse* r) override {
     keys::KeyManager* k = d_->keys();
-    return d_->Run(c, [=] {
+    return d_->Run(c, list_, r, [=] {
       for (v1::KeyInfo& info : k->ListKeys()) *r->add_keys() = std::move(info);
       return absl::OkStatus();
     });
@@ -116,111 +213,150 @@ class KeyService final : public v1::KeyService::CallbackService {
   ServerUnaryReactor* RotateKey(CallbackServerContext* c, const v1::RotateKeyRequest* q,
                                 v1::KeyInfo* r) override {
     keys::KeyManager* k = d_->keys();
-    return d_->Run(c, [=] { return Store(k->RotateKey(q->key_id()), r); });
+    return d_->Run(c, rotate_, r, [=] { return Store(k->RotateKey(q->key_id()), r); });
   }
   ServerUnaryReactor* DeleteKey(CallbackServerContext* c, const v1::DeleteKeyRequest* q,
                                 v1::DeleteKeyResponse* r) override {
     keys::KeyManager* k = d_->keys();
-    return d_->Run(c, [=] { return k->DeleteKey(q->key_id()); });
+    return d_->Run(c, delete_, r, [=] { return k->DeleteKey(q->key_id()); });
   }
 
  private:
   Dispatcher* const d_;
+  metrics::MethodMetrics* const create_;
+  metrics::MethodMetrics* const import_;
+  metrics::MethodMetrics* const get_;
+  metrics::MethodMetrics* const list_;
+  metrics::MethodMetrics* const rotate_;
+  metrics::MethodMetrics* const delete_;
 };
 
 class Ed25519Service final : public v1::Ed25519Service::CallbackService {
  public:
-  explicit Ed25519Service(Dispatcher* d) : d_(d) {}
+  explicit Ed25519Service(Dispatcher* d)
+      : d_(d),
+        sign_(d->Method(kEd25519, "Sign", false)),
+        batch_sign_(d->Method(kEd25519, "BatchSign", true)),
+        verify_(d->Method(kEd25519, "Verify", false)),
+        batch_verify_(d->Method(kEd25519, "BatchVerify", true)) {}
   ServerUnaryReactor* Sign(CallbackServerContext* c, const v1::SignRequest* q,
                            v1::SignResponse* r) override {
-    return d_->Unary(c, q, r, &Operations::Sign);
+    return d_->Unary(c, sign_, q, r, &Operations::Sign);
   }
   ServerUnaryReactor* BatchSign(CallbackServerContext* c, const v1::BatchSignRequest* q,
                                 v1::BatchSignResponse* r) override {
-    return d_->Batch(c, q, r, &Operations::BatchSign);
+    return d_->Batch(c, batch_sign_, q, r, &Operations::BatchSign);
   }
   ServerUnaryReactor* Verify(CallbackServerContext* c, const v1::VerifyRequest* q,
                              v1::VerifyResponse* r) override {
-    return d_->Unary(c, q, r, &Operations::Verify);
+    return d_->Unary(c, verify_, q, r, &Operations::Verify);
   }
   ServerUnaryReactor* BatchVerify(CallbackServerContext* c, const v1::BatchVerifyRequest* q,
                                   v1::BatchVerifyResponse* r) override {
-    return d_->Batch(c, q, r, &Operations::BatchVerify);
+    return d_->Batch(c, batch_verify_, q, r, &Operations::BatchVerify);
   }
 
  private:
   Dispatcher* const d_;
+  metrics::MethodMetrics* const sign_;
+  metrics::MethodMetrics* const batch_sign_;
+  metrics::MethodMetrics* const verify_;
+  metrics::MethodMetrics* const batch_verify_;
 };
 
 class X25519Service final : public v1::X25519Service::CallbackService {
  public:
-  explicit X25519Service(Dispatcher* d) : d_(d) {}
+  explicit X25519Service(Dispatcher* d)
+      : d_(d),
+        derive_(d->Method(kX25519, "Derive", false)),
+        batch_derive_(d->Method(kX25519, "BatchDerive", true)) {}
   ServerUnaryReactor* Derive(CallbackServerContext* c, const v1::DeriveRequest* q,
                              v1::DeriveResponse* r) override {
-    return d_->Unary(c, q, r, &Operations::Derive);
+    return d_->Unary(c, derive_, q, r, &Operations::Derive);
   }
   ServerUnaryReactor* BatchDerive(CallbackServerContext* c, const v1::BatchDeriveRequest* q,
                                   v1::BatchDeriveResponse* r) override {
-    return d_->Batch(c, q, r, &Operations::BatchDerive);
+    return d_->Batch(c, batch_derive_, q, r, &Operations::BatchDerive);
   }
 
  private:
   Dispatcher* const d_;
+  metrics::MethodMetrics* const derive_;
+  metrics::MethodMetrics* const batch_derive_;
 };
 
 class BoxService final : public v1::BoxService::CallbackService {
  public:
-  explicit BoxService(Dispatcher* d) : d_(d) {}
+  explicit BoxService(Dispatcher* d)
+      : d_(d),
+        seal_(d->Method(kBox, "Seal", false)),
+        batch_seal_(d->Method(kBox, "BatchSeal", true)),
+        open_(d->Method(kBox, "Open", false)),
+        batch_open_(d->Method(kBox, "BatchOpen", true)) {}
   ServerUnaryReactor* Seal(CallbackServerContext* c, const v1::BoxSealRequest* q,
                            v1::BoxSealResponse* r) override {
-    return d_->Unary(c, q, r, &Operations::BoxSeal);
+    return d_->Unary(c, seal_, q, r, &Operations::BoxSeal);
   }
   ServerUnaryReactor* BatchSeal(CallbackServerContext* c, const v1::BatchBoxSealRequest* q,
                                 v1::BatchBoxSealResponse* r) override {
-    return d_->Batch(c, q, r, &Operations::BatchBoxSeal);
+    return d_->Batch(c, batch_seal_, q, r, &Operations::BatchBoxSeal);
   }
   ServerUnaryReactor* Open(CallbackServerContext* c, const v1::BoxOpenRequest* q,
                            v1::BoxOpenResponse* r) override {
-    return d_->Unary(c, q, r, &Operations::BoxOpen);
+    return d_->Unary(c, open_, q, r, &Operations::BoxOpen);
   }
   ServerUnaryReactor* BatchOpen(CallbackServerContext* c, const v1::BatchBoxOpenRequest* q,
                                 v1::BatchBoxOpenResponse* r) override {
-    return d_->Batch(c, q, r, &Operations::BatchBoxOpen);
+    return d_->Batch(c, batch_open_, q, r, &Operations::BatchBoxOpen);
   }
 
  private:
   Dispatcher* const d_;
+  metrics::MethodMetrics* const seal_;
+  metrics::MethodMetrics* const batch_seal_;
+  metrics::MethodMetrics* const open_;
+  metrics::MethodMetrics* const batch_open_;
 };
 
 class AeadService final : public v1::AeadService::CallbackService {
  public:
-  explicit AeadService(Dispatcher* d) : d_(d) {}
+  explicit AeadService(Dispatcher* d)
+      : d_(d),
+        seal_(d->Method(kAead, "Seal", false)),
+        batch_seal_(d->Method(kAead, "BatchSeal", true)),
+        open_(d->Method(kAead, "Open", false)),
+        batch_open_(d->Method(kAead, "BatchOpen", true)) {}
   ServerUnaryReactor* Seal(CallbackServerContext* c, const v1::AeadSealRequest* q,
                            v1::AeadSealResponse* r) override {
-    return d_->Unary(c, q, r, &Operations::AeadSeal);
+    return d_->Unary(c, seal_, q, r, &Operations::AeadSeal);
   }
   ServerUnaryReactor* BatchSeal(CallbackServerContext* c, const v1::BatchAeadSealRequest* q,
                                 v1::BatchAeadSealResponse* r) override {
-    return d_->Batch(c, q, r, &Operations::BatchAeadSeal);
+    return d_->Batch(c, batch_seal_, q, r, &Operations::BatchAeadSeal);
   }
   ServerUnaryReactor* Open(CallbackServerContext* c, const v1::AeadOpenRequest* q,
                            v1::AeadOpenResponse* r) override {
-    return d_->Unary(c, q, r, &Operations::AeadOpen);
+    return d_->Unary(c, open_, q, r, &Operations::AeadOpen);
   }
   ServerUnaryReactor* BatchOpen(CallbackServerContext* c, const v1::BatchAeadOpenRequest* q,
                                 v1::BatchAeadOpenResponse* r) override {
-    return d_->Batch(c, q, r, &Operations::BatchAeadOpen);
+    return d_->Batch(c, batch_open_, q, r, &Operations::BatchAeadOpen);
   }
 
  private:
   Dispatcher* const d_;
+  metrics::MethodMetrics* const seal_;
+  metrics::MethodMetrics* const batch_seal_;
+  metrics::MethodMetrics* const open_;
+  metrics::MethodMetrics* const batch_open_;
 };
 
 }  // namespace
 
 struct Services::Impl {
-  Impl(Operations* operations, keys::KeyManager* keys, ops::WorkerPool* pool)
-      : dispatcher(operations, keys, pool),
+  Impl(Operations* operations, keys::KeyManager* keys, ops::WorkerPool* pool,
+       metrics::Metrics* metrics, double log_sample_rate)
+      : dispatcher(operations, keys, pool, metrics, log_sample_rate),
         key_service(&dispatcher),
         ed25519_service(&dispatcher),
         x25519_service(&dispatcher),
@@ -235,8 +371,9 @@ struct Services::Impl {
   AeadService aead_service;
 };
 
-Services::Services(Operations* operations, keys::KeyManager* keys, ops::WorkerPool* pool)
-    : impl_(std::make_unique<Impl>(operations, keys, pool)) {}
+Services::Services(Operations* operations, keys::KeyManager* keys, ops::WorkerPool* pool,
+                   metrics::Metrics* metrics, double log_sample_rate)
+    : impl_(std::make_unique<Impl>(operations, keys, pool, metrics, log_sample_rate)) {}
 
 Services::~Services() = default;
 

@@ -1,8 +1,10 @@
 // The gRPC face of the service: one callback service per API concern (keys, Ed25519, X25519, box,
 // AEAD), all thin. A handler never computes on the gRPC thread: it hands the call to the worker
-// pool, whose task runs the operation and finishes the call with the mapped status.
+// pool, whose task runs the operation and finishes the call with the mapped status. Every call
+// is counted (code, latency, batch size, item results); a `log_sample_rate` fraction of calls is
+// logged (method, code, latency, items: never payloads).
 //
-//   rpc::Services services(&operations, &key_manager, &pool);
+//   rpc::Services services(&operations, &key_manager, &pool, &metrics, /*log_sample_rate=*/0);
 //   services.RegisterAll(builder);   // before builder.BuildAndStart()
 //
 // Thread-safety: handlers run concurrently; the objects given must outlive the gRPC server.
@@ -14,6 +16,7 @@
 #include "absl/status/status.h"
 #include "grpcpp/grpcpp.h"
 #include "service/keys/key_manager.h"
+#include "service/metrics/metrics.h"
 #include "service/ops/operations.h"
 #include "service/ops/worker_pool.h"
 
@@ -24,7 +27,8 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 
 class Services final {
  public:
-  Services(ops::Operations* operations, keys::KeyManager* keys, ops::WorkerPool* pool);
+  Services(ops::Operations* operations, keys::KeyManager* keys, ops::WorkerPool* pool,
+           metrics::Metrics* metrics, double log_sample_rate);
   ~Services();
 
   // Registers every service with `builder`. REQUIRES: called once, before BuildAndStart.
