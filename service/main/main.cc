@@ -26,6 +26,8 @@ ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(20),
           "On SIGTERM, how long in-flight calls may take before they are cancelled.");
 ABSL_FLAG(std::string, metrics_address, "127.0.0.1:9464",
           "Address of the Prometheus /metrics endpoint (host:port); empty turns it off.");
+ABSL_FLAG(bool, metrics, true,
+          "Count calls for Prometheus; false turns metrics off entirely (for the cost benchmark).");
 ABSL_FLAG(double, log_requests_sample_rate, 0,
           "Fraction of calls logged as JSON lines (method, code, latency, items; never payloads).");
 ABSL_FLAG(bool, memo, true, "Memo caches on (false: every request is computed afresh).");
@@ -50,6 +52,7 @@ int main(int argc, char** argv) {
   config.backend = absl::GetFlag(FLAGS_backend);
   config.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   config.metrics_address = absl::GetFlag(FLAGS_metrics_address);
+  config.metrics_enabled = absl::GetFlag(FLAGS_metrics);
   config.log_requests_sample_rate = absl::GetFlag(FLAGS_log_requests_sample_rate);
   config.memo_enabled = absl::GetFlag(FLAGS_memo);
   config.memo_verify_bytes = absl::GetFlag(FLAGS_memo_verify_bytes);

@@ -149,7 +149,7 @@ absl::Status RunServer(const ServerConfig& config) {
   metrics.AddPullGauge("offload_ready", "1 once the key store is loaded and calls are served",
                        {}, [ready] { return ready->load() ? 1.0 : 0.0; });
   // Metrics are up first, so that a slow or failing key store load can be seen.
-  OFFLOAD_RETURN_IF_ERROR(metrics.StartExposer(config.metrics_address));
+  if (config.metrics_enabled) OFFLOAD_RETURN_IF_ERROR(metrics.StartExposer(config.metrics_address));
 
   const absl::Time load_start = absl::Now();
   keys::KekOrigin kek_origin;
@@ -190,7 +190,8 @@ absl::Status RunServer(const ServerConfig& config) {
   ops::Operations operations(key_manager.get(), &memo, &pool, backends,
                              ops::Operations::Options{config.max_batch_items});
   RegisterPulledMetrics(metrics, memo, pool, *key_manager);
-  rpc::Services services(&operations, key_manager.get(), &pool, &metrics,
+  rpc::Services services(&operations, key_manager.get(), &pool,
+                         config.metrics_enabled ? &metrics : nullptr,
                          config.log_requests_sample_rate);
 
   grpc::EnableDefaultHealthCheckService(true);

@@ -29,6 +29,7 @@ struct ServerConfig {
   std::string backend = "auto";    // auto | libsodium | openssl
   absl::Duration drain_timeout = absl::Seconds(20);
   std::string metrics_address = "127.0.0.1:9464";  // empty: no /metrics exposer
+  bool metrics_enabled = true;                      // false: calls are not even counted
   double log_requests_sample_rate = 0;              // fraction of calls logged (0 = none)
   // Memo cache bounds in bytes; memo_enabled = false turns every cache off (for baselines).
   bool memo_enabled = true;

@@ -77,7 +77,7 @@ class Dispatcher {
   // A method's metrics handle; start-up only.
   metrics::MethodMetrics* Method(absl::string_view service, absl::string_view method,
                                  bool batch) {
-    return metrics_->Method(service, method, batch);
+    return metrics_ == nullptr ? nullptr : metrics_->Method(service, method, batch);
   }
 
   // Runs `fn` (returning absl::Status) on the pool, then finishes the call with its status.
@@ -141,8 +141,8 @@ class Dispatcher {
               Clock::time_point start, const absl::Status& status,
               const metrics::ItemCounts& counts, int batch_size) {
     const double seconds = SecondsSince(start);
-    method->Record(status.code(), seconds, counts, batch_size);
-    if (log_sample_rate_ > 0 && absl::Bernoulli(bitgen_, log_sample_rate_)) {
+    if (method != nullptr) method->Record(status.code(), seconds, counts, batch_size);
+    if (method != nullptr && log_sample_rate_ > 0 && absl::Bernoulli(bitgen_, log_sample_rate_)) {
       // Names, codes and sizes only: never key material, messages or plaintexts.
       Log(LogLevel::kInfo, "request",
           {{"method", method->name()},

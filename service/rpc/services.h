@@ -2,7 +2,8 @@
 // AEAD), all thin. A handler never computes on the gRPC thread: it hands the call to the worker
 // pool, whose task runs the operation and finishes the call with the mapped status. Every call
 // is counted (code, latency, batch size, item results); a `log_sample_rate` fraction of calls is
-// logged (method, code, latency, items: never payloads).
+// logged (method, code, latency, items: never payloads). With `metrics` null nothing is counted
+// or logged (the baseline of the metrics-cost benchmark).
 //
 //   rpc::Services services(&operations, &key_manager, &pool, &metrics, /*log_sample_rate=*/0);
 //   services.RegisterAll(builder);   // before builder.BuildAndStart()
