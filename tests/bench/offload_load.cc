@@ -1,0 +1,704 @@
+// offload_load: a closed-loop gRPC load generator for a running offload_server (loopback only).
+//
+//   build-bench/bin/offload_load --server=127.0.0.1:50051 --server_pid=<server pid>
+//       --workload=batch_verify --batch=64 --mode=cold --duration=5 --warmup=1 --inflight=8
+//
+// Keeps --inflight calls outstanding (gRPC callback API) for --warmup seconds, then measures for
+// --duration seconds: calls and items completed in the window, their latency (p50/p99/p999 per
+// call), the fraction of items the server says came from a memo (memo_hit), errors, and the
+// server's CPU time per item (utime+stime of /proc/<server_pid>/stat over the window).
+//
+// Workloads: verify, batch_verify, derive, batch_derive, open, batch_open (--batch items per
+// batch call, --size plaintext bytes for open). --mode=cold gives every item inputs the memo
+// cannot hold: verify items are distinct valid signatures signed locally with libsodium
+// beforehand (the run ends early if --cold_items run out); derive items are fresh random peers;
+// open items cycle over --open_pool distinct envelopes, by default three times what the server's
+// per-key open bound (--server_open_bytes_per_key) holds, so that an LRU never hits. --mode=warm
+// cycles over --warm_set distinct items, which the warm-up puts in the memo. The measured hit
+// fraction is printed either way, so a cold run that hit would show it.
+//
+// Keys come from the KeyService (an X25519 key created, an XChaCha20-Poly1305 key imported so
+// that envelopes can be sealed locally without the server's Seal recording them) and are deleted
+// at the end. The last line of output is a markdown table row (see --print_header).
+// Exit status: 0 if the window saw completed items and no unexpected error; 1 otherwise.
+#include <grpcpp/grpcpp.h>
+#include <sodium.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "offload/v1/aead.grpc.pb.h"
+#include "offload/v1/ed25519.grpc.pb.h"
+#include "offload/v1/keys.grpc.pb.h"
+#include "offload/v1/x25519.grpc.pb.h"
+
+ABSL_FLAG(std::string, server, "127.0.0.1:50051", "Server address; loopback only.");
+ABSL_FLAG(int, server_pid, 0, "Server process id, for its CPU time (0: not reported).");
+ABSL_FLAG(std::string, workload, "batch_verify",
+          "verify | batch_verify | derive | batch_derive | open | batch_open");
+ABSL_FLAG(std::string, mode, "cold", "cold (no memo hit possible) | warm (repeated inputs)");
+ABSL_FLAG(int, batch, 64, "Items per batch call (batch_* workloads).");
+ABSL_FLAG(int, size, 1024, "Plaintext bytes per open item.");
+ABSL_FLAG(std::string, aead, "xchacha20", "Open workloads' key type: xchacha20 | chacha20.");
+ABSL_FLAG(int, inflight, 8, "Calls kept outstanding.");
+ABSL_FLAG(int, channels, 2, "gRPC channels (TCP connections); calls are spread over them.");
+ABSL_FLAG(double, warmup, 1.0, "Seconds of load before the measured window.");
+ABSL_FLAG(double, duration, 5.0, "Seconds of the measured window.");
+ABSL_FLAG(int64_t, max_calls, 10000000, "Most calls started in all (a bound on the run).");
+ABSL_FLAG(int, warm_set, 64, "Distinct items cycled over in warm mode.");
+ABSL_FLAG(int64_t, cold_items, 200000,
+          "Cold verify: distinct signatures made beforehand (the run ends when they run out).");
+ABSL_FLAG(int64_t, open_pool, 0,
+          "Cold open: distinct envelopes cycled over; 0 = 3x what the per-key bound holds.");
+ABSL_FLAG(int64_t, server_open_bytes_per_key, 8 << 20,
+          "The server's --memo_open_bytes_per_key, to size the cold open pool.");
+ABSL_FLAG(std::string, label, "", "First column of the markdown row (default: workload/mode).");
+ABSL_FLAG(bool, print_header, false, "Print the markdown table header before the row.");
+
+namespace offload::load {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+namespace v1 = ::offload::v1;
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+
+std::string RandomString(size_t n) {
+  std::string s(n, '\0');
+  randombytes_buf(s.data(), s.size());
+  return s;
+}
+
+// utime + stime of `pid` in microseconds, or -1.
+int64_t ProcessCpuMicros(int pid) {
+  if (pid <= 0) return -1;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(in, line)) return -1;
+  const size_t close = line.rfind(')');
+  if (close == std::string::npos) return -1;
+  std::istringstream fields(line.substr(close + 2));
+  std::string field;
+  int64_t utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && fields >> field; ++i) {  // field 3 is the state
+    if (i == 14) utime = std::stoll(field);
+    if (i == 15) stime = std::stoll(field);
+  }
+  return (utime + stime) * 1000000 / sysconf(_SC_CLK_TCK);
+}
+
+int64_t SelfCpuMicros() {
+  rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return (u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1000000LL + u.ru_utime.tv_usec +
+         u.ru_stime.tv_usec;
+}
+
+// What one completed call brought back.
+struct Outcome {
+  grpc::Status status;
+  int items = 0;
+  int hits = 0;
+  int item_errors = 0;  // item status != OK, verify false, or a result of the wrong shape
+  std::string first_error;
+};
+
+using OnDone = std::function<void(Outcome)>;
+using Channels = std::vector<std::shared_ptr<grpc::Channel>>;
+
+// A workload starts call number `seq` (the items seq*batch ... of its item sequence) and reports
+// its Outcome once. Start returns false when the workload has no more inputs.
+class Workload {
+ public:
+  virtual ~Workload() = default;
+  virtual bool Start(size_t channel, int64_t seq, OnDone done) = 0;
+  virtual void Cleanup() {}
+};
+
+// Starts one callback RPC. `call` is the stub's async() method, `fill` builds the request and
+// `count` turns the response into an Outcome.
+template <typename Req, typename Resp, typename Call, typename Count>
+void StartRpc(Call call, std::function<void(Req*)> fill, Count count, OnDone done) {
+  struct State {
+    grpc::ClientContext ctx;
+    Req req;
+    Resp resp;
+  };
+  auto* s = new State;
+  s->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  fill(&s->req);
+  call(&s->ctx, &s->req, &s->resp, [s, count, done = std::move(done)](grpc::Status status) {
+    Outcome o;
+    o.status = status;
+    if (status.ok()) count(s->resp, &o);
+    delete s;
+    done(std::move(o));
+  });
+}
+
+void ItemError(Outcome* o, const std::string& what) {
+  if (o->item_errors++ == 0) o->first_error = what;
+}
+
+// ------------------------------------------------------------------------------------------
+// Verify
+
+struct Signed {
+  std::string public_key, signature, message;
+};
+
+std::vector<Signed> SignMany(int64_t n) {
+  std::vector<Signed> out(n);
+  const int threads = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&out, t, threads, n] {
+      unsigned char pk[32], sk[64];
+      crypto_sign_keypair(pk, sk);
+      for (int64_t i = t; i < n; i += threads) {
+        if ((i / threads) % 1024 == 0) crypto_sign_keypair(pk, sk);  // a few signers
+        Signed& s = out[i];
+        s.public_key.assign(reinterpret_cast<char*>(pk), 32);
+        s.message = RandomString(64);
+        s.signature.resize(64);
+        crypto_sign_detached(reinterpret_cast<unsigned char*>(s.signature.data()), nullptr,
+                             reinterpret_cast<const unsigned char*>(s.message.data()), 64, sk);
+      }
+      sodium_memzero(sk, sizeof(sk));
+    });
+  }
+  for (auto& th : pool) th.join();
+  return out;
+}
+
+class VerifyWorkload final : public Workload {
+ public:
+  VerifyWorkload(const Channels& channels, bool batch, int batch_size, bool cold, int64_t items)
+      : batch_(batch), batch_size_(batch ? batch_size : 1), cold_(cold), items_(SignMany(items)) {
+    for (const auto& c : channels) stubs_.push_back(v1::Ed25519Service::NewStub(c));
+  }
+
+  bool Start(size_t channel, int64_t seq, OnDone done) override {
+    const int64_t first = seq * batch_size_;
+    if (cold_ && first + batch_size_ > static_cast<int64_t>(items_.size())) return false;
+    auto item = [this, first](int j) -> const Signed& {
+      return items_[(first + j) % items_.size()];
+    };
+    auto* async = stubs_[channel]->async();
+    if (!batch_) {
+      StartRpc<v1::VerifyRequest, v1::VerifyResponse>(
+          [async](auto... a) { async->Verify(a...); },
+          std::function<void(v1::VerifyRequest*)>([&](v1::VerifyRequest* r) {
+            const Signed& s = item(0);
+            r->set_public_key(s.public_key);
+            r->set_signature(s.signature);
+            r->set_message(s.message);
+          }),
+          [](const v1::VerifyResponse& resp, Outcome* o) {
+            o->items = 1;
+            o->hits = resp.memo_hit();
+            if (!resp.valid()) ItemError(o, "valid=false");
+          },
+          std::move(done));
+      return true;
+    }
+    const int n = batch_size_;
+    StartRpc<v1::BatchVerifyRequest, v1::BatchVerifyResponse>(
+        [async](auto... a) { async->BatchVerify(a...); },
+        std::function<void(v1::BatchVerifyRequest*)>([&](v1::BatchVerifyRequest* r) {
+          for (int j = 0; j < n; ++j) {
+            const Signed& s = item(j);
+            v1::VerifyRequest* it = r->add_items();
+            it->set_public_key(s.public_key);
+            it->set_signature(s.signature);
+            it->set_message(s.message);
+          }
+        }),
+        [n](const v1::BatchVerifyResponse& resp, Outcome* o) {
+          if (resp.results_size() != n) ItemError(o, "wrong number of results");
+          for (const auto& r : resp.results()) {
+            ++o->items;
+            o->hits += r.memo_hit();
+            if (r.status().code() != 0) ItemError(o, r.status().message());
+            else if (!r.valid()) ItemError(o, "valid=false");
+          }
+        },
+        std::move(done));
+    return true;
+  }
+
+ private:
+  const bool batch_;
+  const int batch_size_;
+  const bool cold_;
+  const std::vector<Signed> items_;
+  std::vector<std::unique_ptr<v1::Ed25519Service::Stub>> stubs_;
+};
+
+// ------------------------------------------------------------------------------------------
+// Derive
+
+class DeriveWorkload final : public Workload {
+ public:
+  DeriveWorkload(const Channels& channels, bool batch, int batch_size, bool cold, int warm_set)
+      : channel_(channels[0]), batch_(batch), batch_size_(batch ? batch_size : 1), cold_(cold) {
+    for (const auto& c : channels) stubs_.push_back(v1::X25519Service::NewStub(c));
+    key_id_ = absl::StrCat("load-dh-", getpid(), "-", randombytes_uniform(1000000));
+    auto keys = v1::KeyService::NewStub(channel_);
+    grpc::ClientContext ctx;
+    v1::CreateKeyRequest req;
+    req.set_key_id(key_id_);
+    req.set_type(v1::KEY_TYPE_X25519);
+    v1::KeyInfo info;
+    grpc::Status s = keys->CreateKey(&ctx, req, &info);
+    if (!s.ok()) {
+      std::fprintf(stderr, "CreateKey: %s\n", s.error_message().c_str());
+      std::exit(1);
+    }
+    for (int i = 0; i < warm_set; ++i) warm_.push_back(RandomString(32));
+  }
+
+  bool Start(size_t channel, int64_t seq, OnDone done) override {
+    auto* async = stubs_[channel]->async();
+    const int64_t first = seq * batch_size_;
+    auto fill_one = [this, first](int j, v1::DeriveRequest* r) {
+      r->set_key_id(key_id_);
+      r->set_output(v1::DERIVE_OUTPUT_RAW);
+      r->set_peer_public_key(cold_ ? RandomString(32) : warm_[(first + j) % warm_.size()]);
+    };
+    auto check = [](const v1::DeriveResponse& resp, Outcome* o) {
+      o->hits += resp.memo_hit();
+      if (resp.shared_key().size() != 32) ItemError(o, "shared_key is not 32 bytes");
+    };
+    if (!batch_) {
+      StartRpc<v1::DeriveRequest, v1::DeriveResponse>(
+          [async](auto... a) { async->Derive(a...); },
+          std::function<void(v1::DeriveRequest*)>([&](v1::DeriveRequest* r) { fill_one(0, r); }),
+          [check](const v1::DeriveResponse& resp, Outcome* o) {
+            o->items = 1;
+            check(resp, o);
+          },
+          std::move(done));
+      return true;
+    }
+    const int n = batch_size_;
+    StartRpc<v1::BatchDeriveRequest, v1::BatchDeriveResponse>(
+        [async](auto... a) { async->BatchDerive(a...); },
+        std::function<void(v1::BatchDeriveRequest*)>([&](v1::BatchDeriveRequest* r) {
+          for (int j = 0; j < n; ++j) fill_one(j, r->add_items());
+        }),
+        [n, check](const v1::BatchDeriveResponse& resp, Outcome* o) {
+          if (resp.results_size() != n) ItemError(o, "wrong number of results");
+          for (const auto& r : resp.results()) {
+            ++o->items;
+            if (r.status().code() != 0) ItemError(o, r.status().message());
+            else check(r.response(), o);
+          }
+        },
+        std::move(done));
+    return true;
+  }
+
+  void Cleanup() override { DeleteKey(channel_, key_id_); }
+
+  static void DeleteKey(const std::shared_ptr<grpc::Channel>& channel, const std::string& id) {
+    auto keys = v1::KeyService::NewStub(channel);
+    grpc::ClientContext ctx;
+    v1::DeleteKeyRequest req;
+    req.set_key_id(id);
+    v1::DeleteKeyResponse resp;
+    keys->DeleteKey(&ctx, req, &resp);
+  }
+
+ private:
+  std::shared_ptr<grpc::Channel> channel_;
+  const bool batch_;
+  const int batch_size_;
+  const bool cold_;
+  std::string key_id_;
+  std::vector<std::string> warm_;
+  std::vector<std::unique_ptr<v1::X25519Service::Stub>> stubs_;
+};
+
+// ------------------------------------------------------------------------------------------
+// Open
+
+class OpenWorkload final : public Workload {
+ public:
+  OpenWorkload(const Channels& channels, bool batch, int batch_size, bool cold, int warm_set,
+               int size, bool xchacha, int64_t pool)
+      : channel_(channels[0]), batch_(batch), batch_size_(batch ? batch_size : 1), size_(size) {
+    for (const auto& c : channels) stubs_.push_back(v1::AeadService::NewStub(c));
+    key_id_ = absl::StrCat("load-blobs-", getpid(), "-", randombytes_uniform(1000000));
+    const std::string secret = RandomString(32);
+    auto keys = v1::KeyService::NewStub(channel_);
+    grpc::ClientContext ctx;
+    v1::ImportKeyRequest req;
+    req.set_key_id(key_id_);
+    req.set_type(xchacha ? v1::KEY_TYPE_XCHACHA20_POLY1305 : v1::KEY_TYPE_CHACHA20_POLY1305);
+    req.set_secret(secret);
+    v1::KeyInfo info;
+    grpc::Status s = keys->ImportKey(&ctx, req, &info);
+    if (!s.ok()) {
+      std::fprintf(stderr, "ImportKey: %s\n", s.error_message().c_str());
+      std::exit(1);
+    }
+    const int64_t count = cold ? pool : warm_set;
+    const size_t nonce_size = xchacha ? 24 : 12;
+    const std::string plaintext = RandomString(size);
+    aad_ = RandomString(16);
+    const auto* key = reinterpret_cast<const unsigned char*>(secret.data());
+    const auto* pt = reinterpret_cast<const unsigned char*>(plaintext.data());
+    const auto* ad = reinterpret_cast<const unsigned char*>(aad_.data());
+    for (int64_t i = 0; i < count; ++i) {
+      std::string env(5 + nonce_size + size + 16, '\0');
+      env[0] = 1;
+      const uint32_t v = info.current_version();
+      env[1] = static_cast<char>(v >> 24);
+      env[2] = static_cast<char>(v >> 16);
+      env[3] = static_cast<char>(v >> 8);
+      env[4] = static_cast<char>(v);
+      auto* nonce = reinterpret_cast<unsigned char*>(env.data() + 5);
+      randombytes_buf(nonce, nonce_size);
+      auto* out = reinterpret_cast<unsigned char*>(env.data() + 5 + nonce_size);
+      if (xchacha) {
+        crypto_aead_xchacha20poly1305_ietf_encrypt(out, nullptr, pt, size, ad, aad_.size(),
+                                                   nullptr, nonce, key);
+      } else {
+        crypto_aead_chacha20poly1305_ietf_encrypt(out, nullptr, pt, size, ad, aad_.size(),
+                                                  nullptr, nonce, key);
+      }
+      envelopes_.push_back(std::move(env));
+    }
+  }
+
+  bool Start(size_t channel, int64_t seq, OnDone done) override {
+    auto* async = stubs_[channel]->async();
+    const int64_t first = seq * batch_size_;
+    auto fill_one = [this, first](int j, v1::AeadOpenRequest* r) {
+      r->set_key_id(key_id_);
+      r->set_envelope(envelopes_[(first + j) % envelopes_.size()]);
+      r->set_associated_data(aad_);
+    };
+    const size_t size = size_;
+    auto check = [size](const v1::AeadOpenResponse& resp, Outcome* o) {
+      o->hits += resp.memo_hit();
+      if (resp.plaintext().size() != size) ItemError(o, "plaintext of the wrong size");
+    };
+    if (!batch_) {
+      StartRpc<v1::AeadOpenRequest, v1::AeadOpenResponse>(
+          [async](auto... a) { async->Open(a...); },
+          std::function<void(v1::AeadOpenRequest*)>([&](v1::AeadOpenRequest* r) { fill_one(0, r); }),
+          [check](const v1::AeadOpenResponse& resp, Outcome* o) {
+            o->items = 1;
+            check(resp, o);
+          },
+          std::move(done));
+      return true;
+    }
+    const int n = batch_size_;
+    StartRpc<v1::BatchAeadOpenRequest, v1::BatchAeadOpenResponse>(
+        [async](auto... a) { async->BatchOpen(a...); },
+        std::function<void(v1::BatchAeadOpenRequest*)>([&](v1::BatchAeadOpenRequest* r) {
+          for (int j = 0; j < n; ++j) fill_one(j, r->add_items());
+        }),
+        [n, check](const v1::BatchAeadOpenResponse& resp, Outcome* o) {
+          if (resp.results_size() != n) ItemError(o, "wrong number of results");
+          for (const auto& r : resp.results()) {
+            ++o->items;
+            if (r.status().code() != 0) ItemError(o, r.status().message());
+            else check(r.response(), o);
+          }
+        },
+        std::move(done));
+    return true;
+  }
+
+  void Cleanup() override { DeriveWorkload::DeleteKey(channel_, key_id_); }
+  size_t pool_size() const { return envelopes_.size(); }
+
+ private:
+  std::shared_ptr<grpc::Channel> channel_;
+  const bool batch_;
+  const int batch_size_;
+  const int size_;
+  std::string key_id_;
+  std::string aad_;
+  std::vector<std::string> envelopes_;
+  std::vector<std::unique_ptr<v1::AeadService::Stub>> stubs_;
+};
+
+// ------------------------------------------------------------------------------------------
+// The closed loop.
+
+class Runner {
+ public:
+  Runner(Workload* workload, size_t channels, int64_t max_calls)
+      : workload_(workload), channels_(channels), max_calls_(max_calls) {}
+
+  struct Result {
+    double seconds = 0;
+    int64_t calls = 0, items = 0, hits = 0, rpc_errors = 0, item_errors = 0;
+    std::vector<int64_t> latency_ns;
+    std::string first_error;
+    bool ran_out = false;
+    int64_t server_cpu_us = -1, client_cpu_us = 0;
+  };
+
+  Result Run(int inflight, double warmup_s, double duration_s, int server_pid) {
+    const int64_t start = NowNs();
+    window_start_ = start + static_cast<int64_t>(warmup_s * 1e9);
+    const int64_t planned_end = window_start_ + static_cast<int64_t>(duration_s * 1e9);
+    for (int i = 0; i < inflight; ++i) IssueNext();
+
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_until(lock, Clock::time_point(std::chrono::nanoseconds(window_start_)),
+                   [this] { return stopping_; });
+    lock.unlock();
+    const int64_t cpu0 = ProcessCpuMicros(server_pid);
+    const int64_t self0 = SelfCpuMicros();
+    const int64_t t0 = NowNs();
+    window_start_ = t0;  // (the warm-up may have been cut short)
+    lock.lock();
+    cv_.wait_until(lock, Clock::time_point(std::chrono::nanoseconds(planned_end)),
+                   [this] { return stopping_; });
+    const int64_t t1 = NowNs();
+    window_end_.store(t1);
+    stopping_ = true;
+    lock.unlock();
+    const int64_t cpu1 = ProcessCpuMicros(server_pid);
+    const int64_t self1 = SelfCpuMicros();
+
+    lock.lock();  // wait for the calls still in flight (each has a 30 s deadline)
+    cv_.wait(lock, [this] { return outstanding_ == 0; });
+    Result r = std::move(result_);
+    r.seconds = (t1 - t0) / 1e9;
+    r.ran_out = ran_out_;
+    if (cpu0 >= 0 && cpu1 >= 0) r.server_cpu_us = cpu1 - cpu0;
+    r.client_cpu_us = self1 - self0;
+    return r;
+  }
+
+ private:
+  void IssueNext() {
+    int64_t seq;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+      if (next_seq_ >= max_calls_) {
+        stopping_ = true;
+        ran_out_ = true;
+        cv_.notify_all();
+        return;
+      }
+      seq = next_seq_++;
+      ++outstanding_;
+    }
+    const int64_t started = NowNs();
+    const bool ok = workload_->Start(seq % channels_, seq, [this, started](Outcome o) {
+      Record(started, std::move(o));
+      IssueNext();
+    });
+    if (!ok) {
+      std::lock_guard<std::mutex> lock(mu_);
+      --outstanding_;
+      stopping_ = true;
+      ran_out_ = true;
+      cv_.notify_all();
+    }
+  }
+
+  void Record(int64_t started, Outcome o) {
+    const int64_t now = NowNs();
+    std::lock_guard<std::mutex> lock(mu_);
+    --outstanding_;
+    if (now >= window_start_ && now < window_end_.load()) {
+      ++result_.calls;
+      result_.latency_ns.push_back(now - started);
+      if (!o.status.ok()) {
+        ++result_.rpc_errors;
+        if (result_.first_error.empty()) {
+          result_.first_error = absl::StrCat("rpc: ", o.status.error_code(), " ",
+                                             o.status.error_message());
+        }
+      } else {
+        result_.items += o.items;
+        result_.hits += o.hits;
+        result_.item_errors += o.item_errors;
+        if (o.item_errors > 0 && result_.first_error.empty()) {
+          result_.first_error = "item: " + o.first_error;
+        }
+      }
+    } else if (!o.status.ok() || o.item_errors > 0) {
+      ++warmup_errors_;
+    }
+    cv_.notify_all();
+  }
+
+  Workload* const workload_;
+  const size_t channels_;
+  const int64_t max_calls_;
+  std::atomic<int64_t> window_start_{0};
+  std::atomic<int64_t> window_end_{INT64_MAX};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  bool ran_out_ = false;
+  int64_t next_seq_ = 0;
+  int64_t outstanding_ = 0;
+  int64_t warmup_errors_ = 0;
+  Result result_;
+};
+
+double Percentile(std::vector<int64_t>& v, double p) {
+  if (v.empty()) return 0;
+  const size_t k = std::min(v.size() - 1, static_cast<size_t>(p * v.size()));
+  std::nth_element(v.begin(), v.begin() + k, v.end());
+  return v[k] / 1e6;  // ms
+}
+
+bool IsLoopback(const std::string& address) {
+  return absl::StartsWith(address, "127.0.0.1:") || absl::StartsWith(address, "localhost:") ||
+         absl::StartsWith(address, "[::1]:");
+}
+
+int Main() {
+  const std::string server = absl::GetFlag(FLAGS_server);
+  if (!IsLoopback(server)) {
+    std::fprintf(stderr, "--server: expected a loopback address (127.0.0.1:port), got %s\n",
+                 server.c_str());
+    return 2;
+  }
+  if (sodium_init() < 0) return 2;
+  const std::string workload_name = absl::GetFlag(FLAGS_workload);
+  const std::string mode = absl::GetFlag(FLAGS_mode);
+  if (mode != "cold" && mode != "warm") {
+    std::fprintf(stderr, "--mode: expected cold or warm, got %s\n", mode.c_str());
+    return 2;
+  }
+  const bool cold = mode == "cold";
+  const bool batch = absl::StartsWith(workload_name, "batch_");
+  const int batch_size = batch ? absl::GetFlag(FLAGS_batch) : 1;
+  const int size = absl::GetFlag(FLAGS_size);
+  const int warm_set = absl::GetFlag(FLAGS_warm_set);
+
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_channels)); ++i) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(-1);
+    args.SetMaxSendMessageSize(-1);
+    args.SetInt("offload_load.channel", i);  // distinct args: a connection of its own
+    channels.push_back(
+        grpc::CreateCustomChannel(server, grpc::InsecureChannelCredentials(), args));
+  }
+  if (!channels[0]->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(5))) {
+    std::fprintf(stderr, "cannot connect to %s\n", server.c_str());
+    return 1;
+  }
+
+  std::unique_ptr<Workload> workload;
+  std::string detail;
+  const std::string base = batch ? workload_name.substr(6) : workload_name;
+  if (base == "verify") {
+    const int64_t items = cold ? absl::GetFlag(FLAGS_cold_items) : warm_set;
+    const int64_t t = NowNs();
+    workload = std::make_unique<VerifyWorkload>(channels, batch, batch_size, cold, items);
+    detail = absl::StrCat(items, " distinct signatures signed in ", (NowNs() - t) / 1000000,
+                          " ms");
+  } else if (base == "derive") {
+    workload = std::make_unique<DeriveWorkload>(channels, batch, batch_size, cold, warm_set);
+    detail = cold ? "a fresh random peer per item" : absl::StrCat(warm_set, " distinct peers");
+  } else if (base == "open") {
+    int64_t pool = absl::GetFlag(FLAGS_open_pool);
+    if (pool <= 0) {
+      const int64_t entry = 2 * int64_t{size} + 16 + 128 + 32;
+      pool = 3 * (absl::GetFlag(FLAGS_server_open_bytes_per_key) / entry) + batch_size;
+    }
+    const bool xchacha = absl::GetFlag(FLAGS_aead) != "chacha20";
+    auto open = std::make_unique<OpenWorkload>(channels, batch, batch_size, cold, warm_set,
+                                               size, xchacha, pool);
+    detail = absl::StrCat(open->pool_size(), " distinct envelopes of ", size, " B (",
+                          xchacha ? "XChaCha20" : "ChaCha20", "-Poly1305)");
+    workload = std::move(open);
+  } else {
+    std::fprintf(stderr, "--workload: unknown %s\n", workload_name.c_str());
+    return 2;
+  }
+
+  Runner runner(workload.get(), channels.size(), absl::GetFlag(FLAGS_max_calls));
+  Runner::Result r =
+      runner.Run(std::max(1, absl::GetFlag(FLAGS_inflight)), absl::GetFlag(FLAGS_warmup),
+                 absl::GetFlag(FLAGS_duration), absl::GetFlag(FLAGS_server_pid));
+  workload->Cleanup();
+
+  const double items_s = r.seconds > 0 ? r.items / r.seconds : 0;
+  const double calls_s = r.seconds > 0 ? r.calls / r.seconds : 0;
+  const double hit = r.items > 0 ? static_cast<double>(r.hits) / r.items : 0;
+  const double p50 = Percentile(r.latency_ns, 0.50), p99 = Percentile(r.latency_ns, 0.99),
+               p999 = Percentile(r.latency_ns, 0.999);
+  const double server_us_item =
+      r.server_cpu_us >= 0 && r.items > 0 ? static_cast<double>(r.server_cpu_us) / r.items : -1;
+  const double client_us_item =
+      r.items > 0 ? static_cast<double>(r.client_cpu_us) / r.items : -1;
+  const int64_t errors = r.rpc_errors + r.item_errors;
+
+  std::printf("workload %s mode=%s batch=%d size=%d inflight=%d: %s\n", workload_name.c_str(),
+              mode.c_str(), batch_size, size, absl::GetFlag(FLAGS_inflight), detail.c_str());
+  std::printf("window %.2f s%s: %lld calls, %lld items, %.0f items/s, %.0f calls/s\n", r.seconds,
+              r.ran_out ? " (ended early: inputs or --max_calls ran out)" : "",
+              static_cast<long long>(r.calls), static_cast<long long>(r.items), items_s, calls_s);
+  std::printf("latency per call: p50 %.3f ms, p99 %.3f ms, p999 %.3f ms\n", p50, p99, p999);
+  std::printf("memo hit fraction %.4f; errors %lld (rpc %lld, item %lld)%s%s\n", hit,
+              static_cast<long long>(errors), static_cast<long long>(r.rpc_errors),
+              static_cast<long long>(r.item_errors), r.first_error.empty() ? "" : "; first: ",
+              r.first_error.c_str());
+  std::printf("server CPU %.2f us/item (%.3f s over the window), load generator CPU %.2f us/item\n",
+              server_us_item, r.server_cpu_us / 1e6, client_us_item);
+
+  std::string label = absl::GetFlag(FLAGS_label);
+  if (label.empty()) {
+    label = absl::StrCat(workload_name, batch ? absl::StrCat("(", batch_size, ")") : "",
+                         base == "open" ? absl::StrCat(" ", size, " B") : "", " ", mode);
+  }
+  if (absl::GetFlag(FLAGS_print_header)) {
+    std::printf("| workload | items/s | calls/s | p50 ms | p99 ms | p999 ms | memo hit | errors "
+                "| server CPU us/item |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+                "| ---: |\n");
+  }
+  char cpu[32] = "-";
+  if (server_us_item >= 0) std::snprintf(cpu, sizeof(cpu), "%.1f", server_us_item);
+  std::printf("| %s | %.0f | %.0f | %.2f | %.2f | %.2f | %.3f | %lld | %s |\n", label.c_str(),
+              items_s, calls_s, p50, p99, p999, hit, static_cast<long long>(errors), cpu);
+  return (r.items > 0 && errors == 0) ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace offload::load
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("Load generator for offload_server. See offload_load.cc.");
+  absl::ParseCommandLine(argc, argv);
+  return offload::load::Main();
+}
