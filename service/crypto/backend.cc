@@ -20,9 +20,9 @@ namespace {
 
 // Measure(): iterations per timed batch and batches per backend. Batches of the two backends
 // alternate and the fastest batch counts, which damps noise from other processes.
-constexpr int kBatches = 3;
-constexpr int kCurveIterations = 64;   // x 3 batches x 2 backends x 3 curve ops
-constexpr int kAeadIterations = 8;     // x 3 batches x 2 backends x 3 ciphers, 16 KB each
+constexpr int kBatches = 8;
+constexpr int kCurveIterations = 24;   // x 8 batches x 2 backends x 3 curve ops
+constexpr int kAeadIterations = 4;     // x 8 batches x 2 backends x 3 ciphers, 16 KB each
 constexpr size_t kAeadMessageSize = 16 * 1024;
 
 using Clock = std::chrono::steady_clock;
