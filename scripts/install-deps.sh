@@ -9,6 +9,8 @@ packages=(
   # libraries (Debian 12: gRPC 1.51, Protobuf 3.21, libsodium 1.0.18, OpenSSL 3.0, Abseil 20220623)
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libsodium-dev libssl-dev libabsl-dev nlohmann-json3-dev prometheus-cpp-dev
+  # the embedded client (client/embedded): nanopb generator (protoc-gen-nanopb) and runtime
+  nanopb libnanopb-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev
   # third-party clients used by the end-to-end tests (run with /usr/bin/python3)

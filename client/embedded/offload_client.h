@@ -1,0 +1,217 @@
+/* offload_client.h - the no-heap C99 client of crypto-offload for ESP32-class devices.
+ *
+ * Each call builds one nanopb-encoded offload.v1 request, hands it to a transport callback that the
+ * platform supplies (one Connect unary POST), and decodes the response or the Connect error JSON.
+ * Nothing is allocated: the encoded request and the response go into one buffer the caller gives to
+ * offload_client_init(), and the decoded messages live in the offload_client_t itself (about
+ * OFFLOAD_CLIENT_STRUCT_SIZE bytes; declare it static rather than on a small task stack).
+ *
+ *   static offload_client_t client;
+ *   static uint8_t wire[OFFLOAD_CLIENT_BUF_SIZE];
+ *   static offload_posix_transport_t http;               // or an esp_http_client transport
+ *   offload_posix_transport_init(&http, "127.0.0.1", 8080);
+ *   offload_client_init(&client, offload_posix_transport, &http, wire, sizeof wire);
+ *   uint8_t shared[32]; bool memo_hit;
+ *   offload_status_t s = offload_derive(&client, "dev1", peer_pk, true, shared, &memo_hit);
+ *   if (s != OFFLOAD_OK) log("derive: %s (%s)", offload_status_name(s), client.last_error_message);
+ *
+ * Thread-safety: an offload_client_t serves one call at a time; use one per task, or a lock.
+ * Secrets: the shared keys and plaintexts that pass through the client's own memory (its message
+ * structs and the response part of `buf`) are wiped before each call returns.
+ */
+#ifndef CLIENT_EMBEDDED_OFFLOAD_CLIENT_H_
+#define CLIENT_EMBEDDED_OFFLOAD_CLIENT_H_
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "offload/v1/box.pb.h"
+#include "offload/v1/ed25519.pb.h"
+#include "offload/v1/x25519.pb.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Sizes fixed by the API (proto/offload/v1). */
+#define OFFLOAD_X25519_KEY_SIZE 32
+#define OFFLOAD_ED25519_PUBLIC_KEY_SIZE 32
+#define OFFLOAD_ED25519_SIGNATURE_SIZE 64
+#define OFFLOAD_BOX_NONCE_SIZE 24
+#define OFFLOAD_BOX_TAG_SIZE 16
+#define OFFLOAD_KEY_ID_MAX_LEN 64
+
+/* Largest plaintext (box) or message (verify) this build can carry: the nanopb .options bound,
+ * set by the CMake cache variable OFFLOAD_EMBEDDED_MAX_MESSAGE (default 1024). */
+#define OFFLOAD_MAX_MESSAGE (sizeof(((offload_v1_BoxSealRequest*)0)->plaintext.bytes))
+#define OFFLOAD_MAX_CIPHERTEXT (OFFLOAD_MAX_MESSAGE + OFFLOAD_BOX_TAG_SIZE)
+
+#define OFFLOAD_MAX_(a, b) ((a) > (b) ? (a) : (b))
+/* Largest encoded request and response of any call this client makes. */
+#define OFFLOAD_MAX_REQUEST_SIZE                                                          \
+  OFFLOAD_MAX_(OFFLOAD_MAX_(offload_v1_DeriveRequest_size, offload_v1_BoxSealRequest_size), \
+               OFFLOAD_MAX_(offload_v1_BoxOpenRequest_size, offload_v1_VerifyRequest_size))
+/* A response region also has to hold a Connect error JSON body; 256 bytes covers the code and
+ * the start of the message, which is all the client reads. */
+#define OFFLOAD_MAX_RESPONSE_SIZE                                                              \
+  OFFLOAD_MAX_(OFFLOAD_MAX_(OFFLOAD_MAX_(offload_v1_DeriveResponse_size,                       \
+                                         offload_v1_BoxSealResponse_size),                     \
+                            OFFLOAD_MAX_(offload_v1_BoxOpenResponse_size,                      \
+                                         offload_v1_VerifyResponse_size)),                     \
+               256)
+/* A `buf` of this size lets every call of this build go through. */
+#define OFFLOAD_CLIENT_BUF_SIZE (OFFLOAD_MAX_REQUEST_SIZE + OFFLOAD_MAX_RESPONSE_SIZE)
+
+/* What a call returns. OFFLOAD_OK is 0; the Connect codes are 100 + the canonical gRPC code, so
+ * `status - 100` is the number an ItemStatus or a gRPC client would show. */
+typedef enum offload_status {
+  OFFLOAD_OK = 0,
+  OFFLOAD_ERR_ARGUMENT = 1,         /* caller mistake caught locally: NULL, key id, size > bound */
+  OFFLOAD_ERR_BUFFER_TOO_SMALL = 2, /* `buf` or an output buffer cannot hold the data */
+  OFFLOAD_ERR_ENCODE = 3,           /* nanopb could not encode the request */
+  OFFLOAD_ERR_TRANSPORT = 4,        /* the transport callback failed (connect, send, receive) */
+  OFFLOAD_ERR_HTTP_STATUS = 5,      /* HTTP status not 200 and no Connect error code in the body */
+  OFFLOAD_ERR_DECODE = 6,           /* the 200 response is not a valid message of the bounded type */
+  OFFLOAD_ERR_RESPONSE = 7,         /* decoded, but a field has the wrong size */
+  OFFLOAD_ERR_CANCELED = 101,
+  OFFLOAD_ERR_UNKNOWN = 102,
+  OFFLOAD_ERR_INVALID_ARGUMENT = 103,
+  OFFLOAD_ERR_DEADLINE_EXCEEDED = 104,
+  OFFLOAD_ERR_NOT_FOUND = 105,
+  OFFLOAD_ERR_ALREADY_EXISTS = 106,
+  OFFLOAD_ERR_PERMISSION_DENIED = 107,
+  OFFLOAD_ERR_RESOURCE_EXHAUSTED = 108,
+  OFFLOAD_ERR_FAILED_PRECONDITION = 109,
+  OFFLOAD_ERR_ABORTED = 110,
+  OFFLOAD_ERR_OUT_OF_RANGE = 111,
+  OFFLOAD_ERR_UNIMPLEMENTED = 112,
+  OFFLOAD_ERR_INTERNAL = 113,
+  OFFLOAD_ERR_UNAVAILABLE = 114,
+  OFFLOAD_ERR_DATA_LOSS = 115,
+  OFFLOAD_ERR_UNAUTHENTICATED = 116
+} offload_status_t;
+
+/* Return values of a transport callback. */
+#define OFFLOAD_TRANSPORT_OK 0
+/* The body was longer than `resp_cap`: the first `resp_cap` bytes are in `resp`, `*resp_len` is
+ * `resp_cap` and `*http_status` is set. */
+#define OFFLOAD_TRANSPORT_OVERFLOW 1
+/* Any other value: nothing usable was received. */
+
+/* One Connect unary call: an HTTP POST of `req` (`req_len` bytes) to `path`, for example
+ * "/offload.v1.X25519Service/Derive", on the server's HTTP (Connect) port. The transport sends
+ *   Content-Type: application/proto
+ *   Connect-Protocol-Version: 1
+ *   Content-Length: <req_len>
+ * and, when the server routes by key, may add X-Offload-Key. It stores the response body in
+ * `resp` (at most `resp_cap` bytes), its length in `*resp_len` and the HTTP status code in
+ * `*http_status`, whatever that status is: a Connect error is a 4xx/5xx with a JSON body
+ * {"code":"not_found","message":"..."} that the client reads. Returns OFFLOAD_TRANSPORT_OK,
+ * OFFLOAD_TRANSPORT_OVERFLOW, or any other value for a failure. Must not call back into the
+ * client. `ctx` is the pointer given to offload_client_init(). */
+typedef int (*offload_transport_fn)(void* ctx, const char* path, const uint8_t* req,
+                                    size_t req_len, uint8_t* resp, size_t resp_cap,
+                                    size_t* resp_len, int* http_status);
+
+/* Longest Connect error message kept (truncated, NUL-terminated). */
+#define OFFLOAD_ERROR_MESSAGE_CAP 128
+
+typedef struct offload_client {
+  offload_transport_fn transport;
+  void* transport_ctx;
+  uint8_t* buf;
+  size_t buf_len;
+  /* After each call: the HTTP status (0 if the transport failed) and, for a Connect error, its
+   * message (else ""). The message never contains secrets (the server's rule). */
+  int last_http_status;
+  char last_error_message[OFFLOAD_ERROR_MESSAGE_CAP];
+  /* The decoded messages of the call in progress; wiped before each call returns. */
+  union {
+    struct {
+      offload_v1_DeriveRequest req;
+      offload_v1_DeriveResponse resp;
+    } derive;
+    offload_v1_BoxSealRequest box_seal_req;
+    offload_v1_BoxSealResponse box_seal_resp;
+    offload_v1_BoxOpenRequest box_open_req;
+    offload_v1_BoxOpenResponse box_open_resp;
+    struct {
+      offload_v1_VerifyRequest req;
+      offload_v1_VerifyResponse resp;
+    } verify;
+  } msg;
+} offload_client_t;
+
+#define OFFLOAD_CLIENT_STRUCT_SIZE (sizeof(offload_client_t))
+
+/* Sets up `client` to call through `transport` (with `ctx`) using `buf` for the wire bytes.
+ * `buf` must outlive the client; OFFLOAD_CLIENT_BUF_SIZE fits every call, a smaller one fails
+ * the calls that do not fit with OFFLOAD_ERR_BUFFER_TOO_SMALL.
+ * Returns OFFLOAD_ERR_ARGUMENT for a NULL pointer or a `buf_len` under 64. */
+offload_status_t offload_client_init(offload_client_t* client, offload_transport_fn transport,
+                                     void* ctx, uint8_t* buf, size_t buf_len);
+
+/* X25519Service/Derive: the shared key of the managed X25519 key `key_id` (current version) and
+ * `peer_public_key`. `box_output` false gives the raw X25519 secret, true the NaCl box key
+ * (crypto_box_beforenm). `*memo_hit` (may be NULL) tells whether the server's derive memo
+ * served it. Writes 32 bytes to `out_shared_key` on success only. */
+offload_status_t offload_derive(offload_client_t* client, const char* key_id,
+                                const uint8_t peer_public_key[OFFLOAD_X25519_KEY_SIZE],
+                                bool box_output, uint8_t out_shared_key[OFFLOAD_X25519_KEY_SIZE],
+                                bool* memo_hit);
+
+/* BoxService/Seal: crypto_box_easy of `plaintext` from `key_id` to `peer_public_key`.
+ * `nonce` NULL lets the server pick a random nonce, returned in `out_nonce` (may be NULL when
+ * `nonce` is given). The ciphertext (tag || encrypted, `plaintext_len` + 16 bytes) goes to
+ * `ciphertext` (capacity `ciphertext_cap`), its length to `*ciphertext_len`.
+ * REQUIRES: `plaintext_len` <= OFFLOAD_MAX_MESSAGE. */
+offload_status_t offload_box_seal(offload_client_t* client, const char* key_id,
+                                  const uint8_t peer_public_key[OFFLOAD_X25519_KEY_SIZE],
+                                  const uint8_t nonce[OFFLOAD_BOX_NONCE_SIZE],
+                                  const uint8_t* plaintext, size_t plaintext_len,
+                                  uint8_t* ciphertext, size_t ciphertext_cap,
+                                  size_t* ciphertext_len,
+                                  uint8_t out_nonce[OFFLOAD_BOX_NONCE_SIZE]);
+
+/* BoxService/Open: crypto_box_open_easy of `ciphertext` sent by `peer_public_key` to `key_id`
+ * (`key_version` 0 = current). The plaintext goes to `plaintext` (capacity `plaintext_cap`),
+ * its length to `*plaintext_len`. A ciphertext that does not authenticate is
+ * OFFLOAD_ERR_INVALID_ARGUMENT. `*memo_hit` (may be NULL): the box key came from the memo.
+ * REQUIRES: 16 <= `ciphertext_len` <= OFFLOAD_MAX_CIPHERTEXT. */
+offload_status_t offload_box_open(offload_client_t* client, const char* key_id,
+                                  uint32_t key_version,
+                                  const uint8_t peer_public_key[OFFLOAD_X25519_KEY_SIZE],
+                                  const uint8_t nonce[OFFLOAD_BOX_NONCE_SIZE],
+                                  const uint8_t* ciphertext, size_t ciphertext_len,
+                                  uint8_t* plaintext, size_t plaintext_cap,
+                                  size_t* plaintext_len, bool* memo_hit);
+
+/* Ed25519Service/Verify: `*valid` is true when `signature` over `message` verifies under
+ * `public_key` by the service's policy; an invalid signature is OFFLOAD_OK with false.
+ * `*memo_hit` (may be NULL): the verify memo answered.
+ * REQUIRES: `message_len` <= OFFLOAD_MAX_MESSAGE. */
+offload_status_t offload_verify(offload_client_t* client,
+                                const uint8_t public_key[OFFLOAD_ED25519_PUBLIC_KEY_SIZE],
+                                const uint8_t* message, size_t message_len,
+                                const uint8_t signature[OFFLOAD_ED25519_SIGNATURE_SIZE],
+                                bool* valid, bool* memo_hit);
+
+/* "ok", "not_found", "buffer_too_small"...: the Connect code name for Connect codes. */
+const char* offload_status_name(offload_status_t status);
+
+/* The status for a Connect error code string ("not_found" -> OFFLOAD_ERR_NOT_FOUND), or
+ * OFFLOAD_ERR_UNKNOWN for an unknown one. Exposed for tests. */
+offload_status_t offload_status_from_connect_code(const char* code, size_t code_len);
+
+/* Reads "code" (and "message" into `message`, capacity `message_cap`, may be 0) from a Connect
+ * error JSON body of `len` bytes with a bounded scan. Returns OFFLOAD_ERR_HTTP_STATUS when there is
+ * no "code" string. Exposed for tests. */
+offload_status_t offload_parse_connect_error(const uint8_t* body, size_t len, char* message,
+                                             size_t message_cap);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CLIENT_EMBEDDED_OFFLOAD_CLIENT_H_ */
