@@ -26,6 +26,12 @@ ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(20),
           "On SIGTERM, how long in-flight calls may take before they are cancelled.");
 ABSL_FLAG(std::string, metrics_address, "127.0.0.1:9464",
           "Address of the Prometheus /metrics endpoint (host:port); empty turns it off.");
+ABSL_FLAG(std::string, http_address, "127.0.0.1:8080",
+          "Address of the HTTP gateway (Connect and gRPC-Web for every unary RPC, /healthz, "
+          "/readyz) (host:port); empty turns it off.");
+ABSL_FLAG(std::string, http_cors_origin, "",
+          "Access-Control-Allow-Origin of the HTTP gateway for browsers: empty (no CORS "
+          "headers), * or one origin.");
 ABSL_FLAG(bool, metrics, true,
           "Count calls for Prometheus; false turns metrics off entirely (for the cost benchmark).");
 ABSL_FLAG(double, log_requests_sample_rate, 0,
@@ -52,6 +58,8 @@ int main(int argc, char** argv) {
   config.backend = absl::GetFlag(FLAGS_backend);
   config.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   config.metrics_address = absl::GetFlag(FLAGS_metrics_address);
+  config.http_address = absl::GetFlag(FLAGS_http_address);
+  config.http_cors_origin = absl::GetFlag(FLAGS_http_cors_origin);
   config.metrics_enabled = absl::GetFlag(FLAGS_metrics);
   config.log_requests_sample_rate = absl::GetFlag(FLAGS_log_requests_sample_rate);
   config.memo_enabled = absl::GetFlag(FLAGS_memo);

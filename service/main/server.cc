@@ -18,6 +18,8 @@
 #include "service/common/log.h"
 #include "service/common/status_macros.h"
 #include "service/crypto/backend.h"
+#include "service/http/gateway.h"
+#include "service/http/method_table.h"
 #include "service/keys/file_key_store.h"
 #include "service/keys/kek.h"
 #include "service/keys/key_manager.h"
@@ -193,6 +195,19 @@ absl::Status RunServer(const ServerConfig& config) {
   rpc::Services services(&operations, key_manager.get(), &pool,
                          config.metrics_enabled ? &metrics : nullptr,
                          config.log_requests_sample_rate);
+  // The HTTP gateway: the same operations, limits and metrics, over Connect and gRPC-Web.
+  http::MethodTable http_methods(&operations, key_manager.get());
+  std::unique_ptr<http::Gateway> gateway;
+  if (!config.http_address.empty()) {
+    http::Gateway::Options http_options;
+    http_options.address = config.http_address;
+    http_options.max_message_bytes = config.max_message_bytes;
+    http_options.cors_origin = config.http_cors_origin;
+    http_options.log_sample_rate = config.log_requests_sample_rate;
+    gateway = std::make_unique<http::Gateway>(
+        &http_methods, &pool, config.metrics_enabled ? &metrics : nullptr, http_options);
+    OFFLOAD_RETURN_IF_ERROR(gateway->Start());
+  }
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -209,9 +224,11 @@ absl::Status RunServer(const ServerConfig& config) {
   }
   server->GetHealthCheckService()->SetServingStatus(true);
   ready->store(true);
+  if (gateway != nullptr) gateway->SetReady(true);
   Log(LogLevel::kInfo, "server_started",
       {{"grpc_address", config.grpc_address},
        {"grpc_port", port},
+       {"http_address", config.http_address},
        {"metrics_address", config.metrics_address},
        {"workers", pool.size()},
        {"max_batch_items", config.max_batch_items},
@@ -228,6 +245,8 @@ absl::Status RunServer(const ServerConfig& config) {
        {"drain_timeout_seconds", absl::ToDoubleSeconds(config.drain_timeout)}});
   server->GetHealthCheckService()->SetServingStatus(false);
   ready->store(false);
+  // /readyz 503 and new HTTP calls UNAVAILABLE, then waits for the HTTP calls in flight.
+  if (gateway != nullptr) gateway->Stop();
   // Refuses new calls at once; waits for in-flight calls until the deadline, then cancels them.
   server->Shutdown(absl::ToChronoTime(absl::Now() + config.drain_timeout));
   server->Wait();

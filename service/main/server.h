@@ -1,5 +1,6 @@
-// The crypto-offload server: loads keys, starts the worker pool and the gRPC server, and serves
-// until SIGTERM or SIGINT, then drains in-flight calls and returns.
+// The crypto-offload server: loads keys, starts the worker pool, the gRPC server and the HTTP
+// gateway (Connect, gRPC-Web), and serves until SIGTERM or SIGINT, then drains in-flight calls
+// and returns.
 //
 //   ServerConfig config;
 //   config.grpc_address = "127.0.0.1:50051";
@@ -29,6 +30,8 @@ struct ServerConfig {
   std::string backend = "auto";    // auto | libsodium | openssl
   absl::Duration drain_timeout = absl::Seconds(20);
   std::string metrics_address = "127.0.0.1:9464";  // empty: no /metrics exposer
+  std::string http_address = "127.0.0.1:8080";     // empty: no HTTP gateway (Connect, gRPC-Web)
+  std::string http_cors_origin;                     // empty: no CORS headers on the gateway
   bool metrics_enabled = true;                      // false: calls are not even counted
   double log_requests_sample_rate = 0;              // fraction of calls logged (0 = none)
   // Memo cache bounds in bytes; memo_enabled = false turns every cache off (for baselines).

@@ -1,0 +1,123 @@
+#include "service/http/method_table.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "offload/v1/aead.pb.h"
+#include "offload/v1/box.pb.h"
+#include "offload/v1/ed25519.pb.h"
+#include "offload/v1/keys.pb.h"
+#include "offload/v1/x25519.pb.h"
+
+namespace offload::http {
+namespace {
+
+using google::protobuf::Message;
+using ops::Operations;
+
+constexpr absl::string_view kKeys = "offload.v1.KeyService";
+constexpr absl::string_view kEd25519 = "offload.v1.Ed25519Service";
+constexpr absl::string_view kX25519 = "offload.v1.X25519Service";
+constexpr absl::string_view kBox = "offload.v1.BoxService";
+constexpr absl::string_view kAead = "offload.v1.AeadService";
+
+template <typename Request, typename Response>
+Method Make(absl::string_view service, absl::string_view name, bool batch,
+            std::function<void(const Request&, Response*, Operations::Done)> fn) {
+  Method m;
+  m.service = std::string(service);
+  m.method = std::string(name);
+  m.path = absl::StrCat("/", service, "/", name);
+  m.batch = batch;
+  m.request_prototype = &Request::default_instance();
+  m.response_prototype = &Response::default_instance();
+  m.call = [fn = std::move(fn)](const Message& request, Message* response,
+                                Operations::Done done) {
+    fn(static_cast<const Request&>(request), static_cast<Response*>(response), std::move(done));
+  };
+  return m;
+}
+
+// A single-item operation: runs here, then reports.
+template <typename Request, typename Response>
+Method Unary(const Operations* ops, absl::string_view service, absl::string_view name,
+             absl::Status (Operations::*op)(const Request&, Response*) const) {
+  return Make<Request, Response>(service, name, false,
+                                 [ops, op](const Request& q, Response* r, Operations::Done done) {
+                                   std::move(done)((ops->*op)(q, r));
+                                 });
+}
+
+template <typename Request, typename Response>
+Method Batch(const Operations* ops, absl::string_view service, absl::string_view name,
+             void (Operations::*op)(const Request&, Response*, Operations::Done) const) {
+  return Make<Request, Response>(service, name, true,
+                                 [ops, op](const Request& q, Response* r, Operations::Done done) {
+                                   (ops->*op)(q, r, std::move(done));
+                                 });
+}
+
+// A key manager call returning StatusOr<KeyInfo>.
+template <typename Request>
+Method KeyCall(absl::string_view name,
+               std::function<absl::StatusOr<v1::KeyInfo>(const Request&)> fn) {
+  return Make<Request, v1::KeyInfo>(
+      kKeys, name, false, [fn = std::move(fn)](const Request& q, v1::KeyInfo* r,
+                                               Operations::Done done) {
+        absl::StatusOr<v1::KeyInfo> info = fn(q);
+        if (!info.ok()) return std::move(done)(info.status());
+        *r = *std::move(info);
+        std::move(done)(absl::OkStatus());
+      });
+}
+
+}  // namespace
+
+MethodTable::MethodTable(const Operations* ops, keys::KeyManager* keys) {
+  methods_.push_back(KeyCall<v1::CreateKeyRequest>(
+      "CreateKey", [keys](const v1::CreateKeyRequest& q) { return keys->CreateKey(q); }));
+  methods_.push_back(KeyCall<v1::ImportKeyRequest>(
+      "ImportKey", [keys](const v1::ImportKeyRequest& q) { return keys->ImportKey(q); }));
+  methods_.push_back(KeyCall<v1::GetKeyRequest>(
+      "GetKey", [keys](const v1::GetKeyRequest& q) { return keys->GetKey(q.key_id()); }));
+  methods_.push_back(Make<v1::ListKeysRequest, v1::ListKeysResponse>(
+      kKeys, "ListKeys", false,
+      [keys](const v1::ListKeysRequest&, v1::ListKeysResponse* r, Operations::Done done) {
+        for (v1::KeyInfo& info : keys->ListKeys()) *r->add_keys() = std::move(info);
+        std::move(done)(absl::OkStatus());
+      }));
+  methods_.push_back(KeyCall<v1::RotateKeyRequest>(
+      "RotateKey", [keys](const v1::RotateKeyRequest& q) { return keys->RotateKey(q.key_id()); }));
+  methods_.push_back(Make<v1::DeleteKeyRequest, v1::DeleteKeyResponse>(
+      kKeys, "DeleteKey", false,
+      [keys](const v1::DeleteKeyRequest& q, v1::DeleteKeyResponse*, Operations::Done done) {
+        std::move(done)(keys->DeleteKey(q.key_id()));
+      }));
+
+  methods_.push_back(Unary(ops, kEd25519, "Sign", &Operations::Sign));
+  methods_.push_back(Batch(ops, kEd25519, "BatchSign", &Operations::BatchSign));
+  methods_.push_back(Unary(ops, kEd25519, "Verify", &Operations::Verify));
+  methods_.push_back(Batch(ops, kEd25519, "BatchVerify", &Operations::BatchVerify));
+
+  methods_.push_back(Unary(ops, kX25519, "Derive", &Operations::Derive));
+  methods_.push_back(Batch(ops, kX25519, "BatchDerive", &Operations::BatchDerive));
+
+  methods_.push_back(Unary(ops, kBox, "Seal", &Operations::BoxSeal));
+  methods_.push_back(Batch(ops, kBox, "BatchSeal", &Operations::BatchBoxSeal));
+  methods_.push_back(Unary(ops, kBox, "Open", &Operations::BoxOpen));
+  methods_.push_back(Batch(ops, kBox, "BatchOpen", &Operations::BatchBoxOpen));
+
+  methods_.push_back(Unary(ops, kAead, "Seal", &Operations::AeadSeal));
+  methods_.push_back(Batch(ops, kAead, "BatchSeal", &Operations::BatchAeadSeal));
+  methods_.push_back(Unary(ops, kAead, "Open", &Operations::AeadOpen));
+  methods_.push_back(Batch(ops, kAead, "BatchOpen", &Operations::BatchAeadOpen));
+
+  for (const Method& m : methods_) by_path_[m.path] = &m;
+}
+
+const Method* MethodTable::Find(absl::string_view path) const {
+  auto it = by_path_.find(path);
+  return it == by_path_.end() ? nullptr : it->second;
+}
+
+}  // namespace offload::http

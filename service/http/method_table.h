@@ -1,0 +1,61 @@
+// Every unary RPC of offload.v1 as data: its path, request and response prototypes and a
+// function that runs it over the operations and the key manager. Transport-independent: the HTTP
+// gateway serves the table; any other transport could too.
+//
+//   MethodTable table(&operations, &key_manager);
+//   const Method* m = table.Find("/offload.v1.Ed25519Service/Verify");
+//   std::unique_ptr<google::protobuf::Message> request(m->request_prototype->New());
+//   ... parse request, create response from m->response_prototype ...
+//   if (m->batch) m->call(*request, response.get(), std::move(done));        // any thread
+//   else pool.Submit([&] { m->call(*request, response.get(), std::move(done)); });  // a worker
+//
+// Single-item calls run on the calling thread (it must be a worker) and call `done` before they
+// return; batch calls spread their items over the worker pool and call `done` from a worker.
+// Thread-safety: immutable after construction; `call` may run concurrently.
+#ifndef SERVICE_HTTP_METHOD_TABLE_H_
+#define SERVICE_HTTP_METHOD_TABLE_H_
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "google/protobuf/message.h"
+#include "service/keys/key_manager.h"
+#include "service/ops/operations.h"
+
+namespace offload::http {
+
+struct Method {
+  std::string service;  // "offload.v1.Ed25519Service"
+  std::string method;   // "Verify"
+  std::string path;     // "/offload.v1.Ed25519Service/Verify"
+  bool batch = false;   // a batch twin: `items` in, `results` out
+  const google::protobuf::Message* request_prototype = nullptr;
+  const google::protobuf::Message* response_prototype = nullptr;
+  // Runs the call: `request` and `response` are of the prototypes' types and stay alive until
+  // `done` has been called.
+  std::function<void(const google::protobuf::Message& request,
+                     google::protobuf::Message* response, ops::Operations::Done done)>
+      call;
+};
+
+class MethodTable final {
+ public:
+  // `operations` and `keys` must outlive the table.
+  MethodTable(const ops::Operations* operations, keys::KeyManager* keys);
+
+  // The method at `path`, or nullptr.
+  const Method* Find(absl::string_view path) const;
+  const std::vector<Method>& methods() const { return methods_; }
+
+ private:
+  std::vector<Method> methods_;
+  absl::flat_hash_map<std::string, const Method*> by_path_;
+};
+
+}  // namespace offload::http
+
+#endif  // SERVICE_HTTP_METHOD_TABLE_H_

@@ -1,0 +1,271 @@
+#include "service/http/protocol.h"
+
+#include <zlib.h>
+
+#include <cstring>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace offload::http {
+namespace {
+
+bool AllDigits(absl::string_view s) {
+  if (s.empty()) return false;
+  for (char c : s) {
+    if (!absl::ascii_isdigit(static_cast<unsigned char>(c))) return false;
+  }
+  return true;
+}
+
+// For messages that quote a header value: printable ASCII only, at most 64 characters.
+std::string Quote(absl::string_view value) {
+  std::string out;
+  for (char c : value.substr(0, 64)) {
+    out.push_back(absl::ascii_isprint(static_cast<unsigned char>(c)) ? c : '?');
+  }
+  return absl::StrCat("\"", out, value.size() > 64 ? "...\"" : "\"");
+}
+
+}  // namespace
+
+absl::StatusOr<ContentType> ParseContentType(absl::string_view content_type) {
+  absl::string_view media = content_type.substr(0, content_type.find(';'));
+  media = absl::StripAsciiWhitespace(media);
+  const std::string lower = absl::AsciiStrToLower(media);
+  if (lower == "application/proto") return ContentType{Protocol::kConnect, Codec::kProto};
+  if (lower == "application/json") return ContentType{Protocol::kConnect, Codec::kJson};
+  if (lower == "application/grpc-web" || lower == "application/grpc-web+proto") {
+    return ContentType{Protocol::kGrpcWeb, Codec::kProto};
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "content-type: expected application/proto, application/json, application/grpc-web or "
+      "application/grpc-web+proto, got ",
+      Quote(content_type)));
+}
+
+absl::string_view ConnectContentType(Codec codec) {
+  return codec == Codec::kJson ? "application/json" : "application/proto";
+}
+
+absl::string_view ConnectCodeName(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kOk: return "ok";
+    case absl::StatusCode::kCancelled: return "canceled";
+    case absl::StatusCode::kUnknown: return "unknown";
+    case absl::StatusCode::kInvalidArgument: return "invalid_argument";
+    case absl::StatusCode::kDeadlineExceeded: return "deadline_exceeded";
+    case absl::StatusCode::kNotFound: return "not_found";
+    case absl::StatusCode::kAlreadyExists: return "already_exists";
+    case absl::StatusCode::kPermissionDenied: return "permission_denied";
+    case absl::StatusCode::kResourceExhausted: return "resource_exhausted";
+    case absl::StatusCode::kFailedPrecondition: return "failed_precondition";
+    case absl::StatusCode::kAborted: return "aborted";
+    case absl::StatusCode::kOutOfRange: return "out_of_range";
+    case absl::StatusCode::kUnimplemented: return "unimplemented";
+    case absl::StatusCode::kInternal: return "internal";
+    case absl::StatusCode::kUnavailable: return "unavailable";
+    case absl::StatusCode::kDataLoss: return "data_loss";
+    case absl::StatusCode::kUnauthenticated: return "unauthenticated";
+    default: return "unknown";
+  }
+}
+
+int ConnectHttpStatus(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kOk: return 200;
+    case absl::StatusCode::kCancelled: return 499;
+    case absl::StatusCode::kInvalidArgument: return 400;
+    case absl::StatusCode::kDeadlineExceeded: return 504;
+    case absl::StatusCode::kNotFound: return 404;
+    case absl::StatusCode::kAlreadyExists: return 409;
+    case absl::StatusCode::kPermissionDenied: return 403;
+    case absl::StatusCode::kResourceExhausted: return 429;
+    case absl::StatusCode::kFailedPrecondition: return 400;
+    case absl::StatusCode::kAborted: return 409;
+    case absl::StatusCode::kOutOfRange: return 400;
+    case absl::StatusCode::kUnimplemented: return 501;
+    case absl::StatusCode::kUnavailable: return 503;
+    case absl::StatusCode::kUnauthenticated: return 401;
+    case absl::StatusCode::kUnknown:
+    case absl::StatusCode::kInternal:
+    case absl::StatusCode::kDataLoss:
+    default: return 500;
+  }
+}
+
+std::string ConnectErrorJson(const absl::Status& status) {
+  nlohmann::json body = {{"code", std::string(ConnectCodeName(status.code()))}};
+  if (!status.message().empty()) body["message"] = std::string(status.message());
+  // Replace invalid UTF-8 rather than throw: messages may quote a caller's bytes.
+  return body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+absl::StatusOr<absl::Duration> ParseConnectTimeout(absl::string_view value) {
+  int64_t ms = 0;
+  if (value.size() > 10 || !AllDigits(value) || !absl::SimpleAtoi(value, &ms)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "connect-timeout-ms: expected 1 to 10 digits, got ", Quote(value)));
+  }
+  return absl::Milliseconds(ms);
+}
+
+absl::StatusOr<absl::Duration> ParseGrpcTimeout(absl::string_view value) {
+  const absl::string_view digits = value.substr(0, value.empty() ? 0 : value.size() - 1);
+  int64_t n = 0;
+  if (value.size() < 2 || digits.size() > 8 || !AllDigits(digits) ||
+      !absl::SimpleAtoi(digits, &n)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("grpc-timeout: expected 1 to 8 digits and a unit, got ", Quote(value)));
+  }
+  switch (value.back()) {
+    case 'H': return absl::Hours(n);
+    case 'M': return absl::Minutes(n);
+    case 'S': return absl::Seconds(n);
+    case 'm': return absl::Milliseconds(n);
+    case 'u': return absl::Microseconds(n);
+    case 'n': return absl::Nanoseconds(n);
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("grpc-timeout: expected a unit of H, M, S, m, u or n, got ", Quote(value)));
+  }
+}
+
+absl::Status CheckConnectProtocolVersion(std::optional<absl::string_view> value) {
+  if (!value.has_value() || absl::StripAsciiWhitespace(*value) == "1") return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("connect-protocol-version: expected \"1\", got ", Quote(*value)));
+}
+
+absl::StatusOr<Encoding> ParseEncoding(absl::string_view value) {
+  const std::string lower = absl::AsciiStrToLower(absl::StripAsciiWhitespace(value));
+  if (lower.empty() || lower == "identity") return Encoding::kIdentity;
+  if (lower == "gzip") return Encoding::kGzip;
+  return absl::UnimplementedError(
+      absl::StrCat("encoding: expected identity or gzip, got ", Quote(value)));
+}
+
+bool AcceptsGzip(absl::string_view value) {
+  for (absl::string_view item : absl::StrSplit(value, ',')) {
+    item = absl::StripAsciiWhitespace(item.substr(0, item.find(';')));
+    if (absl::AsciiStrToLower(item) == "gzip") return true;
+  }
+  return false;
+}
+
+absl::StatusOr<std::string> Gzip(absl::string_view data) {
+  z_stream z{};
+  // windowBits 15 + 16: a gzip header and trailer rather than zlib's.
+  if (deflateInit2(&z, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK) {
+    return absl::InternalError("gzip: deflateInit2 failed");
+  }
+  std::string out(deflateBound(&z, data.size()), '\0');
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
+  z.avail_in = static_cast<uInt>(data.size());
+  z.next_out = reinterpret_cast<Bytef*>(out.data());
+  z.avail_out = static_cast<uInt>(out.size());
+  const int rc = deflate(&z, Z_FINISH);
+  out.resize(z.total_out);
+  deflateEnd(&z);
+  if (rc != Z_STREAM_END) return absl::InternalError("gzip: deflate did not finish");
+  return out;
+}
+
+absl::StatusOr<std::string> Gunzip(absl::string_view data, size_t max_bytes) {
+  z_stream z{};
+  if (inflateInit2(&z, 15 + 16) != Z_OK) return absl::InternalError("gzip: inflateInit2 failed");
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
+  z.avail_in = static_cast<uInt>(data.size());
+  std::string out;
+  char chunk[16384];
+  int rc = Z_OK;
+  while (rc != Z_STREAM_END) {
+    z.next_out = reinterpret_cast<Bytef*>(chunk);
+    z.avail_out = sizeof(chunk);
+    rc = inflate(&z, Z_NO_FLUSH);
+    if (rc != Z_OK && rc != Z_STREAM_END) {
+      inflateEnd(&z);
+      return absl::InvalidArgumentError("gzip: the compressed message is malformed or truncated");
+    }
+    out.append(chunk, sizeof(chunk) - z.avail_out);
+    if (out.size() > max_bytes) {
+      inflateEnd(&z);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("message: expected at most ", max_bytes, " bytes once decompressed"));
+    }
+    if (rc == Z_OK && z.avail_in == 0 && z.avail_out != 0) {
+      inflateEnd(&z);
+      return absl::InvalidArgumentError("gzip: the compressed message is truncated");
+    }
+  }
+  inflateEnd(&z);
+  return out;
+}
+
+std::string EncodeFrame(uint8_t flags, absl::string_view payload) {
+  std::string out;
+  out.reserve(kFrameHeaderBytes + payload.size());
+  const uint32_t n = static_cast<uint32_t>(payload.size());
+  out.push_back(static_cast<char>(flags));
+  out.push_back(static_cast<char>((n >> 24) & 0xff));
+  out.push_back(static_cast<char>((n >> 16) & 0xff));
+  out.push_back(static_cast<char>((n >> 8) & 0xff));
+  out.push_back(static_cast<char>(n & 0xff));
+  out.append(payload.data(), payload.size());
+  return out;
+}
+
+absl::StatusOr<absl::string_view> ParseUnaryRequestFrame(absl::string_view body,
+                                                         bool* compressed) {
+  if (body.size() < kFrameHeaderBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "grpc-web request: expected a 5-byte frame header, got ", body.size(), " bytes"));
+  }
+  const auto* p = reinterpret_cast<const unsigned char*>(body.data());
+  const uint8_t flags = p[0];
+  const uint64_t length = (uint64_t{p[1]} << 24) | (uint64_t{p[2]} << 16) |
+                          (uint64_t{p[3]} << 8) | uint64_t{p[4]};
+  if ((flags & ~kFrameCompressed) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "grpc-web request: expected a data frame (flags 0 or 1), got flags ", int{flags}));
+  }
+  const uint64_t have = body.size() - kFrameHeaderBytes;
+  if (have != length) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "grpc-web request: expected one frame of ", length, " bytes, got ", have,
+        have < length ? " (truncated)" : " (trailing data)"));
+  }
+  *compressed = (flags & kFrameCompressed) != 0;
+  return body.substr(kFrameHeaderBytes);
+}
+
+std::string PercentEncode(absl::string_view message) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char c : message) {
+    if (c >= 0x20 && c <= 0x7e && c != '%') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out.push_back('%');
+      out.push_back(kHex[c >> 4]);
+      out.push_back(kHex[c & 0xf]);
+    }
+  }
+  return out;
+}
+
+std::string GrpcWebTrailers(const absl::Status& status) {
+  std::string out = absl::StrCat("grpc-status: ", static_cast<int>(status.code()), "\r\n");
+  if (!status.message().empty()) {
+    absl::StrAppend(&out, "grpc-message: ", PercentEncode(status.message()), "\r\n");
+  }
+  return out;
+}
+
+}  // namespace offload::http

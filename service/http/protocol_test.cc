@@ -1,0 +1,172 @@
+#include "service/http/protocol.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace offload::http {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(ParseContentType, ConnectAndGrpcWeb) {
+  auto t = ParseContentType("application/proto");
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->protocol, Protocol::kConnect);
+  EXPECT_EQ(t->codec, Codec::kProto);
+  t = ParseContentType("Application/JSON; charset=utf-8");
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->protocol, Protocol::kConnect);
+  EXPECT_EQ(t->codec, Codec::kJson);
+  for (const char* web : {"application/grpc-web", "application/grpc-web+proto"}) {
+    t = ParseContentType(web);
+    ASSERT_TRUE(t.ok()) << web;
+    EXPECT_EQ(t->protocol, Protocol::kGrpcWeb);
+    EXPECT_EQ(t->codec, Codec::kProto);
+  }
+}
+
+TEST(ParseContentType, RefusesOthers) {
+  for (const char* bad : {"", "text/plain", "application/grpc", "application/grpc-web+json",
+                          "application/grpc-web-text", "application/protobuf"}) {
+    auto t = ParseContentType(bad);
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_THAT(ParseContentType("text/plain").status().message(), HasSubstr("\"text/plain\""));
+}
+
+TEST(ConnectCodes, NamesAndHttpStatusesFollowTheSpec) {
+  struct Case {
+    absl::StatusCode code;
+    const char* name;
+    int http;
+  };
+  const Case cases[] = {
+      {absl::StatusCode::kCancelled, "canceled", 499},
+      {absl::StatusCode::kUnknown, "unknown", 500},
+      {absl::StatusCode::kInvalidArgument, "invalid_argument", 400},
+      {absl::StatusCode::kDeadlineExceeded, "deadline_exceeded", 504},
+      {absl::StatusCode::kNotFound, "not_found", 404},
+      {absl::StatusCode::kAlreadyExists, "already_exists", 409},
+      {absl::StatusCode::kPermissionDenied, "permission_denied", 403},
+      {absl::StatusCode::kResourceExhausted, "resource_exhausted", 429},
+      {absl::StatusCode::kFailedPrecondition, "failed_precondition", 400},
+      {absl::StatusCode::kAborted, "aborted", 409},
+      {absl::StatusCode::kOutOfRange, "out_of_range", 400},
+      {absl::StatusCode::kUnimplemented, "unimplemented", 501},
+      {absl::StatusCode::kInternal, "internal", 500},
+      {absl::StatusCode::kUnavailable, "unavailable", 503},
+      {absl::StatusCode::kDataLoss, "data_loss", 500},
+      {absl::StatusCode::kUnauthenticated, "unauthenticated", 401},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(ConnectCodeName(c.code), c.name);
+    EXPECT_EQ(ConnectHttpStatus(c.code), c.http) << c.name;
+  }
+}
+
+TEST(ConnectErrorJson, CodeAndEscapedMessage) {
+  EXPECT_EQ(ConnectErrorJson(absl::NotFoundError("key \"k\": not found")),
+            R"({"code":"not_found","message":"key \"k\": not found"})");
+  EXPECT_EQ(ConnectErrorJson(absl::InternalError("")), R"({"code":"internal"})");
+  // Invalid UTF-8 is replaced, never thrown on.
+  EXPECT_THAT(ConnectErrorJson(absl::InvalidArgumentError("bad \xff byte")),
+              HasSubstr("invalid_argument"));
+}
+
+TEST(Timeouts, ConnectMilliseconds) {
+  EXPECT_EQ(*ParseConnectTimeout("250"), absl::Milliseconds(250));
+  EXPECT_EQ(*ParseConnectTimeout("0"), absl::ZeroDuration());
+  for (const char* bad : {"", "-1", "1.5", "12345678901", "10s", " 5"}) {
+    EXPECT_EQ(ParseConnectTimeout(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+TEST(Timeouts, GrpcUnits) {
+  EXPECT_EQ(*ParseGrpcTimeout("2S"), absl::Seconds(2));
+  EXPECT_EQ(*ParseGrpcTimeout("150m"), absl::Milliseconds(150));
+  EXPECT_EQ(*ParseGrpcTimeout("7u"), absl::Microseconds(7));
+  EXPECT_EQ(*ParseGrpcTimeout("1H"), absl::Hours(1));
+  for (const char* bad : {"", "S", "5", "5x", "123456789S", "-5S"}) {
+    EXPECT_EQ(ParseGrpcTimeout(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+TEST(ConnectProtocolVersion, AbsentOrOne) {
+  EXPECT_TRUE(CheckConnectProtocolVersion(std::nullopt).ok());
+  EXPECT_TRUE(CheckConnectProtocolVersion("1").ok());
+  EXPECT_EQ(CheckConnectProtocolVersion("2").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckConnectProtocolVersion("").code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(Encoding, IdentityGzipAndUnknown) {
+  EXPECT_EQ(*ParseEncoding(""), Encoding::kIdentity);
+  EXPECT_EQ(*ParseEncoding("identity"), Encoding::kIdentity);
+  EXPECT_EQ(*ParseEncoding("GZIP"), Encoding::kGzip);
+  EXPECT_EQ(ParseEncoding("br").status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_TRUE(AcceptsGzip("br, gzip;q=0.8"));
+  EXPECT_FALSE(AcceptsGzip("identity, br"));
+  EXPECT_FALSE(AcceptsGzip(""));
+}
+
+TEST(Gzip, RoundTripAndLimits) {
+  const std::string data(100000, 'a');
+  auto zipped = Gzip(data);
+  ASSERT_TRUE(zipped.ok());
+  EXPECT_LT(zipped->size(), data.size() / 10);
+  auto back = Gunzip(*zipped, data.size());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, data);
+  // A bomb: stops at the bound.
+  EXPECT_EQ(Gunzip(*zipped, 1000).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(Gunzip(zipped->substr(0, zipped->size() / 2), data.size()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Gunzip("not gzip at all", 1000).status().code(), absl::StatusCode::kInvalidArgument);
+  auto empty = Gzip("");
+  ASSERT_TRUE(empty.ok());
+  EXPECT_EQ(*Gunzip(*empty, 10), "");
+}
+
+TEST(Frames, EncodeAndParseOne) {
+  const std::string frame = EncodeFrame(0, "hello");
+  EXPECT_EQ(frame, std::string("\x00\x00\x00\x00\x05hello", 10));
+  bool compressed = true;
+  auto message = ParseUnaryRequestFrame(frame, &compressed);
+  ASSERT_TRUE(message.ok());
+  EXPECT_EQ(*message, "hello");
+  EXPECT_FALSE(compressed);
+  auto z = ParseUnaryRequestFrame(EncodeFrame(kFrameCompressed, "zz"), &compressed);
+  ASSERT_TRUE(z.ok());
+  EXPECT_TRUE(compressed);
+  const std::string big(70000, 'x');
+  EXPECT_EQ(*ParseUnaryRequestFrame(EncodeFrame(0, big), &compressed), big);
+  EXPECT_EQ(*ParseUnaryRequestFrame(EncodeFrame(0, ""), &compressed), "");
+}
+
+TEST(Frames, RefusesMalformed) {
+  bool compressed = false;
+  const std::string frame = EncodeFrame(0, "hello");
+  EXPECT_THAT(ParseUnaryRequestFrame(frame.substr(0, 3), &compressed).status().message(),
+              HasSubstr("5-byte frame header"));
+  EXPECT_THAT(ParseUnaryRequestFrame(frame.substr(0, 8), &compressed).status().message(),
+              HasSubstr("truncated"));
+  EXPECT_THAT(ParseUnaryRequestFrame(frame + "x", &compressed).status().message(),
+              HasSubstr("trailing"));
+  EXPECT_EQ(ParseUnaryRequestFrame(EncodeFrame(kFrameTrailer, "a: b\r\n"), &compressed)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseUnaryRequestFrame(frame + EncodeFrame(0, "again"), &compressed).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(Trailers, StatusAndPercentEncodedMessage) {
+  EXPECT_EQ(GrpcWebTrailers(absl::OkStatus()), "grpc-status: 0\r\n");
+  EXPECT_EQ(GrpcWebTrailers(absl::InvalidArgumentError("100% bad\r\nü")),
+            "grpc-status: 3\r\ngrpc-message: 100%25 bad%0D%0A%C3%BC\r\n");
+  EXPECT_EQ(PercentEncode("plain text"), "plain text");
+}
+
+}  // namespace
+}  // namespace offload::http

@@ -1,0 +1,341 @@
+// The HTTP gateway (Connect with proto and JSON, gRPC-Web binary) and the gRPC port, driven by
+// @connectrpc/connect-node with clients generated from proto/ (see ../generate.mjs). Every
+// transport must give the same answers as plain gRPC; malformed HTTP requests must get the
+// right Connect error and leave the server up. Run: OFFLOAD_SERVER=... npm test
+import { after, before, describe, it } from "node:test";
+import assert from "node:assert/strict";
+import { generateKeyPairSync, randomBytes } from "node:crypto";
+import { request as httpRequest } from "node:http";
+
+import { clone, create, toBinary } from "@bufbuild/protobuf";
+import { Code, ConnectError, createClient } from "@connectrpc/connect";
+import {
+  compressionGzip,
+  createConnectTransport,
+  createGrpcTransport,
+  createGrpcWebTransport,
+} from "@connectrpc/connect-node";
+
+import { AeadService, AeadOpenResponseSchema } from "../gen/offload/v1/aead_pb.js";
+import {
+  Ed25519Service,
+  BatchVerifyResponseSchema,
+  VerifyRequestSchema,
+  VerifyResponseSchema,
+} from "../gen/offload/v1/ed25519_pb.js";
+import { KeyService, KeyType, KeyInfoSchema } from "../gen/offload/v1/keys_pb.js";
+import { DeriveOutput, DeriveResponseSchema, X25519Service } from "../gen/offload/v1/x25519_pb.js";
+import { startServer } from "./server.mjs";
+
+const MAX_MESSAGE = 4 << 20; // the server's --max_message_bytes here: a 10 MB body is too large
+
+let server;
+let grpc; // the reference: plain gRPC over HTTP/2 on the gRPC port
+const transports = {}; // name -> transport on the HTTP port
+
+function clients(transport) {
+  return {
+    keys: createClient(KeyService, transport),
+    ed25519: createClient(Ed25519Service, transport),
+    x25519: createClient(X25519Service, transport),
+    aead: createClient(AeadService, transport),
+  };
+}
+
+// A message's bytes with memo_hit cleared: "the same answer" whether or not it came from a memo.
+function answer(schema, message) {
+  const c = clone(schema, message);
+  if ("memoHit" in c) c.memoHit = false;
+  if ("results" in c) for (const r of c.results) if ("memoHit" in r) r.memoHit = false;
+  return Buffer.from(toBinary(schema, c)).toString("hex");
+}
+
+async function codeOf(promise) {
+  try {
+    await promise;
+  } catch (e) {
+    assert.ok(e instanceof ConnectError, `expected a ConnectError, got ${e}`);
+    return e.code;
+  }
+  return Code.Unknown - 100; // resolved: no error
+}
+
+function x25519PublicKey() {
+  const { publicKey } = generateKeyPairSync("x25519");
+  return Buffer.from(publicKey.export({ format: "jwk" }).x, "base64url");
+}
+
+// A raw HTTP/1.1 request: { status, headers, body (Buffer) }. `chunked` sends without
+// Content-Length. A server that answers before reading a huge body may close the connection
+// while we are still writing it: the response still counts.
+function raw(path, { method = "POST", headers = {}, body = Buffer.alloc(0), chunked = false } = {}) {
+  return new Promise((resolve, reject) => {
+    const h = { ...headers };
+    if (!chunked) h["Content-Length"] = body.length;
+    const req = httpRequest(
+      { host: "127.0.0.1", port: server.httpPort, path, method, headers: h, agent: false },
+      (res) => {
+        const chunks = [];
+        res.on("data", (c) => chunks.push(c));
+        res.on("end", () =>
+          resolve({ status: res.statusCode, headers: res.headers, body: Buffer.concat(chunks) }),
+        );
+        res.on("error", reject);
+      },
+    );
+    req.on("error", (e) => {
+      if (!["EPIPE", "ECONNRESET"].includes(e.code)) reject(e);
+    });
+    if (chunked) {
+      for (let off = 0; off < body.length; off += 1 << 20) req.write(body.subarray(off, off + (1 << 20)));
+      req.end();
+    } else {
+      req.end(body);
+    }
+  });
+}
+
+function connectError(r) {
+  assert.match(r.headers["content-type"] ?? "", /^application\/json/);
+  return JSON.parse(r.body.toString());
+}
+
+function frame(flags, payload) {
+  const b = Buffer.alloc(5 + payload.length);
+  b[0] = flags;
+  b.writeUInt32BE(payload.length, 1);
+  Buffer.from(payload).copy(b, 5);
+  return b;
+}
+
+const signed = {}; // publicKey, message, signature from the gRPC path
+
+before(async () => {
+  server = await startServer([`--max_message_bytes=${MAX_MESSAGE}`]);
+  grpc = clients(createGrpcTransport({ baseUrl: server.grpc, httpVersion: "2" }));
+  const base = { baseUrl: server.http, httpVersion: "1.1" };
+  transports["connect+proto"] = createConnectTransport({ ...base, useBinaryFormat: true });
+  transports["connect+json"] = createConnectTransport({ ...base, useBinaryFormat: false });
+  transports["connect+proto+gzip"] = createConnectTransport({
+    ...base,
+    useBinaryFormat: true,
+    sendCompression: compressionGzip,
+    compressMinBytes: 0,
+  });
+  transports["grpc-web+proto"] = createGrpcWebTransport({ ...base, useBinaryFormat: true });
+
+  await grpc.keys.createKey({ keyId: "signer", type: KeyType.ED25519 });
+  await grpc.keys.createKey({ keyId: "dh", type: KeyType.X25519 });
+  await grpc.keys.createKey({ keyId: "blobs", type: KeyType.XCHACHA20_POLY1305 });
+  const message = randomBytes(100);
+  const s = await grpc.ed25519.sign({ keyId: "signer", message });
+  Object.assign(signed, { publicKey: s.publicKey, message, signature: s.signature });
+});
+
+after(async () => {
+  if (!server) return;
+  const { code, signal } = await server.stop();
+  assert.equal(signal, null, `server killed by ${signal}:\n${server.log()}`);
+  assert.equal(code, 0, `server exit code ${code}:\n${server.log()}`);
+  // Nothing secret in the log: no plaintext or message we sent.
+  assert.ok(!server.log().includes("hello, gateway"));
+});
+
+const names = ["connect+proto", "connect+json", "connect+proto+gzip", "grpc-web+proto"];
+
+describe("every transport answers as plain gRPC", () => {
+  for (const name of names) {
+    describe(name, () => {
+      let c;
+      before(() => (c = clients(transports[name])));
+
+      it("Verify", async () => {
+        const want = await grpc.ed25519.verify(signed);
+        const got = await c.ed25519.verify(signed);
+        assert.equal(got.valid, true);
+        assert.equal(got.memoHit, true, "the gRPC call's result is in the shared verify memo");
+        assert.equal(answer(VerifyResponseSchema, got), answer(VerifyResponseSchema, want));
+        const tampered = { ...signed, message: Buffer.from("other") };
+        assert.equal((await c.ed25519.verify(tampered)).valid, false);
+        assert.equal(
+          await codeOf(c.ed25519.verify({ ...signed, publicKey: new Uint8Array(31) })),
+          Code.InvalidArgument,
+        );
+      });
+
+      it("BatchVerify", async () => {
+        const items = [
+          signed,
+          { ...signed, message: Buffer.from("other") },
+          { ...signed, signature: new Uint8Array(10) },
+          signed,
+        ];
+        const want = await grpc.ed25519.batchVerify({ items });
+        const got = await c.ed25519.batchVerify({ items });
+        assert.deepEqual(
+          got.results.map((r) => [r.status?.code ?? 0, r.valid]),
+          [[0, true], [0, false], [Code.InvalidArgument, false], [0, true]],
+        );
+        assert.equal(answer(BatchVerifyResponseSchema, got), answer(BatchVerifyResponseSchema, want));
+        assert.equal(await codeOf(c.ed25519.batchVerify({ items: [] })), Code.InvalidArgument);
+      });
+
+      it("Derive", async () => {
+        const peer = x25519PublicKey();
+        for (const output of [DeriveOutput.RAW, DeriveOutput.BOX_BEFORENM]) {
+          const want = await grpc.x25519.derive({ keyId: "dh", peerPublicKey: peer, output });
+          const got = await c.x25519.derive({ keyId: "dh", peerPublicKey: peer, output });
+          assert.equal(got.sharedKey.length, 32);
+          assert.equal(got.memoHit, true, "derived once over gRPC, then from the derive memo");
+          assert.equal(answer(DeriveResponseSchema, got), answer(DeriveResponseSchema, want));
+        }
+        assert.equal(
+          await codeOf(c.x25519.derive({ keyId: "nobody", peerPublicKey: peer, output: DeriveOutput.RAW })),
+          await codeOf(grpc.x25519.derive({ keyId: "nobody", peerPublicKey: peer, output: DeriveOutput.RAW })),
+        );
+      });
+
+      it("AEAD Seal and Open", async () => {
+        const plaintext = Buffer.from(`hello, gateway ${name}`);
+        const associatedData = Buffer.from("user-42");
+        // Sealed over gRPC, opened here; sealed here, opened over gRPC.
+        const fromGrpc = await grpc.aead.seal({ keyId: "blobs", plaintext, associatedData });
+        const want = await grpc.aead.open({ keyId: "blobs", envelope: fromGrpc.envelope, associatedData });
+        const got = await c.aead.open({ keyId: "blobs", envelope: fromGrpc.envelope, associatedData });
+        assert.deepEqual(Buffer.from(got.plaintext), plaintext);
+        assert.equal(answer(AeadOpenResponseSchema, got), answer(AeadOpenResponseSchema, want));
+        const sealed = await c.aead.seal({ keyId: "blobs", plaintext, associatedData });
+        const back = await grpc.aead.open({ keyId: "blobs", envelope: sealed.envelope, associatedData });
+        assert.deepEqual(Buffer.from(back.plaintext), plaintext);
+        assert.equal(back.memoHit, true, "Seal recorded its envelope in the open memo");
+        // A tampered envelope fails the same way on both paths.
+        const bad = Buffer.from(sealed.envelope);
+        bad[bad.length - 1] ^= 1;
+        const wantCode = await codeOf(grpc.aead.open({ keyId: "blobs", envelope: bad, associatedData }));
+        assert.notEqual(wantCode, Code.Unknown - 100);
+        assert.equal(await codeOf(c.aead.open({ keyId: "blobs", envelope: bad, associatedData })), wantCode);
+        // A large message (gzip on responses when accepted).
+        const big = randomBytes(200000);
+        const env = await c.aead.seal({ keyId: "blobs", plaintext: big });
+        assert.deepEqual(Buffer.from((await c.aead.open({ keyId: "blobs", envelope: env.envelope })).plaintext), big);
+      });
+
+      it("key creation", async () => {
+        const keyId = `k-${name.replace(/[^a-z0-9]/g, "-")}`;
+        const made = await c.keys.createKey({ keyId, type: KeyType.ED25519 });
+        assert.equal(made.keyId, keyId);
+        const info = await grpc.keys.getKey({ keyId });
+        assert.equal(
+          Buffer.from(toBinary(KeyInfoSchema, made)).toString("hex"),
+          Buffer.from(toBinary(KeyInfoSchema, info)).toString("hex"),
+        );
+        assert.equal(await codeOf(c.keys.createKey({ keyId, type: KeyType.ED25519 })), Code.AlreadyExists);
+        assert.equal(await codeOf(c.keys.getKey({ keyId: "no-such-key" })), Code.NotFound);
+        await c.keys.deleteKey({ keyId });
+        assert.equal(await codeOf(grpc.keys.getKey({ keyId })), Code.NotFound);
+      });
+
+      it("deadline", async () => {
+        // A deadline already spent by the time the server looks at it.
+        const code = await codeOf(c.ed25519.verify(signed, { timeoutMs: 1 }));
+        assert.ok([Code.DeadlineExceeded, Code.Unknown - 100].includes(code), `code ${code}`);
+      });
+    });
+  }
+});
+
+describe("malformed HTTP requests get the right Connect error", () => {
+  const verify = "/offload.v1.Ed25519Service/Verify";
+  const proto = () => Buffer.from(toBinary(VerifyRequestSchema, create(VerifyRequestSchema, signed)));
+
+  it("wrong content type: 415", async () => {
+    const r = await raw(verify, { headers: { "Content-Type": "text/plain" }, body: proto() });
+    assert.equal(r.status, 415);
+    assert.equal(connectError(r).code, "unimplemented");
+    assert.match(r.headers["accept-post"], /application\/proto/);
+  });
+
+  it("truncated body: invalid_argument", async () => {
+    const body = proto();
+    let r = await raw(verify, { headers: { "Content-Type": "application/proto" }, body: body.subarray(0, body.length - 7) });
+    assert.equal(r.status, 400);
+    assert.equal(connectError(r).code, "invalid_argument");
+    // gRPC-Web: a frame shorter than its length prefix.
+    const f = frame(0, body);
+    r = await raw(verify, { headers: { "Content-Type": "application/grpc-web+proto" }, body: f.subarray(0, f.length - 5) });
+    assert.equal(r.status, 200);
+    assert.equal(r.headers["grpc-status"], String(Code.InvalidArgument));
+    assert.match(decodeURIComponent(r.headers["grpc-message"]), /truncated/);
+  });
+
+  it("10 MB body: resource_exhausted (429), with and without Content-Length", async () => {
+    const huge = Buffer.alloc(10 * 1000 * 1000, 1);
+    for (const chunked of [false, true]) {
+      const r = await raw(verify, { headers: { "Content-Type": "application/proto" }, body: huge, chunked });
+      assert.equal(r.status, 429, `chunked=${chunked}`);
+      assert.equal(connectError(r).code, "resource_exhausted");
+    }
+    const r = await raw(verify, { headers: { "Content-Type": "application/grpc-web" }, body: huge });
+    assert.equal(r.status, 200);
+    assert.equal(r.headers["grpc-status"], String(Code.ResourceExhausted));
+  });
+
+  it("bad JSON and unknown fields: invalid_argument", async () => {
+    for (const body of ['{"publicKey": ', '{"noSuchField": 1}', '{"publicKey": "not base64!"}', "[]"]) {
+      const r = await raw(verify, { headers: { "Content-Type": "application/json" }, body: Buffer.from(body) });
+      assert.equal(r.status, 400, body);
+      assert.equal(connectError(r).code, "invalid_argument", body);
+    }
+  });
+
+  it("unknown method: 404 unimplemented", async () => {
+    for (const path of ["/offload.v1.Ed25519Service/Nope", "/offload.v1.Nope/Verify", "/"]) {
+      const r = await raw(path, { headers: { "Content-Type": "application/proto" }, body: proto() });
+      assert.equal(r.status, 404, path);
+      assert.equal(connectError(r).code, "unimplemented", path);
+    }
+  });
+
+  it("wrong Connect-Protocol-Version: invalid_argument", async () => {
+    const r = await raw(verify, {
+      headers: { "Content-Type": "application/proto", "Connect-Protocol-Version": "2" },
+      body: proto(),
+    });
+    assert.equal(r.status, 400);
+    assert.equal(connectError(r).code, "invalid_argument");
+  });
+
+  it("unknown content encoding: unimplemented", async () => {
+    const r = await raw(verify, {
+      headers: { "Content-Type": "application/proto", "Content-Encoding": "br" },
+      body: proto(),
+    });
+    assert.equal(r.status, 501);
+    assert.equal(connectError(r).code, "unimplemented");
+  });
+
+  it("GET on an RPC: 405", async () => {
+    const r = await raw(verify, { method: "GET" });
+    assert.equal(r.status, 405);
+  });
+
+  it("the server is still up and serving", async () => {
+    assert.ok(server.alive());
+    assert.equal((await fetch(`${server.http}/healthz`)).status, 200);
+    assert.equal((await fetch(`${server.http}/readyz`)).status, 200);
+    const r = await raw(verify, { headers: { "Content-Type": "application/proto" }, body: proto() });
+    assert.equal(r.status, 200);
+  });
+});
+
+describe("metrics", () => {
+  it("HTTP calls count in the same series as gRPC calls", async () => {
+    const text = await (await fetch(server.metrics)).text();
+    const line = text
+      .split("\n")
+      .find((l) => l.startsWith("offload_requests_total{") && l.includes('method="Verify"') && /code="(OK|ok)"/.test(l));
+    assert.ok(line, "a Verify OK series");
+    // gRPC + 4 HTTP transports x 2 successful Verify calls each, and more.
+    assert.ok(Number(line.split(" ").pop()) >= 9, line);
+  });
+});

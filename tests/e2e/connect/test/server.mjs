@@ -1,0 +1,76 @@
+// Starts a real offload_server for a test: free loopback ports for gRPC, HTTP and metrics, a
+// temporary data folder, a random key-encryption key in OFFLOAD_KEK. stop() sends SIGTERM and
+// returns the exit code.
+//   OFFLOAD_SERVER             path of the offload_server binary (required)
+//   OFFLOAD_SERVER_EXTRA_ARGS  extra flags, split on spaces
+import { spawn } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { mkdtempSync, rmSync } from "node:fs";
+import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+
+export async function freePort() {
+  return new Promise((resolve, reject) => {
+    const s = createServer();
+    s.once("error", reject);
+    s.listen(0, "127.0.0.1", () => {
+      const { port } = s.address();
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+export async function startServer(extraArgs = []) {
+  const binary = process.env.OFFLOAD_SERVER;
+  if (!binary) throw new Error("OFFLOAD_SERVER (the offload_server binary) is not set");
+  const dataDir = mkdtempSync(join(tmpdir(), "offload-connect-"));
+  const grpcPort = await freePort();
+  const httpPort = await freePort();
+  const metricsPort = await freePort();
+  const args = [
+    `--grpc_address=127.0.0.1:${grpcPort}`,
+    `--http_address=127.0.0.1:${httpPort}`,
+    `--metrics_address=127.0.0.1:${metricsPort}`,
+    `--data_dir=${dataDir}`,
+    "--backend=libsodium",
+    ...extraArgs,
+    ...(process.env.OFFLOAD_SERVER_EXTRA_ARGS ?? "").split(" ").filter(Boolean),
+  ];
+  const env = { ...process.env, OFFLOAD_KEK: randomBytes(32).toString("hex") };
+  const child = spawn(binary, args, { env, stdio: ["ignore", "ignore", "pipe"] });
+  let log = "";
+  child.stderr.on("data", (d) => (log += d.toString()));
+  const exited = new Promise((resolve) => child.on("exit", (code, signal) => resolve({ code, signal })));
+
+  const http = `http://127.0.0.1:${httpPort}`;
+  const deadline = Date.now() + 30000;
+  for (;;) {
+    if (child.exitCode !== null) throw new Error(`offload_server exited early:\n${log}`);
+    try {
+      const r = await fetch(`${http}/readyz`);
+      if (r.status === 200) break;
+    } catch {
+      // not listening yet
+    }
+    if (Date.now() > deadline) {
+      child.kill("SIGKILL");
+      throw new Error(`offload_server not ready after 30 s:\n${log}`);
+    }
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  return {
+    http,
+    grpc: `http://127.0.0.1:${grpcPort}`,
+    metrics: `http://127.0.0.1:${metricsPort}/metrics`,
+    httpPort,
+    log: () => log,
+    alive: () => child.exitCode === null,
+    async stop() {
+      child.kill("SIGTERM");
+      const result = await exited;
+      rmSync(dataDir, { recursive: true, force: true });
+      return result;
+    },
+  };
+}
