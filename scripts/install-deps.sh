@@ -15,15 +15,32 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   # third-party clients used by the end-to-end tests (run with /usr/bin/python3)
   python3 python3-grpcio python3-protobuf python3-nacl
+  # the Connect / gRPC-Web end-to-end test (tests/e2e/connect: @connectrpc/connect-node)
+  nodejs npm
 )
+
+# The npm packages of tests/e2e/connect, exactly as package-lock.json pins them: `npm ci` when
+# node_modules is missing or older than the lock file. Works with Debian 12's node 18 and npm 9.
+npm_packages() {
+  local dir
+  dir="$(cd "$(dirname "$0")/.." && pwd)/tests/e2e/connect"
+  if [ ! -f "$dir/node_modules/.package-lock.json" ] ||
+     [ "$dir/package-lock.json" -nt "$dir/node_modules/.package-lock.json" ]; then
+    echo "install-deps: npm ci in $dir" >&2
+    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
+  fi
+}
 
 missing=()
 for p in "${packages[@]}"; do
+  # npm may come with another nodejs build (e.g. NodeSource's provides it): any npm will do.
+  if [ "$p" = npm ] && command -v npm >/dev/null; then continue; fi
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
     missing+=("$p")
   fi
 done
 if [ ${#missing[@]} -eq 0 ]; then
+  npm_packages
   exit 0
 fi
 
@@ -33,3 +50,4 @@ if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+npm_packages
