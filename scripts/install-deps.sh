@@ -17,6 +17,8 @@ packages=(
   python3 python3-grpcio python3-protobuf python3-nacl
   # the Connect / gRPC-Web end-to-end test (tests/e2e/connect: @connectrpc/connect-node)
   nodejs npm
+  # a real Prometheus (and promtool) for the observability test; the test runs its own process
+  prometheus
 )
 
 # The npm packages of tests/e2e/connect, exactly as package-lock.json pins them: `npm ci` when
