@@ -32,7 +32,7 @@ bool Get(StringCache& cache, uint64_t n, std::string* out = nullptr) {
 TEST(LruCacheTest, HitMissAndCounters) {
   StringCache cache({1 << 20, 4, nullptr});
   EXPECT_FALSE(Get(cache, 1));
-  EXPECT_TRUE(cache.Insert(D(1), 7, "one", 3));
+  EXPECT_EQ(cache.Insert(D(1), 7, "one", 3), StringCache::InsertResult::kInserted);
   std::string v;
   EXPECT_TRUE(Get(cache, 1, &v));
   EXPECT_EQ(v, "one");
@@ -82,7 +82,8 @@ TEST(LruCacheTest, ReplaceDoesNotDoubleCount) {
 
 TEST(LruCacheTest, OversizedEntryIsNotInserted) {
   StringCache cache({1000, 1, nullptr});
-  EXPECT_FALSE(cache.Insert(D(1), 0, std::string(2000, 'x'), 2000));
+  EXPECT_EQ(cache.Insert(D(1), 0, std::string(2000, 'x'), 2000),
+            StringCache::InsertResult::kTooLarge);
   EXPECT_EQ(cache.Stats().entries, 0u);
 }
 
@@ -126,6 +127,20 @@ TEST(LruCacheTest, SharedBudgetCapsSeveralCaches) {
   EXPECT_EQ(b.Stats().entries, 2u);
   a.Clear();
   EXPECT_EQ(budget.used(), b.Stats().bytes);
+}
+
+TEST(LruCacheTest, NoBudgetIsReportedAndEvictOldestMakesRoom) {
+  const size_t cost = StringCache::EntryCost(1000);
+  ByteBudget budget(2 * cost);
+  StringCache a({100 * cost, 1, &budget});
+  StringCache b({100 * cost, 1, &budget});
+  ASSERT_EQ(a.Insert(D(1), 0, std::string(1000, 'a'), 1000), StringCache::InsertResult::kInserted);
+  ASSERT_EQ(a.Insert(D(2), 0, std::string(1000, 'a'), 1000), StringCache::InsertResult::kInserted);
+  EXPECT_EQ(b.Insert(D(3), 0, std::string(1000, 'b'), 1000), StringCache::InsertResult::kNoBudget);
+  EXPECT_EQ(a.EvictOldest(cost), cost);
+  EXPECT_FALSE(Get(a, 1));  // the older one went
+  EXPECT_TRUE(Get(a, 2));
+  EXPECT_EQ(b.Insert(D(3), 0, std::string(1000, 'b'), 1000), StringCache::InsertResult::kInserted);
 }
 
 // The replay that sank the mobile app's first memo: 27 slots of 55 KB read round after round

@@ -97,7 +97,8 @@ bool Memo::DeriveLookup(const Digest& digest, absl::Span<uint8_t> out) {
 void Memo::DeriveInsert(const Digest& digest, absl::string_view key_id,
                         absl::Span<const uint8_t> shared) {
   if (!options_.enabled) return;
-  derive_.Insert(digest, OwnerTag(key_id), MakeSecret(shared), shared.size());
+  // The 32-byte value sits in its own heap buffer: a 48-byte malloc chunk.
+  derive_.Insert(digest, OwnerTag(key_id), MakeSecret(shared), shared.size() + 16);
 }
 
 Digest Memo::OpenDigest(uint64_t instance, absl::Span<const uint8_t> nonce,
@@ -120,26 +121,55 @@ bool Memo::OpenLookup(absl::string_view key_id, const Digest& digest,
   if (!options_.enabled) return false;
   std::shared_ptr<OpenCache> cache = FindOpenCache(key_id);
   if (cache == nullptr) return false;
-  return cache->Lookup(digest, [&](const OpenEntry& entry) {
-    if (entry.ciphertext_and_tag.size() != ciphertext_and_tag.size() ||
-        std::memcmp(entry.ciphertext_and_tag.data(), ciphertext_and_tag.data(),
+  std::shared_ptr<const OpenEntry> hit;
+  cache->Lookup(digest, [&](const std::shared_ptr<const OpenEntry>& entry) {
+    if (entry->ciphertext_and_tag.size() != ciphertext_and_tag.size() ||
+        std::memcmp(entry->ciphertext_and_tag.data(), ciphertext_and_tag.data(),
                     ciphertext_and_tag.size()) != 0) {
       return false;
     }
-    out->assign(reinterpret_cast<const char*>(entry.plaintext.data()), entry.plaintext.size());
+    hit = entry;
     return true;
   });
+  if (hit == nullptr) return false;
+  out->assign(reinterpret_cast<const char*>(hit->plaintext.data()), hit->plaintext.size());
+  return true;
 }
 
 void Memo::OpenInsert(absl::string_view key_id, const Digest& digest,
                       absl::Span<const uint8_t> ciphertext_and_tag,
                       absl::Span<const uint8_t> plaintext) {
   if (!options_.enabled) return;
-  OpenEntry entry{std::string(reinterpret_cast<const char*>(ciphertext_and_tag.data()),
-                              ciphertext_and_tag.size()),
-                  MakeSecret(plaintext)};
-  const size_t charge = ciphertext_and_tag.size() + plaintext.size();
-  OpenCacheFor(key_id)->Insert(digest, OwnerTag(key_id), std::move(entry), charge);
+  auto entry = std::make_shared<const OpenEntry>(
+      OpenEntry{std::string(reinterpret_cast<const char*>(ciphertext_and_tag.data()),
+                            ciphertext_and_tag.size()),
+                MakeSecret(plaintext)});
+  // Both buffers, the shared entry with its control block, and their malloc bookkeeping.
+  const size_t charge =
+      ciphertext_and_tag.size() + plaintext.size() + sizeof(OpenEntry) + 16 + 3 * 16;
+  std::shared_ptr<OpenCache> cache = OpenCacheFor(key_id);
+  const uint64_t owner = OwnerTag(key_id);
+  if (cache->Insert(digest, owner, entry, charge) == OpenCache::InsertResult::kNoBudget &&
+      MakeOpenRoom(OpenCache::EntryCost(charge), cache.get())) {
+    cache->Insert(digest, owner, std::move(entry), charge);
+  }
+}
+
+bool Memo::MakeOpenRoom(size_t bytes, const OpenCache* except) {
+  std::shared_ptr<OpenCache> victim;
+  {
+    absl::ReaderMutexLock lock(&open_mu_);
+    size_t most = 0;
+    for (const auto& [key_id, cache] : open_) {
+      if (cache.get() == except) continue;
+      const size_t b = cache->bytes();
+      if (b > most) {
+        most = b;
+        victim = cache;
+      }
+    }
+  }
+  return victim != nullptr && victim->EvictOldest(bytes) > 0;
 }
 
 void Memo::DropKey(absl::string_view key_id) {
@@ -189,8 +219,10 @@ std::shared_ptr<Memo::OpenCache> Memo::OpenCacheFor(absl::string_view key_id) {
   absl::MutexLock lock(&open_mu_);
   auto& slot = open_[key_id];
   if (slot == nullptr) {
-    slot = std::make_shared<OpenCache>(OpenCache::Options{
-        options_.open_bytes_per_key, std::max(1, options_.shards / 4), &open_budget_});
+    // One shard: a key's hot set up to its whole bound stays (shards would each get a slice),
+    // and the lock is held only for the ciphertext comparison.
+    slot = std::make_shared<OpenCache>(
+        OpenCache::Options{options_.open_bytes_per_key, 1, &open_budget_});
   }
   return slot;
 }

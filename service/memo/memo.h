@@ -41,7 +41,7 @@ struct MemoOptions {
   size_t derive_bytes = 16u << 20;
   size_t open_bytes_per_key = 8u << 20;
   size_t open_bytes_total = 256u << 20;
-  int shards = 16;            // per cache; per key for the open cache: max(1, shards / 4)
+  int shards = 16;            // verify and derive caches; each key's open cache has one shard
   bool enabled = true;        // false: every lookup misses and nothing is stored
 };
 
@@ -90,12 +90,16 @@ class Memo final {
     std::string ciphertext_and_tag;
     SecretBytes plaintext;
   };
-  using OpenCache = LruCache<OpenEntry>;
+  // Shared so that a hit copies the plaintext out after the shard's lock is released.
+  using OpenCache = LruCache<std::shared_ptr<const OpenEntry>>;
   struct Empty {};
 
   uint64_t OwnerTag(absl::string_view key_id) const;
   std::shared_ptr<OpenCache> FindOpenCache(absl::string_view key_id);
   std::shared_ptr<OpenCache> OpenCacheFor(absl::string_view key_id);
+  // Frees at least `bytes` of the shared open budget from the largest per-key cache other than
+  // `except`, so that a key seen later still gets room. Returns whether anything was freed.
+  bool MakeOpenRoom(size_t bytes, const OpenCache* except);
 
   const MemoOptions options_;
   uint8_t salt_[32];

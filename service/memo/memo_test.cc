@@ -100,6 +100,27 @@ TEST_F(MemoTest, OpenCacheIsBoundedPerKeyAndInAll) {
   EXPECT_LE(s.bytes, options.open_bytes_total);
 }
 
+TEST_F(MemoTest, KeysSeenLaterStillGetRoomInTheSharedOpenBudget) {
+  MemoOptions options;
+  options.open_bytes_per_key = 1 << 20;
+  options.open_bytes_total = 2 << 20;
+  Memo memo(options);
+  auto nonce = Bytes(24, 0), blob = Bytes(40000, 1);
+  auto insert = [&](const std::string& key_id, uint64_t instance) {
+    auto ct = blob;
+    ct[0] = static_cast<uint8_t>(instance);
+    Digest d = memo.OpenDigest(instance, nonce, ct, {});
+    memo.OpenInsert(key_id, d, ct, blob);
+    std::string out;
+    return memo.OpenLookup(key_id, d, ct, &out);
+  };
+  for (uint64_t i = 0; i < 40; ++i) insert("early-a", 100 + i);
+  for (uint64_t i = 0; i < 40; ++i) insert("early-b", 200 + i);
+  // The budget is spent by the early keys; a new key still gets its entries in.
+  for (uint64_t i = 0; i < 10; ++i) EXPECT_TRUE(insert("late", 300 + i)) << i;
+  EXPECT_LE(memo.open_stats().bytes, options.open_bytes_total);
+}
+
 TEST_F(MemoTest, DropKeyKeepsCountersMonotonic) {
   Memo memo(MemoOptions{});
   auto nonce = Bytes(12, 0), ct = Bytes(20, 1), pt = Bytes(4, 2);
