@@ -8,11 +8,13 @@ alike), and reports the server's CPU time per item from /proc/<pid>/stat over it
 Printed: every run, the median per configuration and workload, and on/off - 1.
 
     /usr/bin/python3 tests/integration/metrics_cost.py --build_dir build-obs \\
-        --rounds 6 --duration 5 --modes warm,cold
+        --rounds 6 --duration 3 --modes warm,cold --taskset 1
 
 warm: 64 repeated items (memo hits, ~1-2 us of work per item: where a fixed per-call cost shows
 most); cold: 64 fresh signatures per call (a real Ed25519 verification per item). Needs the
-offload_server and offload_load targets built; nothing is asserted.
+offload_server and offload_load targets built; nothing is asserted. --taskset pins both servers
+to the same CPU(s), which removes most worker-wakeup noise on a small shared machine. Figures:
+deploy/prometheus/README.md ("Metrics cost").
 """
 
 import argparse
@@ -21,9 +23,17 @@ import re
 import statistics
 import subprocess
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+
+
+def cpu_seconds(pid):
+    """utime + stime of a process, in seconds."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main():
@@ -37,6 +47,10 @@ def main():
     ap.add_argument("--inflight", type=int, default=8)
     ap.add_argument("--no_prometheus", action="store_true",
                     help="metrics on without a Prometheus scraping it")
+    ap.add_argument("--idle_seconds", type=float, default=20.0,
+                    help="first, both servers idle this long: the scrape's own CPU cost")
+    ap.add_argument("--taskset", default="",
+                    help="CPU list for both servers (taskset -c), e.g. 1; the load runs anywhere")
     args = ap.parse_args()
 
     server_bin = os.path.join(args.build_dir, "bin", "offload_server")
@@ -50,11 +64,24 @@ def main():
     metrics_address = "127.0.0.1:%d" % harness.free_port()
     on = harness.Server("metrics-on", args=["--metrics_address=" + metrics_address]).start()
     off = harness.Server("metrics-off", args=["--metrics=false"]).start()
+    if args.taskset:
+        for server in (on, off):
+            subprocess.run(["taskset", "-a", "-p", "-c", args.taskset, str(server.proc.pid)],
+                           check=True, capture_output=True)
     prom = None
     if not args.no_prometheus:
         prom = Prometheus([metrics_address]).start()
     results = {}  # (mode, config) -> [us/item]
     try:
+        if args.idle_seconds > 0:
+            time.sleep(2)
+            before = {n: cpu_seconds(s.proc.pid) for n, s in (("on", on), ("off", off))}
+            time.sleep(args.idle_seconds)
+            after = {n: cpu_seconds(s.proc.pid) for n, s in (("on", on), ("off", off))}
+            idle = {n: (after[n] - before[n]) / args.idle_seconds for n in before}
+            print("idle %.0fs: server CPU %.2f ms/s with metrics (scraped every 1s: %s), "
+                  "%.2f ms/s with --metrics=false"
+                  % (args.idle_seconds, 1000 * idle["on"], prom is not None, 1000 * idle["off"]))
         print("uptime: %s" % subprocess.run(["uptime"], capture_output=True, text=True).stdout
               .strip())
         print("server %s; load %s; %d rounds x %.0fs; Prometheus scraping 'on' every 1s: %s"
@@ -88,9 +115,10 @@ def main():
             a = statistics.median(results[(mode, "on")])
             b = statistics.median(results[(mode, "off")])
             pairs = [x / y - 1 for x, y in zip(results[(mode, "on")], results[(mode, "off")])]
-            print("| BatchVerify(64) %s | %.3f | %.3f | %+.1f%% (pairs: %s) | %d |"
-                  % (mode, a, b, 100 * (a / b - 1),
-                     " ".join("%+.1f%%" % (100 * p) for p in pairs), len(results[(mode, "on")])))
+            print("| BatchVerify(64) %s | %.3f | %.3f | %+.1f%% (median pair %+.1f%%; pairs: %s) "
+                  "| %d |" % (mode, a, b, 100 * (a / b - 1), 100 * statistics.median(pairs),
+                              " ".join("%+.1f%%" % (100 * p) for p in pairs),
+                              len(results[(mode, "on")])))
     finally:
         if prom:
             prom.stop()
