@@ -1,0 +1,327 @@
+// The C ABI (offload.h) over offload::client::Client. Each entry point checks its arguments,
+// calls the C++ client, copies the answer into the caller's buffer, and turns every failure
+// (including an escaping C++ exception) into a status code plus a thread-local message.
+#include "client/c/offload.h"
+
+#include <sodium.h>
+
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <new>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "client/cpp/client.h"
+
+struct offload_client {
+  std::unique_ptr<offload::client::Client> impl;
+};
+
+namespace {
+
+thread_local std::string last_error;
+
+offload_status_t Fail(offload_status_t status, absl::string_view message) {
+  last_error.assign(message.data(), message.size());
+  return status;
+}
+
+offload_status_t FromStatus(const absl::Status& s) {
+  if (s.ok()) return OFFLOAD_OK;
+  return Fail(static_cast<offload_status_t>(static_cast<int>(s.code())), s.message());
+}
+
+// Runs `fn` (returning offload_status_t) with no exception escaping.
+template <typename Fn>
+offload_status_t Guard(Fn fn) noexcept {
+  try {
+    return fn();
+  } catch (const std::bad_alloc&) {
+    return Fail(OFFLOAD_RESOURCE_EXHAUSTED, "out of memory");
+  } catch (const std::exception& e) {
+    return Fail(OFFLOAD_INTERNAL, absl::StrCat("internal error: ", e.what()));
+  } catch (...) {
+    return Fail(OFFLOAD_INTERNAL, "internal error");
+  }
+}
+
+// (pointer, length) input; NULL only with length 0.
+bool Bytes(const uint8_t* p, size_t n, absl::string_view* out) {
+  if (p == nullptr && n != 0) return false;
+  *out = n == 0 ? absl::string_view() : absl::string_view(reinterpret_cast<const char*>(p), n);
+  return true;
+}
+
+offload_status_t NullArgument(const char* name) {
+  return Fail(OFFLOAD_INVALID_ARGUMENT, absl::StrCat(name, ": expected a pointer, got NULL"));
+}
+
+#define OFFLOAD_CHECK_CLIENT(c) \
+  if ((c) == nullptr || (c)->impl == nullptr) return NullArgument("client")
+#define OFFLOAD_CHECK_KEY_ID(k) \
+  if ((k) == nullptr) return NullArgument("key_id")
+#define OFFLOAD_INPUT(name, p, n, view)                                                     \
+  absl::string_view view;                                                                   \
+  if (!Bytes((p), (n), &view)) {                                                            \
+    return Fail(OFFLOAD_INVALID_ARGUMENT,                                                   \
+                absl::StrCat(name, ": expected a pointer for ", (n), " bytes, got NULL"));  \
+  }
+
+// The caller-buffer protocol: copies `value` to `out` (room `*out_len`), or says the size needed.
+offload_status_t Output(absl::string_view name, absl::string_view value, uint8_t* out,
+                        size_t* out_len) {
+  if (out_len == nullptr) {
+    return Fail(OFFLOAD_INVALID_ARGUMENT, absl::StrCat(name, "_len: expected a pointer, got NULL"));
+  }
+  if (*out_len < value.size() || (out == nullptr && !value.empty())) {
+    const size_t room = *out_len;
+    *out_len = value.size();
+    return Fail(OFFLOAD_BUFFER_TOO_SMALL, absl::StrCat(name, ": expected room for ", value.size(),
+                                                       " bytes, got ", room));
+  }
+  if (!value.empty()) std::memcpy(out, value.data(), value.size());
+  *out_len = value.size();
+  return OFFLOAD_OK;
+}
+
+void Wipe(std::string* s) {
+  if (!s->empty()) sodium_memzero(s->data(), s->size());
+}
+
+offload_status_t KeyInfoOut(const absl::StatusOr<offload::v1::KeyInfo>& info, uint8_t* public_key,
+                            size_t* public_key_len) {
+  if (!info.ok()) return FromStatus(info.status());
+  if (public_key_len == nullptr) return OFFLOAD_OK;  // not wanted
+  std::string pk;
+  for (const auto& v : info->versions()) {
+    if (v.version() == info->current_version()) pk = v.public_key();
+  }
+  return Output("public_key", pk, public_key, public_key_len);
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* offload_last_error(void) { return last_error.c_str(); }
+
+const char* offload_status_name(offload_status_t status) {
+  switch (status) {
+    case OFFLOAD_OK: return "OK";
+    case OFFLOAD_CANCELLED: return "CANCELLED";
+    case OFFLOAD_UNKNOWN: return "UNKNOWN";
+    case OFFLOAD_INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case OFFLOAD_DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
+    case OFFLOAD_NOT_FOUND: return "NOT_FOUND";
+    case OFFLOAD_ALREADY_EXISTS: return "ALREADY_EXISTS";
+    case OFFLOAD_PERMISSION_DENIED: return "PERMISSION_DENIED";
+    case OFFLOAD_RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
+    case OFFLOAD_FAILED_PRECONDITION: return "FAILED_PRECONDITION";
+    case OFFLOAD_ABORTED: return "ABORTED";
+    case OFFLOAD_OUT_OF_RANGE: return "OUT_OF_RANGE";
+    case OFFLOAD_UNIMPLEMENTED: return "UNIMPLEMENTED";
+    case OFFLOAD_INTERNAL: return "INTERNAL";
+    case OFFLOAD_UNAVAILABLE: return "UNAVAILABLE";
+    case OFFLOAD_DATA_LOSS: return "DATA_LOSS";
+    case OFFLOAD_UNAUTHENTICATED: return "UNAUTHENTICATED";
+    case OFFLOAD_BUFFER_TOO_SMALL: return "BUFFER_TOO_SMALL";
+  }
+  return "UNKNOWN_STATUS";
+}
+
+offload_status_t offload_client_create(const char* endpoints, uint32_t timeout_ms,
+                                       offload_client_t** out) {
+  return Guard([&]() -> offload_status_t {
+    if (endpoints == nullptr) return NullArgument("endpoints");
+    if (out == nullptr) return NullArgument("out");
+    *out = nullptr;
+    offload::client::ClientOptions options;
+    options.endpoints = endpoints;
+    if (timeout_ms != 0) options.timeout = absl::Milliseconds(timeout_ms);
+    auto client = offload::client::Client::Create(std::move(options));
+    if (!client.ok()) return FromStatus(client.status());
+    auto handle = std::make_unique<offload_client>();
+    handle->impl = std::move(*client);
+    *out = handle.release();
+    return OFFLOAD_OK;
+  });
+}
+
+void offload_client_destroy(offload_client_t* client) {
+  try {
+    delete client;
+  } catch (...) {
+  }
+}
+
+offload_status_t offload_key_create(offload_client_t* client, const char* key_id,
+                                    offload_key_type_t type, uint8_t* public_key,
+                                    size_t* public_key_len) {
+  return Guard([&]() -> offload_status_t {
+    OFFLOAD_CHECK_CLIENT(client);
+    OFFLOAD_CHECK_KEY_ID(key_id);
+    auto info =
+        client->impl->CreateKey(key_id, static_cast<offload::v1::KeyType>(static_cast<int>(type)));
+    return KeyInfoOut(info, public_key, public_key_len);
+  });
+}
+
+offload_status_t offload_key_import(offload_client_t* client, const char* key_id,
+                                    offload_key_type_t type, const uint8_t* secret,
+                                    size_t secret_len, uint8_t* public_key,
+                                    size_t* public_key_len) {
+  return Guard([&]() -> offload_status_t {
+    OFFLOAD_CHECK_CLIENT(client);
+    OFFLOAD_CHECK_KEY_ID(key_id);
+    OFFLOAD_INPUT("secret", secret, secret_len, s);
+    auto info = client->impl->ImportKey(
+        key_id, static_cast<offload::v1::KeyType>(static_cast<int>(type)), s);
+    return KeyInfoOut(info, public_key, public_key_len);
+  });
+}
+
+offload_status_t offload_key_delete(offload_client_t* client, const char* key_id) {
+  return Guard([&]() -> offload_status_t {
+    OFFLOAD_CHECK_CLIENT(client);
+    OFFLOAD_CHECK_KEY_ID(key_id);
+    return FromStatus(client->impl->DeleteKey(key_id));
+  });
+}
+
+offload_status_t offload_verify(offload_client_t* client, const uint8_t* public_key,
+                                size_t public_key_len, const uint8_t* message, size_t message_len,
+                                const uint8_t* signature, size_t signature_len, int* valid) {
+  return Guard([&]() -> offload_status_t {
+    OFFLOAD_CHECK_CLIENT(client);
+    if (valid == nullptr) return NullArgument("valid");
+    OFFLOAD_INPUT("public_key", public_key, public_key_len, pk);
+    OFFLOAD_INPUT("message", message, message_len, msg);
+    OFFLOAD_INPUT("signature", signature, signature_len, sig);
+    auto r = client->impl->Verify(pk, msg, sig);
+    if (!r.ok()) return FromStatus(r.status());
+    *valid = r->valid() ? 1 : 0;
+    return OFFLOAD_OK;
+  });
+}
+
+offload_status_t offload_sign(offload_client_t* client, const char* key_id, const uint8_t* message,
+                              size_t message_len, uint8_t* signature, size_t* signature_len,
+                              uint8_t* public_key) {
+  return Guard([&]() -> offload_status_t {
+    OFFLOAD_CHECK_CLIENT(client);
+    OFFLOAD_CHECK_KEY_ID(key_id);
+    OFFLOAD_INPUT("message", message, message_len, msg);
+    auto r = client->impl->Sign(key_id, msg);
+    if (!r.ok()) return FromStatus(r.status());
+    offload_status_t s = Output("signature", r->signature(), signature, signature_len);
+    if (s == OFFLOAD_OK && public_key != nullptr) {
+      if (r->public_key().size() != OFFLOAD_ED25519_PUBLIC_KEY_BYTES) {
+        return Fail(OFFLOAD_INTERNAL, "sign answer: expected a 32-byte public key");
+      }
+      std::memcpy(public_key, r->public_key().data(), OFFLOAD_ED25519_PUBLIC_KEY_BYTES);
+    }
+    return s;
+  });
+}
+
+offload_status_t offload_derive(offload_client_t* client, const char* key_id,
+                                const uint8_t* peer_public_key, size_t peer_len,
+                                offload_derive_output_t output, uint8_t* shared_key,
+                                size_t* shared_key_len) {
+  return Guard([&]() -> offload_status_t {
+    OFFLOAD_CHECK_CLIENT(client);
+    OFFLOAD_CHECK_KEY_ID(key_id);
+    OFFLOAD_INPUT("peer_public_key", peer_public_key, peer_len, peer);
+    if (output != OFFLOAD_DERIVE_RAW && output != OFFLOAD_DERIVE_BOX_BEFORENM) {
+      return Fail(OFFLOAD_INVALID_ARGUMENT,
+                  absl::StrCat("output: expected OFFLOAD_DERIVE_RAW (1) or "
+                               "OFFLOAD_DERIVE_BOX_BEFORENM (2), got ", static_cast<int>(output)));
+    }
+    auto r = client->impl->Derive(key_id, peer,
+                                  static_cast<offload::v1::DeriveOutput>(static_cast<int>(output)));
+    if (!r.ok()) return FromStatus(r.status());
+    offload_status_t s = Output("shared_key", r->shared_key(), shared_key, shared_key_len);
+    Wipe(r->mutable_shared_key());
+    return s;
+  });
+}
+
+offload_status_t offload_box_seal(offload_client_t* client, const char* key_id,
+                                  const uint8_t* peer_public_key, size_t peer_len,
+                                  const uint8_t* nonce, size_t nonce_len, const uint8_t* plaintext,
+                                  size_t plaintext_len, uint8_t* ciphertext,
+                                  size_t* ciphertext_len, uint8_t* nonce_out) {
+  return Guard([&]() -> offload_status_t {
+    OFFLOAD_CHECK_CLIENT(client);
+    OFFLOAD_CHECK_KEY_ID(key_id);
+    OFFLOAD_INPUT("peer_public_key", peer_public_key, peer_len, peer);
+    OFFLOAD_INPUT("nonce", nonce, nonce_len, n);
+    OFFLOAD_INPUT("plaintext", plaintext, plaintext_len, pt);
+    auto r = client->impl->BoxSeal(key_id, peer, pt, n);
+    if (!r.ok()) return FromStatus(r.status());
+    offload_status_t s = Output("ciphertext", r->ciphertext(), ciphertext, ciphertext_len);
+    if (s == OFFLOAD_OK && nonce_out != nullptr) {
+      if (r->nonce().size() != OFFLOAD_BOX_NONCE_BYTES) {
+        return Fail(OFFLOAD_INTERNAL, "box seal answer: expected a 24-byte nonce");
+      }
+      std::memcpy(nonce_out, r->nonce().data(), OFFLOAD_BOX_NONCE_BYTES);
+    }
+    return s;
+  });
+}
+
+offload_status_t offload_box_open(offload_client_t* client, const char* key_id,
+                                  const uint8_t* peer_public_key, size_t peer_len,
+                                  const uint8_t* nonce, size_t nonce_len,
+                                  const uint8_t* ciphertext, size_t ciphertext_len,
+                                  uint8_t* plaintext, size_t* plaintext_len) {
+  return Guard([&]() -> offload_status_t {
+    OFFLOAD_CHECK_CLIENT(client);
+    OFFLOAD_CHECK_KEY_ID(key_id);
+    OFFLOAD_INPUT("peer_public_key", peer_public_key, peer_len, peer);
+    OFFLOAD_INPUT("nonce", nonce, nonce_len, n);
+    OFFLOAD_INPUT("ciphertext", ciphertext, ciphertext_len, ct);
+    auto r = client->impl->BoxOpen(key_id, peer, n, ct);
+    if (!r.ok()) return FromStatus(r.status());
+    offload_status_t s = Output("plaintext", r->plaintext(), plaintext, plaintext_len);
+    Wipe(r->mutable_plaintext());
+    return s;
+  });
+}
+
+offload_status_t offload_aead_seal(offload_client_t* client, const char* key_id,
+                                   const uint8_t* plaintext, size_t plaintext_len,
+                                   const uint8_t* associated_data, size_t ad_len,
+                                   uint8_t* envelope, size_t* envelope_len) {
+  return Guard([&]() -> offload_status_t {
+    OFFLOAD_CHECK_CLIENT(client);
+    OFFLOAD_CHECK_KEY_ID(key_id);
+    OFFLOAD_INPUT("plaintext", plaintext, plaintext_len, pt);
+    OFFLOAD_INPUT("associated_data", associated_data, ad_len, ad);
+    auto r = client->impl->AeadSeal(key_id, pt, ad);
+    if (!r.ok()) return FromStatus(r.status());
+    return Output("envelope", r->envelope(), envelope, envelope_len);
+  });
+}
+
+offload_status_t offload_aead_open(offload_client_t* client, const char* key_id,
+                                   const uint8_t* envelope, size_t envelope_len,
+                                   const uint8_t* associated_data, size_t ad_len,
+                                   uint8_t* plaintext, size_t* plaintext_len) {
+  return Guard([&]() -> offload_status_t {
+    OFFLOAD_CHECK_CLIENT(client);
+    OFFLOAD_CHECK_KEY_ID(key_id);
+    OFFLOAD_INPUT("envelope", envelope, envelope_len, env);
+    OFFLOAD_INPUT("associated_data", associated_data, ad_len, ad);
+    auto r = client->impl->AeadOpen(key_id, env, ad);
+    if (!r.ok()) return FromStatus(r.status());
+    offload_status_t s = Output("plaintext", r->plaintext(), plaintext, plaintext_len);
+    Wipe(r->mutable_plaintext());
+    return s;
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,614 @@
+#include "client/cpp/client.h"
+
+#include <sodium.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/random/random.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/cpp/coalescer.h"
+#include "client/cpp/endpoints.h"
+
+namespace offload::client {
+namespace {
+
+constexpr char kRouteHeader[] = "x-offload-key";
+
+absl::Status ToStatus(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+absl::Status ItemError(const v1::ItemStatus& s) {
+  return absl::Status(static_cast<absl::StatusCode>(s.code()), s.message());
+}
+
+// Metadata values must be printable ASCII; other routing keys (never valid key ids) are not sent.
+bool HeaderSafe(absl::string_view v) {
+  return !v.empty() &&
+         std::all_of(v.begin(), v.end(), [](char c) { return c >= 0x20 && c < 0x7f; });
+}
+
+absl::Duration Backoff(const ClientOptions& o, int retry) {
+  absl::Duration d = o.initial_backoff;
+  for (int i = 0; i < retry && d < o.max_backoff; ++i) d *= 2;
+  d = std::min(d, o.max_backoff);
+  thread_local absl::BitGen gen;
+  // "Equal jitter": half fixed, half random, so retries of many callers spread out.
+  return d / 2 + absl::Uniform(gen, 0.0, 1.0) * (d / 2);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
+  if (sodium_init() < 0) return absl::InternalError("sodium_init failed");
+  if (options.timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("timeout: expected > 0, got ", absl::FormatDuration(options.timeout)));
+  }
+  if (options.max_attempts < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_attempts: expected >= 1, got ", options.max_attempts));
+  }
+  if (options.server_max_batch_items < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "server_max_batch_items: expected >= 1, got ", options.server_max_batch_items));
+  }
+  options.max_batch_items =
+      std::clamp(options.max_batch_items, 1, options.server_max_batch_items);
+  if (options.batch_window < absl::ZeroDuration()) options.batch_window = absl::ZeroDuration();
+  if (options.max_batches_in_flight < 0) options.max_batches_in_flight = 0;
+  EndpointSetOptions eo;
+  eo.down_initial = options.endpoint_down_initial;
+  eo.down_max = options.endpoint_down_max;
+  eo.dns_refresh = options.dns_refresh;
+  eo.credentials = options.credentials;
+  auto endpoints = EndpointSet::Create(options.endpoints, eo);
+  if (!endpoints.ok()) return endpoints.status();
+  return std::unique_ptr<Client>(new Client(std::move(options), std::move(*endpoints)));
+}
+
+Client::Client(ClientOptions options, std::unique_ptr<EndpointSet> endpoints)
+    : options_(std::move(options)), endpoints_(std::move(endpoints)) {
+  const absl::Duration window = options_.batch_window;
+  const int max = options_.max_batch_items;
+
+  verify_batcher_ = std::make_unique<Coalescer<Pending<v1::VerifyRequest>, v1::VerifyResponse>>(
+      window, max, options_.max_batches_in_flight,
+      [this](const std::string&, std::vector<Pending<v1::VerifyRequest>>& items)
+          -> absl::StatusOr<std::vector<absl::StatusOr<v1::VerifyResponse>>> {
+        v1::BatchVerifyRequest req;
+        for (auto& it : items) *req.add_items() = std::move(it.request);
+        v1::BatchVerifyResponse resp;
+        absl::Status s = Invoke(items[0].route, absl::Now() + options_.timeout, true,
+                                [&](const Endpoint& e, grpc::ClientContext* ctx) {
+                                  resp.Clear();
+                                  return e.ed25519->BatchVerify(ctx, req, &resp);
+                                });
+        if (!s.ok()) return s;
+        std::vector<absl::StatusOr<v1::VerifyResponse>> out;
+        out.reserve(resp.results_size());
+        for (const auto& r : resp.results()) {
+          if (r.status().code() != 0) {
+            out.emplace_back(ItemError(r.status()));
+          } else {
+            v1::VerifyResponse v;
+            v.set_valid(r.valid());
+            v.set_memo_hit(r.memo_hit());
+            out.emplace_back(std::move(v));
+          }
+        }
+        return out;
+      });
+
+  derive_batcher_ = std::make_unique<Coalescer<Pending<v1::DeriveRequest>, v1::DeriveResponse>>(
+      window, max, options_.max_batches_in_flight,
+      [this](const std::string&, std::vector<Pending<v1::DeriveRequest>>& items)
+          -> absl::StatusOr<std::vector<absl::StatusOr<v1::DeriveResponse>>> {
+        v1::BatchDeriveRequest req;
+        for (auto& it : items) *req.add_items() = std::move(it.request);
+        v1::BatchDeriveResponse resp;
+        absl::Status s = Invoke(items[0].route, absl::Now() + options_.timeout, true,
+                                [&](const Endpoint& e, grpc::ClientContext* ctx) {
+                                  resp.Clear();
+                                  return e.x25519->BatchDerive(ctx, req, &resp);
+                                });
+        if (!s.ok()) return s;
+        std::vector<absl::StatusOr<v1::DeriveResponse>> out;
+        out.reserve(resp.results_size());
+        for (auto& r : *resp.mutable_results()) {
+          if (r.status().code() != 0) {
+            out.emplace_back(ItemError(r.status()));
+          } else {
+            out.emplace_back(std::move(*r.mutable_response()));
+          }
+        }
+        return out;
+      });
+
+  open_batcher_ =
+      std::make_unique<Coalescer<Pending<v1::AeadOpenRequest>, v1::AeadOpenResponse>>(
+          window, max, options_.max_batches_in_flight,
+          [this](const std::string&, std::vector<Pending<v1::AeadOpenRequest>>& items)
+              -> absl::StatusOr<std::vector<absl::StatusOr<v1::AeadOpenResponse>>> {
+            v1::BatchAeadOpenRequest req;
+            for (auto& it : items) *req.add_items() = std::move(it.request);
+            v1::BatchAeadOpenResponse resp;
+            absl::Status s = Invoke(items[0].route, absl::Now() + options_.timeout, true,
+                                    [&](const Endpoint& e, grpc::ClientContext* ctx) {
+                                      resp.Clear();
+                                      return e.aead->BatchOpen(ctx, req, &resp);
+                                    });
+            if (!s.ok()) return s;
+            std::vector<absl::StatusOr<v1::AeadOpenResponse>> out;
+            out.reserve(resp.results_size());
+            for (auto& r : *resp.mutable_results()) {
+              if (r.status().code() != 0) {
+                out.emplace_back(ItemError(r.status()));
+              } else {
+                out.emplace_back(std::move(*r.mutable_response()));
+              }
+            }
+            return out;
+          });
+}
+
+Client::~Client() {
+  // REQUIRES says no call starts now; wait for those still running (rare: a short poll).
+  while (in_flight_.load(std::memory_order_acquire) != 0) absl::SleepFor(absl::Milliseconds(1));
+}
+
+template <typename Fn>
+auto Client::Run(Fn fn) -> decltype(fn()) {
+  in_flight_.fetch_add(1, std::memory_order_relaxed);
+  calls_.fetch_add(1, std::memory_order_relaxed);
+  auto result = fn();
+  if (!result.ok()) failed_calls_.fetch_add(1, std::memory_order_relaxed);
+  in_flight_.fetch_sub(1, std::memory_order_release);
+  return result;
+}
+
+template <typename Rpc>
+absl::Status Client::Invoke(absl::string_view route, absl::Time deadline, bool batch, Rpc rpc) {
+  absl::Status last = absl::UnavailableError("no attempt made");
+  std::string last_address;
+  for (int attempt = 0; attempt < options_.max_attempts; ++attempt) {
+    auto endpoint = endpoints_->Pick(route);
+    if (attempt > 0 && (!endpoint.ok() || (*endpoint)->address == last_address)) {
+      // Same endpoint again (or none known): back off first. A failover goes at once.
+      const absl::Duration pause = Backoff(options_, attempt - 1);
+      if (absl::Now() + pause >= deadline) break;
+      absl::SleepFor(pause);
+      endpoint = endpoints_->Pick(route);
+    }
+    if (!endpoint.ok()) {
+      last = endpoint.status();
+      last_address.clear();
+      continue;
+    }
+    const Endpoint& e = **endpoint;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(deadline));
+    if (HeaderSafe(route)) ctx.AddMetadata(kRouteHeader, std::string(route));
+    {
+      absl::MutexLock lock(&mu_);
+      ++stats_.rpcs;
+      if (batch) ++stats_.batch_rpcs;
+      if (attempt > 0) ++stats_.retries;
+      ++stats_.rpcs_by_endpoint[e.address];
+    }
+    const grpc::Status s = rpc(e, &ctx);
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE) {
+      endpoints_->ReportSuccess(e.address);
+      return ToStatus(s);
+    }
+    endpoints_->ReportFailure(e.address);
+    last = absl::UnavailableError(absl::StrCat(e.address, ": ", s.error_message()));
+    last_address = e.address;
+  }
+  return last;
+}
+
+template <typename BatchReq, typename BatchResp, typename RouteOf, typename Rpc>
+absl::StatusOr<BatchResp> Client::SplitBatch(const BatchReq& request, RouteOf route_of, Rpc rpc) {
+  const absl::Time deadline = absl::Now() + options_.timeout;
+  const int n = request.items_size();
+  if (n == 0) {  // the server owns the answer to an empty batch
+    BatchResp resp;
+    absl::Status s = Invoke("", deadline, true, [&](const Endpoint& e, grpc::ClientContext* ctx) {
+      resp.Clear();
+      return rpc(e, ctx, request, &resp);
+    });
+    if (!s.ok()) return s;
+    return resp;
+  }
+  std::map<std::string, std::vector<int>> groups;
+  for (int i = 0; i < n; ++i) groups[RouteFor(route_of(request.items(i)))].push_back(i);
+  BatchResp out;
+  for (int i = 0; i < n; ++i) out.add_results();
+  const size_t chunk = static_cast<size_t>(options_.server_max_batch_items);
+  for (const auto& [address, indices] : groups) {
+    for (size_t begin = 0; begin < indices.size(); begin += chunk) {
+      const size_t end = std::min(indices.size(), begin + chunk);
+      BatchReq sub;
+      for (size_t k = begin; k < end; ++k) *sub.add_items() = request.items(indices[k]);
+      BatchResp resp;
+      absl::Status s = Invoke(route_of(sub.items(0)), deadline, true,
+                              [&](const Endpoint& e, grpc::ClientContext* ctx) {
+                                resp.Clear();
+                                return rpc(e, ctx, sub, &resp);
+                              });
+      if (!s.ok()) return s;
+      if (resp.results_size() != static_cast<int>(end - begin)) {
+        return absl::InternalError(absl::StrCat("batch answer: expected ", end - begin,
+                                                " results, got ", resp.results_size()));
+      }
+      for (size_t k = begin; k < end; ++k) {
+        out.mutable_results(indices[k])->Swap(resp.mutable_results(static_cast<int>(k - begin)));
+      }
+    }
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Keys
+
+absl::StatusOr<v1::KeyInfo> Client::CreateKey(absl::string_view key_id, v1::KeyType type,
+                                              const v1::KeyOptions& options) {
+  return Run([&]() -> absl::StatusOr<v1::KeyInfo> {
+    v1::CreateKeyRequest req;
+    req.set_key_id(std::string(key_id));
+    req.set_type(type);
+    *req.mutable_options() = options;
+    v1::KeyInfo resp;
+    absl::Status s = Invoke(key_id, absl::Now() + options_.timeout, false,
+                            [&](const Endpoint& e, grpc::ClientContext* ctx) {
+                              return e.keys->CreateKey(ctx, req, &resp);
+                            });
+    if (!s.ok()) return s;
+    return resp;
+  });
+}
+
+absl::StatusOr<v1::KeyInfo> Client::ImportKey(absl::string_view key_id, v1::KeyType type,
+                                              absl::string_view secret,
+                                              const v1::KeyOptions& options) {
+  return Run([&]() -> absl::StatusOr<v1::KeyInfo> {
+    v1::ImportKeyRequest req;
+    req.set_key_id(std::string(key_id));
+    req.set_type(type);
+    req.set_secret(std::string(secret));
+    *req.mutable_options() = options;
+    v1::KeyInfo resp;
+    absl::Status s = Invoke(key_id, absl::Now() + options_.timeout, false,
+                            [&](const Endpoint& e, grpc::ClientContext* ctx) {
+                              return e.keys->ImportKey(ctx, req, &resp);
+                            });
+    std::string* copy = req.mutable_secret();
+    if (!copy->empty()) sodium_memzero(copy->data(), copy->size());
+    if (!s.ok()) return s;
+    return resp;
+  });
+}
+
+absl::StatusOr<v1::KeyInfo> Client::GetKey(absl::string_view key_id) {
+  return Run([&]() -> absl::StatusOr<v1::KeyInfo> {
+    v1::GetKeyRequest req;
+    req.set_key_id(std::string(key_id));
+    v1::KeyInfo resp;
+    absl::Status s = Invoke(key_id, absl::Now() + options_.timeout, false,
+                            [&](const Endpoint& e, grpc::ClientContext* ctx) {
+                              return e.keys->GetKey(ctx, req, &resp);
+                            });
+    if (!s.ok()) return s;
+    return resp;
+  });
+}
+
+absl::StatusOr<v1::ListKeysResponse> Client::ListKeys() {
+  return Run([&]() -> absl::StatusOr<v1::ListKeysResponse> {
+    v1::ListKeysRequest req;
+    v1::ListKeysResponse resp;
+    absl::Status s = Invoke("", absl::Now() + options_.timeout, false,
+                            [&](const Endpoint& e, grpc::ClientContext* ctx) {
+                              resp.Clear();
+                              return e.keys->ListKeys(ctx, req, &resp);
+                            });
+    if (!s.ok()) return s;
+    return resp;
+  });
+}
+
+absl::StatusOr<v1::KeyInfo> Client::RotateKey(absl::string_view key_id) {
+  return Run([&]() -> absl::StatusOr<v1::KeyInfo> {
+    v1::RotateKeyRequest req;
+    req.set_key_id(std::string(key_id));
+    v1::KeyInfo resp;
+    absl::Status s = Invoke(key_id, absl::Now() + options_.timeout, false,
+                            [&](const Endpoint& e, grpc::ClientContext* ctx) {
+                              return e.keys->RotateKey(ctx, req, &resp);
+                            });
+    if (!s.ok()) return s;
+    return resp;
+  });
+}
+
+absl::Status Client::DeleteKey(absl::string_view key_id) {
+  return Run([&]() -> absl::Status {
+    v1::DeleteKeyRequest req;
+    req.set_key_id(std::string(key_id));
+    v1::DeleteKeyResponse resp;
+    return Invoke(key_id, absl::Now() + options_.timeout, false,
+                  [&](const Endpoint& e, grpc::ClientContext* ctx) {
+                    return e.keys->DeleteKey(ctx, req, &resp);
+                  });
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ed25519
+
+absl::StatusOr<v1::SignResponse> Client::Sign(absl::string_view key_id,
+                                              absl::string_view message) {
+  return Run([&]() -> absl::StatusOr<v1::SignResponse> {
+    v1::SignRequest req;
+    req.set_key_id(std::string(key_id));
+    req.set_message(std::string(message));
+    v1::SignResponse resp;
+    absl::Status s = Invoke(key_id, absl::Now() + options_.timeout, false,
+                            [&](const Endpoint& e, grpc::ClientContext* ctx) {
+                              return e.ed25519->Sign(ctx, req, &resp);
+                            });
+    if (!s.ok()) return s;
+    return resp;
+  });
+}
+
+std::string Client::VerifyRoutingKey(absl::string_view public_key) {
+  return absl::StrCat("ed25519:", absl::BytesToHexString(public_key));
+}
+
+absl::StatusOr<v1::VerifyResponse> Client::Verify(absl::string_view public_key,
+                                                  absl::string_view message,
+                                                  absl::string_view signature) {
+  return Run([&]() -> absl::StatusOr<v1::VerifyResponse> {
+    Pending<v1::VerifyRequest> p;
+    p.route = VerifyRoutingKey(public_key);
+    p.request.set_public_key(std::string(public_key));
+    p.request.set_message(std::string(message));
+    p.request.set_signature(std::string(signature));
+    if (options_.auto_batch) {
+      const std::string group = RouteFor(p.route);
+      return verify_batcher_->Submit(group, std::move(p));
+    }
+    v1::VerifyResponse resp;
+    absl::Status s = Invoke(p.route, absl::Now() + options_.timeout, false,
+                            [&](const Endpoint& e, grpc::ClientContext* ctx) {
+                              return e.ed25519->Verify(ctx, p.request, &resp);
+                            });
+    if (!s.ok()) return s;
+    return resp;
+  });
+}
+
+absl::StatusOr<v1::BatchSignResponse> Client::BatchSign(const v1::BatchSignRequest& request) {
+  return Run([&] {
+    return SplitBatch<v1::BatchSignRequest, v1::BatchSignResponse>(
+        request, [](const v1::SignRequest& r) { return r.key_id(); },
+        [](const Endpoint& e, grpc::ClientContext* ctx, const v1::BatchSignRequest& req,
+           v1::BatchSignResponse* resp) { return e.ed25519->BatchSign(ctx, req, resp); });
+  });
+}
+
+absl::StatusOr<v1::BatchVerifyResponse> Client::BatchVerify(
+    const v1::BatchVerifyRequest& request) {
+  return Run([&] {
+    return SplitBatch<v1::BatchVerifyRequest, v1::BatchVerifyResponse>(
+        request, [](const v1::VerifyRequest& r) { return VerifyRoutingKey(r.public_key()); },
+        [](const Endpoint& e, grpc::ClientContext* ctx, const v1::BatchVerifyRequest& req,
+           v1::BatchVerifyResponse* resp) { return e.ed25519->BatchVerify(ctx, req, resp); });
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// X25519
+
+absl::StatusOr<v1::DeriveResponse> Client::Derive(absl::string_view key_id,
+                                                  absl::string_view peer_public_key,
+                                                  v1::DeriveOutput output, uint32_t key_version) {
+  return Run([&]() -> absl::StatusOr<v1::DeriveResponse> {
+    Pending<v1::DeriveRequest> p;
+    p.route = std::string(key_id);
+    p.request.set_key_id(std::string(key_id));
+    p.request.set_key_version(key_version);
+    p.request.set_peer_public_key(std::string(peer_public_key));
+    p.request.set_output(output);
+    if (options_.auto_batch) {
+      const std::string group = RouteFor(p.route);
+      return derive_batcher_->Submit(group, std::move(p));
+    }
+    v1::DeriveResponse resp;
+    absl::Status s = Invoke(p.route, absl::Now() + options_.timeout, false,
+                            [&](const Endpoint& e, grpc::ClientContext* ctx) {
+                              return e.x25519->Derive(ctx, p.request, &resp);
+                            });
+    if (!s.ok()) return s;
+    return resp;
+  });
+}
+
+absl::StatusOr<v1::BatchDeriveResponse> Client::BatchDerive(
+    const v1::BatchDeriveRequest& request) {
+  return Run([&] {
+    return SplitBatch<v1::BatchDeriveRequest, v1::BatchDeriveResponse>(
+        request, [](const v1::DeriveRequest& r) { return r.key_id(); },
+        [](const Endpoint& e, grpc::ClientContext* ctx, const v1::BatchDeriveRequest& req,
+           v1::BatchDeriveResponse* resp) { return e.x25519->BatchDerive(ctx, req, resp); });
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Box
+
+absl::StatusOr<v1::BoxSealResponse> Client::BoxSeal(absl::string_view key_id,
+                                                    absl::string_view peer_public_key,
+                                                    absl::string_view plaintext,
+                                                    absl::string_view nonce) {
+  return Run([&]() -> absl::StatusOr<v1::BoxSealResponse> {
+    v1::BoxSealRequest req;
+    req.set_key_id(std::string(key_id));
+    req.set_peer_public_key(std::string(peer_public_key));
+    req.set_nonce(std::string(nonce));
+    req.set_plaintext(std::string(plaintext));
+    v1::BoxSealResponse resp;
+    absl::Status s = Invoke(key_id, absl::Now() + options_.timeout, false,
+                            [&](const Endpoint& e, grpc::ClientContext* ctx) {
+                              return e.box->Seal(ctx, req, &resp);
+                            });
+    if (!s.ok()) return s;
+    return resp;
+  });
+}
+
+absl::StatusOr<v1::BoxOpenResponse> Client::BoxOpen(absl::string_view key_id,
+                                                    absl::string_view peer_public_key,
+                                                    absl::string_view nonce,
+                                                    absl::string_view ciphertext,
+                                                    uint32_t key_version) {
+  return Run([&]() -> absl::StatusOr<v1::BoxOpenResponse> {
+    v1::BoxOpenRequest req;
+    req.set_key_id(std::string(key_id));
+    req.set_key_version(key_version);
+    req.set_peer_public_key(std::string(peer_public_key));
+    req.set_nonce(std::string(nonce));
+    req.set_ciphertext(std::string(ciphertext));
+    v1::BoxOpenResponse resp;
+    absl::Status s = Invoke(key_id, absl::Now() + options_.timeout, false,
+                            [&](const Endpoint& e, grpc::ClientContext* ctx) {
+                              return e.box->Open(ctx, req, &resp);
+                            });
+    if (!s.ok()) return s;
+    return resp;
+  });
+}
+
+absl::StatusOr<v1::BatchBoxSealResponse> Client::BatchBoxSeal(
+    const v1::BatchBoxSealRequest& request) {
+  return Run([&] {
+    return SplitBatch<v1::BatchBoxSealRequest, v1::BatchBoxSealResponse>(
+        request, [](const v1::BoxSealRequest& r) { return r.key_id(); },
+        [](const Endpoint& e, grpc::ClientContext* ctx, const v1::BatchBoxSealRequest& req,
+           v1::BatchBoxSealResponse* resp) { return e.box->BatchSeal(ctx, req, resp); });
+  });
+}
+
+absl::StatusOr<v1::BatchBoxOpenResponse> Client::BatchBoxOpen(
+    const v1::BatchBoxOpenRequest& request) {
+  return Run([&] {
+    return SplitBatch<v1::BatchBoxOpenRequest, v1::BatchBoxOpenResponse>(
+        request, [](const v1::BoxOpenRequest& r) { return r.key_id(); },
+        [](const Endpoint& e, grpc::ClientContext* ctx, const v1::BatchBoxOpenRequest& req,
+           v1::BatchBoxOpenResponse* resp) { return e.box->BatchOpen(ctx, req, resp); });
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// AEAD
+
+absl::StatusOr<v1::AeadSealResponse> Client::AeadSeal(absl::string_view key_id,
+                                                      absl::string_view plaintext,
+                                                      absl::string_view associated_data) {
+  return Run([&]() -> absl::StatusOr<v1::AeadSealResponse> {
+    v1::AeadSealRequest req;
+    req.set_key_id(std::string(key_id));
+    req.set_plaintext(std::string(plaintext));
+    req.set_associated_data(std::string(associated_data));
+    v1::AeadSealResponse resp;
+    absl::Status s = Invoke(key_id, absl::Now() + options_.timeout, false,
+                            [&](const Endpoint& e, grpc::ClientContext* ctx) {
+                              return e.aead->Seal(ctx, req, &resp);
+                            });
+    if (!s.ok()) return s;
+    return resp;
+  });
+}
+
+absl::StatusOr<v1::AeadOpenResponse> Client::AeadOpen(absl::string_view key_id,
+                                                      absl::string_view envelope,
+                                                      absl::string_view associated_data) {
+  return Run([&]() -> absl::StatusOr<v1::AeadOpenResponse> {
+    Pending<v1::AeadOpenRequest> p;
+    p.route = std::string(key_id);
+    p.request.set_key_id(std::string(key_id));
+    p.request.set_envelope(std::string(envelope));
+    p.request.set_associated_data(std::string(associated_data));
+    if (options_.auto_batch) {
+      const std::string group = RouteFor(p.route);
+      return open_batcher_->Submit(group, std::move(p));
+    }
+    v1::AeadOpenResponse resp;
+    absl::Status s = Invoke(p.route, absl::Now() + options_.timeout, false,
+                            [&](const Endpoint& e, grpc::ClientContext* ctx) {
+                              return e.aead->Open(ctx, p.request, &resp);
+                            });
+    if (!s.ok()) return s;
+    return resp;
+  });
+}
+
+absl::StatusOr<v1::BatchAeadSealResponse> Client::BatchAeadSeal(
+    const v1::BatchAeadSealRequest& request) {
+  return Run([&] {
+    return SplitBatch<v1::BatchAeadSealRequest, v1::BatchAeadSealResponse>(
+        request, [](const v1::AeadSealRequest& r) { return r.key_id(); },
+        [](const Endpoint& e, grpc::ClientContext* ctx, const v1::BatchAeadSealRequest& req,
+           v1::BatchAeadSealResponse* resp) { return e.aead->BatchSeal(ctx, req, resp); });
+  });
+}
+
+absl::StatusOr<v1::BatchAeadOpenResponse> Client::BatchAeadOpen(
+    const v1::BatchAeadOpenRequest& request) {
+  return Run([&] {
+    return SplitBatch<v1::BatchAeadOpenRequest, v1::BatchAeadOpenResponse>(
+        request, [](const v1::AeadOpenRequest& r) { return r.key_id(); },
+        [](const Endpoint& e, grpc::ClientContext* ctx, const v1::BatchAeadOpenRequest& req,
+           v1::BatchAeadOpenResponse* resp) { return e.aead->BatchOpen(ctx, req, resp); });
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Introspection
+
+std::string Client::RouteFor(absl::string_view routing_key) {
+  auto e = endpoints_->Pick(routing_key);
+  return e.ok() ? (*e)->address : std::string();
+}
+
+std::vector<std::string> Client::Endpoints() const { return endpoints_->Addresses(); }
+
+bool Client::IsEndpointDown(const std::string& address) const {
+  return endpoints_->IsDown(address);
+}
+
+ClientStats Client::Stats() const {
+  ClientStats s;
+  {
+    absl::MutexLock lock(&mu_);
+    s = stats_;
+  }
+  s.calls = calls_.load();
+  s.failed_calls = failed_calls_.load();
+  for (const CoalescerStats& c :
+       {verify_batcher_->stats(), derive_batcher_->stats(), open_batcher_->stats()}) {
+    s.auto_batches += c.batches;
+    s.auto_batched_items += c.items;
+  }
+  s.endpoints_marked_down = endpoints_->marked_down();
+  return s;
+}
+
+}  // namespace offload::client

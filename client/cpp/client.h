@@ -1,0 +1,209 @@
+// offload::client::Client: the C++ client of crypto-offload, over the generated gRPC stubs.
+//
+//   offload::client::ClientOptions options;
+//   options.endpoints = "dns:offload-headless.offload.svc:50051";   // or "h1:50051,h2:50051"
+//   auto client = offload::client::Client::Create(options);
+//   if (!client.ok()) return client.status();
+//   absl::StatusOr<offload::v1::SignResponse> sig = (*client)->Sign("alice-signing", "hello");
+//   absl::StatusOr<offload::v1::VerifyResponse> ok =
+//       (*client)->Verify(sig->public_key(), "hello", sig->signature());   // auto-batched
+//
+// What it adds to the raw stubs:
+// - Every call returns absl::Status / absl::StatusOr and has a deadline (`timeout`, covering the
+//   retries too).
+// - Retries on UNAVAILABLE, at most `max_attempts` attempts, with exponential backoff and jitter
+//   between attempts on the same endpoint (a failover to another endpoint goes at once). Every
+//   method retries, including CreateKey/ImportKey: if a lost answer hid a success, the retry says
+//   ALREADY_EXISTS.
+// - Key affinity: the endpoint is chosen by rendezvous hashing (rendezvous.h) of a routing key
+//   over the endpoints not marked down (endpoints.h): the key id, or for Verify, which has none,
+//   "ed25519:<hex public key>" (one signer's verify memo stays on one replica). Each call carries
+//   `x-offload-key: <routing key>` metadata for proxies that hash on it (nginx
+//   `hash $http_x_offload_key consistent`). An endpoint answering UNAVAILABLE is marked down for
+//   a backoff and its keys go to their next-highest endpoint until it is tried again.
+// - Auto-batching: concurrent single Verify, Derive and AeadOpen calls bound for one endpoint are
+//   sent together as BatchVerify / BatchDerive / BatchOpen (coalescer.h: the first caller leads
+//   the batch, waits `batch_window` or until `max_batch_items` joined, sends it and hands each
+//   caller its own result; no extra threads; while `max_batches_in_flight` batches are out, the
+//   next one keeps growing). A whole-batch failure goes to each of its callers, after the retry
+//   policy has run for the batch as a whole.
+// - Explicit Batch* calls take any number of items: they are split by endpoint and into chunks of
+//   at most `server_max_batch_items`, sent one after the other, and answered in request order.
+//   If any chunk fails as a whole, the call fails with that status.
+//
+// Thread-safe: one Client is meant to be shared by every thread of a process. Destroying it
+// waits for calls in progress (REQUIRES: no new call starts once destruction has begun).
+#ifndef CLIENT_CPP_CLIENT_H_
+#define CLIENT_CPP_CLIENT_H_
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "offload/v1/aead.pb.h"
+#include "offload/v1/box.pb.h"
+#include "offload/v1/ed25519.pb.h"
+#include "offload/v1/keys.pb.h"
+#include "offload/v1/x25519.pb.h"
+
+namespace offload::client {
+
+struct ClientOptions {
+  // "host:port[,host:port...]" or "dns:host:port" (every address of the name; re-resolved).
+  std::string endpoints = "127.0.0.1:50051";
+  // Deadline of each call, retries included.
+  absl::Duration timeout = absl::Seconds(5);
+  // Attempts per call on UNAVAILABLE (1 = no retry).
+  int max_attempts = 4;
+  absl::Duration initial_backoff = absl::Milliseconds(25);
+  absl::Duration max_backoff = absl::Seconds(1);
+  // Auto-batching of single Verify / Derive / AeadOpen calls.
+  bool auto_batch = true;
+  absl::Duration batch_window = absl::Milliseconds(2);
+  int max_batch_items = 256;          // clamped to [1, server_max_batch_items]
+  int server_max_batch_items = 1024;  // the server's --max_batch_items
+  // Group commit: with this many auto-batches of one kind in flight to an endpoint, the next
+  // keeps collecting past its window until one returns (or it is full). 0 = no limit.
+  int max_batches_in_flight = 2;
+  // Endpoint health and discovery.
+  absl::Duration endpoint_down_initial = absl::Milliseconds(500);
+  absl::Duration endpoint_down_max = absl::Seconds(30);
+  absl::Duration dns_refresh = absl::Seconds(30);
+  // Null means insecure (plain-text) channels.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+};
+
+// Counters since the Client was made (a snapshot).
+struct ClientStats {
+  int64_t calls = 0;           // public method calls
+  int64_t rpcs = 0;            // RPC attempts sent
+  int64_t batch_rpcs = 0;      // of which Batch* RPCs
+  int64_t retries = 0;         // attempts after the first
+  int64_t failed_calls = 0;    // calls that returned an error
+  int64_t auto_batches = 0;    // batches formed by auto-batching
+  int64_t auto_batched_items = 0;
+  int64_t endpoints_marked_down = 0;
+  std::map<std::string, int64_t> rpcs_by_endpoint;
+};
+
+class EndpointSet;
+struct Endpoint;
+template <typename Item, typename Result>
+class Coalescer;
+
+class Client final {
+ public:
+  // InvalidArgument for malformed `options` (endpoints string, non-positive timeout...).
+  static absl::StatusOr<std::unique_ptr<Client>> Create(ClientOptions options);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // --- Keys (routed by `key_id`; ListKeys goes to the endpoint of the empty routing key).
+  absl::StatusOr<v1::KeyInfo> CreateKey(absl::string_view key_id, v1::KeyType type,
+                                        const v1::KeyOptions& options = {});
+  // `secret`: see ImportKeyRequest (32-byte seed / scalar / key, or 64-byte Ed25519 secret key).
+  absl::StatusOr<v1::KeyInfo> ImportKey(absl::string_view key_id, v1::KeyType type,
+                                        absl::string_view secret,
+                                        const v1::KeyOptions& options = {});
+  absl::StatusOr<v1::KeyInfo> GetKey(absl::string_view key_id);
+  absl::StatusOr<v1::ListKeysResponse> ListKeys();
+  absl::StatusOr<v1::KeyInfo> RotateKey(absl::string_view key_id);
+  absl::Status DeleteKey(absl::string_view key_id);
+
+  // --- Ed25519
+  absl::StatusOr<v1::SignResponse> Sign(absl::string_view key_id, absl::string_view message);
+  // Auto-batched. An invalid signature is OK with valid() == false.
+  absl::StatusOr<v1::VerifyResponse> Verify(absl::string_view public_key,
+                                            absl::string_view message,
+                                            absl::string_view signature);
+  absl::StatusOr<v1::BatchSignResponse> BatchSign(const v1::BatchSignRequest& request);
+  absl::StatusOr<v1::BatchVerifyResponse> BatchVerify(const v1::BatchVerifyRequest& request);
+
+  // --- X25519 (auto-batched). `key_version` 0 = current.
+  absl::StatusOr<v1::DeriveResponse> Derive(absl::string_view key_id,
+                                            absl::string_view peer_public_key,
+                                            v1::DeriveOutput output = v1::DERIVE_OUTPUT_RAW,
+                                            uint32_t key_version = 0);
+  absl::StatusOr<v1::BatchDeriveResponse> BatchDerive(const v1::BatchDeriveRequest& request);
+
+  // --- NaCl box. An empty `nonce` lets the service pick a random one.
+  absl::StatusOr<v1::BoxSealResponse> BoxSeal(absl::string_view key_id,
+                                              absl::string_view peer_public_key,
+                                              absl::string_view plaintext,
+                                              absl::string_view nonce = {});
+  absl::StatusOr<v1::BoxOpenResponse> BoxOpen(absl::string_view key_id,
+                                              absl::string_view peer_public_key,
+                                              absl::string_view nonce,
+                                              absl::string_view ciphertext,
+                                              uint32_t key_version = 0);
+  absl::StatusOr<v1::BatchBoxSealResponse> BatchBoxSeal(const v1::BatchBoxSealRequest& request);
+  absl::StatusOr<v1::BatchBoxOpenResponse> BatchBoxOpen(const v1::BatchBoxOpenRequest& request);
+
+  // --- AEAD envelopes. AeadOpen is auto-batched.
+  absl::StatusOr<v1::AeadSealResponse> AeadSeal(absl::string_view key_id,
+                                                absl::string_view plaintext,
+                                                absl::string_view associated_data = {});
+  absl::StatusOr<v1::AeadOpenResponse> AeadOpen(absl::string_view key_id,
+                                                absl::string_view envelope,
+                                                absl::string_view associated_data = {});
+  absl::StatusOr<v1::BatchAeadSealResponse> BatchAeadSeal(const v1::BatchAeadSealRequest& request);
+  absl::StatusOr<v1::BatchAeadOpenResponse> BatchAeadOpen(const v1::BatchAeadOpenRequest& request);
+
+  // --- Introspection (tests, dashboards).
+  // The routing key of Verify calls for `public_key`: "ed25519:" + lowercase hex.
+  static std::string VerifyRoutingKey(absl::string_view public_key);
+  // The endpoint a call with `routing_key` would go to now ("" when none is known).
+  std::string RouteFor(absl::string_view routing_key);
+  std::vector<std::string> Endpoints() const;
+  bool IsEndpointDown(const std::string& address) const;
+  ClientStats Stats() const;
+
+ private:
+  template <typename Req>
+  struct Pending {
+    std::string route;
+    Req request;
+  };
+
+  explicit Client(ClientOptions options, std::unique_ptr<EndpointSet> endpoints);
+
+  // Runs `rpc(endpoint, context)` with the retry policy; `route` picks the endpoint and is sent
+  // as x-offload-key. `deadline` bounds every attempt and backoff.
+  template <typename Rpc>
+  absl::Status Invoke(absl::string_view route, absl::Time deadline, bool batch, Rpc rpc);
+  // Splits an explicit batch by endpoint and size, runs `rpc` per chunk, merges in order.
+  template <typename BatchReq, typename BatchResp, typename RouteOf, typename Rpc>
+  absl::StatusOr<BatchResp> SplitBatch(const BatchReq& request, RouteOf route_of, Rpc rpc);
+  // Runs one public call: counts it (calls, failed_calls) and keeps the destructor waiting.
+  template <typename Fn>
+  auto Run(Fn fn) -> decltype(fn());
+
+  const ClientOptions options_;
+  const std::unique_ptr<EndpointSet> endpoints_;
+  std::unique_ptr<Coalescer<Pending<v1::VerifyRequest>, v1::VerifyResponse>> verify_batcher_;
+  std::unique_ptr<Coalescer<Pending<v1::DeriveRequest>, v1::DeriveResponse>> derive_batcher_;
+  std::unique_ptr<Coalescer<Pending<v1::AeadOpenRequest>, v1::AeadOpenResponse>> open_batcher_;
+
+  // Per-call bookkeeping is lock-free, so that many threads entering at once do not queue on a
+  // mutex before they can join a batch.
+  std::atomic<int64_t> in_flight_{0};
+  std::atomic<int64_t> calls_{0};
+  std::atomic<int64_t> failed_calls_{0};
+  mutable absl::Mutex mu_;
+  ClientStats stats_ ABSL_GUARDED_BY(mu_);  // per-RPC counters
+};
+
+}  // namespace offload::client
+
+#endif  // CLIENT_CPP_CLIENT_H_
