@@ -410,11 +410,18 @@ absl::Status Gateway::Start() {
   return absl::OkStatus();
 }
 
-void Gateway::Stop() {
+void Gateway::Drain() {
   ready_.store(false);
   draining_.store(true);
-  if (context_ == nullptr) return;
-  mg_stop(context_);  // returns once every civetweb thread has finished its request
+  if (context_ == nullptr || stopper_.joinable()) return;
+  // mg_stop returns once every civetweb thread has finished its request.
+  stopper_ = std::thread([context = context_] { mg_stop(context); });
+}
+
+void Gateway::Stop() {
+  Drain();
+  if (!stopper_.joinable()) return;
+  stopper_.join();
   context_ = nullptr;
   mg_exit_library();
   Log(LogLevel::kInfo, "http_stopped");

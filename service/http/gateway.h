@@ -11,9 +11,11 @@
 //   OFFLOAD_RETURN_IF_ERROR(gateway.Start());
 //   gateway.SetReady(true);            // /readyz 200
 //   ...
-//   gateway.Stop();                    // /readyz 503 and RPCs unavailable, then waits for calls
+//   gateway.Drain();                   // /readyz 503, new RPCs UNAVAILABLE, stopping in background
+//   ...                                // e.g. drain the gRPC server meanwhile
+//   gateway.Stop();                    // waits until the requests in flight are answered
 //
-// Thread-safety: Start and Stop from one thread; SetReady from any. The table, pool and metrics
+// Thread-safety: Start, Drain and Stop from one thread; SetReady from any. The table, pool and metrics
 // must outlive the gateway (or its Stop).
 #ifndef SERVICE_HTTP_GATEWAY_H_
 #define SERVICE_HTTP_GATEWAY_H_
@@ -22,6 +24,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -66,8 +69,10 @@ class Gateway final {
   // /readyz answers 200 when true, 503 when false (the initial state).
   void SetReady(bool ready) { ready_.store(ready); }
 
-  // /readyz 503 and new calls UNAVAILABLE at once, then stops listening and waits for the
-  // requests being served. Idempotent.
+  // /readyz 503 and new calls UNAVAILABLE at once; stops listening in the background (civetweb
+  // takes up to 2 s to notice) while the requests being served finish. Idempotent.
+  void Drain();
+  // Drain(), then waits until civetweb has stopped (every request answered). Idempotent.
   void Stop();
 
  private:
@@ -84,6 +89,7 @@ class Gateway final {
   std::atomic<bool> ready_{false};
   std::atomic<bool> draining_{false};
   mg_context* context_ = nullptr;
+  std::thread stopper_;  // runs mg_stop(context_) after Drain()
   int port_ = 0;
 };
 

@@ -245,11 +245,12 @@ absl::Status RunServer(const ServerConfig& config) {
        {"drain_timeout_seconds", absl::ToDoubleSeconds(config.drain_timeout)}});
   server->GetHealthCheckService()->SetServingStatus(false);
   ready->store(false);
-  // /readyz 503 and new HTTP calls UNAVAILABLE, then waits for the HTTP calls in flight.
-  if (gateway != nullptr) gateway->Stop();
+  // /readyz 503 and new HTTP calls UNAVAILABLE; HTTP calls in flight finish meanwhile.
+  if (gateway != nullptr) gateway->Drain();
   // Refuses new calls at once; waits for in-flight calls until the deadline, then cancels them.
   server->Shutdown(absl::ToChronoTime(absl::Now() + config.drain_timeout));
   server->Wait();
+  if (gateway != nullptr) gateway->Stop();
   Log(LogLevel::kInfo, "server_stopped");
   return absl::OkStatus();
 }
