@@ -119,8 +119,8 @@ Digest Memo::OpenDigest(uint64_t instance, absl::Span<const uint8_t> nonce,
 bool Memo::OpenLookup(absl::string_view key_id, const Digest& digest,
                       absl::Span<const uint8_t> ciphertext_and_tag, std::string* out) {
   if (!options_.enabled) return false;
-  std::shared_ptr<OpenCache> cache = FindOpenCache(key_id);
-  if (cache == nullptr) return false;
+  // The key's cache is made on first use, so that this lookup's miss is counted too.
+  std::shared_ptr<OpenCache> cache = OpenCacheFor(key_id);
   std::shared_ptr<const OpenEntry> hit;
   cache->Lookup(digest, [&](const std::shared_ptr<const OpenEntry>& entry) {
     if (entry->ciphertext_and_tag.size() != ciphertext_and_tag.size() ||

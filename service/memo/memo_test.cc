@@ -74,8 +74,10 @@ TEST_F(MemoTest, OpenHitNeedsByteIdenticalCiphertext) {
   // Other AAD or another key version: another digest.
   EXPECT_NE(memo.OpenDigest(5, nonce, ct, Bytes(3, 8)), d);
   EXPECT_NE(memo.OpenDigest(6, nonce, ct, aad), d);
-  // Another key id has its own cache.
+  // Another key id has its own cache, and a lookup there is a counted miss.
+  const uint64_t misses = memo.open_stats().misses;
   EXPECT_FALSE(memo.OpenLookup("other", d, ct, &out));
+  EXPECT_EQ(memo.open_stats().misses, misses + 1);
 }
 
 TEST_F(MemoTest, OpenCacheIsBoundedPerKeyAndInAll) {
