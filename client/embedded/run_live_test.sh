@@ -45,7 +45,7 @@ fi
 
 "$CTL" "${S[@]}" keys create --type=x25519 dev1 >/dev/null || { echo "FAIL: keys create"; exit 1; }
 "$CTL" "${S[@]}" keys get dev1 >"$TMP/key" || { echo "FAIL: keys get"; exit 1; }
-PK=$(sed -n 's/^ *public_key: *\([0-9a-f]\{64\}\).*/\1/p' "$TMP/key" | head -1)
+PK=$(sed -n 's/.*public_key: *\([0-9a-f]\{64\}\).*/\1/p' "$TMP/key" | head -1)
 if [[ ${#PK} -ne 64 ]]; then echo "FAIL: no public key in:"; cat "$TMP/key"; exit 1; fi
 echo "server: gRPC $GRPC, HTTP $HTTP; key dev1 public $PK"
 
@@ -53,7 +53,7 @@ failures=0
 # The ordinary build first, then the no-heap one on a fresh key so its first derive is a miss.
 "$TEST" "$HTTP" dev1 "$PK" || failures=$((failures + 1))
 "$CTL" "${S[@]}" keys create --type=x25519 dev2 >/dev/null || { echo "FAIL: keys create dev2"; exit 1; }
-PK2=$("$CTL" "${S[@]}" keys get dev2 | sed -n 's/^ *public_key: *\([0-9a-f]\{64\}\).*/\1/p' | head -1)
+PK2=$("$CTL" "${S[@]}" keys get dev2 | sed -n 's/.*public_key: *\([0-9a-f]\{64\}\).*/\1/p' | head -1)
 "$NOHEAP" "$HTTP" dev2 "$PK2" || failures=$((failures + 1))
 
 kill -TERM "$SERVER_PID"
