@@ -95,6 +95,18 @@ class Dispatcher {
     return reactor;
   }
 
+  // Finishes a call that needed no work on the pool (a memo hit answered on this gRPC thread),
+  // skipping the two thread hand-offs a pool task costs (a worker wake-up, then the poller's).
+  template <typename Response>
+  ServerUnaryReactor* FinishInline(CallbackServerContext* context, metrics::MethodMetrics* method,
+                                   const Response* response, absl::Status status) {
+    ServerUnaryReactor* reactor = context->DefaultReactor();
+    const Clock::time_point start = Clock::now();
+    if (absl::Status expired = Expired(context); !expired.ok()) status = expired;
+    Finish(reactor, method, start, status, CountItems(*response, status.code()), 0);
+    return reactor;
+  }
+
   template <typename Request, typename Response>
   ServerUnaryReactor* Unary(CallbackServerContext* context, metrics::MethodMetrics* method,
                             const Request* request, Response* response,
@@ -127,6 +139,7 @@ class Dispatcher {
   }
 
   keys::KeyManager* keys() const { return keys_; }
+  Operations* operations() const { return operations_; }
 
  private:
   static absl::Status Expired(CallbackServerContext* context) {
@@ -249,7 +262,15 @@ class Ed25519Service final : public v1::Ed25519Service::CallbackService {
   }
   ServerUnaryReactor* Verify(CallbackServerContext* c, const v1::VerifyRequest* q,
                              v1::VerifyResponse* r) override {
-    return d_->Unary(c, verify_, q, r, &Operations::Verify);
+    // A memo hit is a digest and a lookup (no crypto primitive): answered on this thread.
+    // A miss goes to the pool with its digest, so the memo counts a single lookup.
+    Operations* ops = d_->operations();
+    memo::Digest digest;
+    absl::Status status;
+    if (ops->VerifyFromMemo(*q, r, &digest, &status)) {
+      return d_->FinishInline(c, verify_, r, std::move(status));
+    }
+    return d_->Run(c, verify_, r, [=] { return ops->VerifyFresh(*q, digest, r); });
   }
   ServerUnaryReactor* BatchVerify(CallbackServerContext* c, const v1::BatchVerifyRequest* q,
                                   v1::BatchVerifyResponse* r) override {
