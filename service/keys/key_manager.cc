@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "service/common/log.h"
 #include "service/common/status_macros.h"
 #include "service/keys/record_codec.h"
 
@@ -274,6 +275,8 @@ absl::StatusOr<v1::KeyInfo> KeyManager::AddKey(KeyRecord record) {
     absl::MutexLock lock(&mu_);
     keys_[id] = key;
   }
+  Log(LogLevel::kInfo, "key_added",
+      {{"key_id", id}, {"type", v1::KeyType_Name(key->type)}, {"version", key->current_version}});
   return key->Info();
 }
 
@@ -326,6 +329,9 @@ absl::StatusOr<v1::KeyInfo> KeyManager::RotateKey(absl::string_view key_id) {
     keys_[key->key_id] = key;
   }
   NotifyListeners(key_id);
+  Log(LogLevel::kInfo, "key_rotated",
+      {{"key_id", key->key_id}, {"type", v1::KeyType_Name(key->type)},
+       {"version", key->current_version}});
   return key->Info();
 }
 
@@ -341,6 +347,7 @@ absl::Status KeyManager::DeleteKey(absl::string_view key_id) {
     keys_.erase(key_id);
   }
   NotifyListeners(key_id);
+  Log(LogLevel::kInfo, "key_deleted", {{"key_id", std::string(key_id)}});
   return absl::OkStatus();
 }
 

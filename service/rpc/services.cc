@@ -32,6 +32,12 @@ double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// A failure of the service rather than of the caller's input: logged at error level.
+bool IsServerFault(absl::StatusCode code) {
+  return code == absl::StatusCode::kInternal || code == absl::StatusCode::kDataLoss ||
+         code == absl::StatusCode::kUnknown;
+}
+
 // How the items of a finished call ended (see metrics::ItemCounts).
 metrics::ItemCounts CountOne(absl::StatusCode code) {
   if (code == absl::StatusCode::kOk) return {1, 0, 0};
@@ -155,6 +161,13 @@ class Dispatcher {
               const metrics::ItemCounts& counts, int batch_size) {
     const double seconds = SecondsSince(start);
     if (method != nullptr) method->Record(status.code(), seconds, counts, batch_size);
+    if (IsServerFault(status.code())) {
+      // Messages name fields and sizes, never payloads or key material.
+      Log(LogLevel::kError, "request_failed",
+          {{"method", method != nullptr ? method->name() : std::string("unknown")},
+           {"code", absl::StatusCodeToString(status.code())},
+           {"message", std::string(status.message())}});
+    }
     if (method != nullptr && log_sample_rate_ > 0 && absl::Bernoulli(bitgen_, log_sample_rate_)) {
       // Names, codes and sizes only: never key material, messages or plaintexts.
       Log(LogLevel::kInfo, "request",
