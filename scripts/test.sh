@@ -28,10 +28,5 @@ cmake --build build-asan -j "$jobs"
 # Not run under ASan:
 #   offload_c_ctypes_test  python3 (uninstrumented) cannot dlopen an ASan-built .so without
 #                          LD_PRELOAD of libasan; offload_c_test covers the same library.
-# Known findings, reported to their owners; drop each name when its fix lands:
-#   GatewayTest.GrpcWebBinary  stack-use-after-scope, service/http/gateway_test.cc:191
-#   embedded_unit_test         stack-buffer-overflow, client/embedded/transport_posix.c:219
-#                              (then hangs on the aborted child)
-#   offload_c_test             UBSan invalid enum load, client/c/offload_c.cc:238
-asan_skip='^(offload_c_ctypes_test|GatewayTest\.GrpcWebBinary|embedded_unit_test|offload_c_test)$'
+asan_skip='^(offload_c_ctypes_test)$'
 tests/sanitizers/run_sanitizer_ctest.sh build-asan -j "$jobs" --timeout 300 -E "$asan_skip"

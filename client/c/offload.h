@@ -70,12 +70,16 @@ typedef enum offload_key_type {
   OFFLOAD_KEY_X25519 = 2,
   OFFLOAD_KEY_CHACHA20_POLY1305 = 3,
   OFFLOAD_KEY_XCHACHA20_POLY1305 = 4,
-  OFFLOAD_KEY_AES256_GCM = 5
+  OFFLOAD_KEY_AES256_GCM = 5,
+  /* Not a key type: makes the enum as wide as an int, so that a caller's out-of-range value is
+   * a checked error in the library, not undefined behaviour in C++. */
+  OFFLOAD_KEY_TYPE_FORCE_INT_ = 0x7fffffff
 } offload_key_type_t;
 
 typedef enum offload_derive_output {
   OFFLOAD_DERIVE_RAW = 1,           /* the raw X25519 shared secret */
-  OFFLOAD_DERIVE_BOX_BEFORENM = 2   /* crypto_box_beforenm's precomputed key */
+  OFFLOAD_DERIVE_BOX_BEFORENM = 2,  /* crypto_box_beforenm's precomputed key */
+  OFFLOAD_DERIVE_OUTPUT_FORCE_INT_ = 0x7fffffff  /* as above: not an output */
 } offload_derive_output_t;
 
 /* Sizes of the fixed-size values. */

@@ -189,7 +189,8 @@ TEST_F(GatewayTest, GrpcWebBinary) {
   ASSERT_GE(r.body.size(), kFrameHeaderBytes);
   const uint32_t n = (uint8_t(r.body[1]) << 24) | (uint8_t(r.body[2]) << 16) |
                      (uint8_t(r.body[3]) << 8) | uint8_t(r.body[4]);
-  auto message = ParseUnaryRequestFrame(r.body.substr(0, kFrameHeaderBytes + n), &compressed);
+  const std::string frame = r.body.substr(0, kFrameHeaderBytes + n);  // outlives the view
+  auto message = ParseUnaryRequestFrame(frame, &compressed);
   ASSERT_TRUE(message.ok()) << message.status();
   v1::VerifyResponse response;
   ASSERT_TRUE(response.ParseFromString(std::string(*message)));
