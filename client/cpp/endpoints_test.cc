@@ -1,5 +1,7 @@
 #include "client/cpp/endpoints.h"
 
+#include <netdb.h>
+
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -39,10 +41,27 @@ TEST(ParseEndpointsTest, Malformed) {
   }
 }
 
+// True if this system's resolver knows "localhost" (a minimal root without /etc/hosts does not).
+bool SystemResolvesLocalhost() {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* result = nullptr;
+  const int rc = getaddrinfo("localhost", "1", &hints, &result);
+  if (result != nullptr) freeaddrinfo(result);
+  return rc == 0;
+}
+
 TEST(ResolveHostTest, Localhost) {
+  if (!SystemResolvesLocalhost()) {
+    GTEST_SKIP() << "this system's resolver does not know localhost (no /etc/hosts entry)";
+  }
   auto addrs = ResolveHost("localhost", "50051");
   ASSERT_TRUE(addrs.ok()) << addrs.status();
   EXPECT_NE(std::find(addrs->begin(), addrs->end(), "127.0.0.1:50051"), addrs->end());
+}
+
+TEST(ResolveHostTest, LiteralsAndUnknownNames) {
   auto literal = ResolveHost("127.0.0.1", "7");
   ASSERT_TRUE(literal.ok());
   EXPECT_EQ(*literal, std::vector<std::string>({"127.0.0.1:7"}));
