@@ -212,6 +212,18 @@ absl::Status Client::Invoke(absl::string_view route, absl::Time deadline, bool b
   return last;
 }
 
+template <typename Response, typename Call>
+absl::StatusOr<Response> Client::InvokeUnary(absl::string_view route, Call call) {
+  Response response;
+  absl::Status s = Invoke(route, absl::Now() + options_.timeout, false,
+                          [&](const Endpoint& e, grpc::ClientContext* ctx) {
+                            response.Clear();  // a retry starts from an empty response
+                            return call(e, ctx, &response);
+                          });
+  if (!s.ok()) return s;
+  return response;
+}
+
 template <typename BatchReq, typename BatchResp, typename RouteOf, typename Rpc>
 absl::StatusOr<BatchResp> Client::SplitBatch(const BatchReq& request, RouteOf route_of, Rpc rpc) {
   const absl::Time deadline = absl::Now() + options_.timeout;
@@ -264,13 +276,10 @@ absl::StatusOr<v1::KeyInfo> Client::CreateKey(absl::string_view key_id, v1::KeyT
     req.set_key_id(std::string(key_id));
     req.set_type(type);
     *req.mutable_options() = options;
-    v1::KeyInfo resp;
-    absl::Status s = Invoke(key_id, absl::Now() + options_.timeout, false,
-                            [&](const Endpoint& e, grpc::ClientContext* ctx) {
-                              return e.keys->CreateKey(ctx, req, &resp);
-                            });
-    if (!s.ok()) return s;
-    return resp;
+    return InvokeUnary<v1::KeyInfo>(key_id, [&](const Endpoint& e, grpc::ClientContext* ctx,
+                                         v1::KeyInfo* resp) {
+      return e.keys->CreateKey(ctx, req, resp);
+    });
   });
 }
 
@@ -299,27 +308,20 @@ absl::StatusOr<v1::KeyInfo> Client::GetKey(absl::string_view key_id) {
   return Run([&]() -> absl::StatusOr<v1::KeyInfo> {
     v1::GetKeyRequest req;
     req.set_key_id(std::string(key_id));
-    v1::KeyInfo resp;
-    absl::Status s = Invoke(key_id, absl::Now() + options_.timeout, false,
-                            [&](const Endpoint& e, grpc::ClientContext* ctx) {
-                              return e.keys->GetKey(ctx, req, &resp);
-                            });
-    if (!s.ok()) return s;
-    return resp;
+    return InvokeUnary<v1::KeyInfo>(key_id, [&](const Endpoint& e, grpc::ClientContext* ctx,
+                                         v1::KeyInfo* resp) {
+      return e.keys->GetKey(ctx, req, resp);
+    });
   });
 }
 
 absl::StatusOr<v1::ListKeysResponse> Client::ListKeys() {
   return Run([&]() -> absl::StatusOr<v1::ListKeysResponse> {
     v1::ListKeysRequest req;
-    v1::ListKeysResponse resp;
-    absl::Status s = Invoke("", absl::Now() + options_.timeout, false,
-                            [&](const Endpoint& e, grpc::ClientContext* ctx) {
-                              resp.Clear();
-                              return e.keys->ListKeys(ctx, req, &resp);
-                            });
-    if (!s.ok()) return s;
-    return resp;
+    return InvokeUnary<v1::ListKeysResponse>("", [&](const Endpoint& e, grpc::ClientContext* ctx,
+                                         v1::ListKeysResponse* resp) {
+      return e.keys->ListKeys(ctx, req, resp);
+    });
   });
 }
 
@@ -327,13 +329,10 @@ absl::StatusOr<v1::KeyInfo> Client::RotateKey(absl::string_view key_id) {
   return Run([&]() -> absl::StatusOr<v1::KeyInfo> {
     v1::RotateKeyRequest req;
     req.set_key_id(std::string(key_id));
-    v1::KeyInfo resp;
-    absl::Status s = Invoke(key_id, absl::Now() + options_.timeout, false,
-                            [&](const Endpoint& e, grpc::ClientContext* ctx) {
-                              return e.keys->RotateKey(ctx, req, &resp);
-                            });
-    if (!s.ok()) return s;
-    return resp;
+    return InvokeUnary<v1::KeyInfo>(key_id, [&](const Endpoint& e, grpc::ClientContext* ctx,
+                                         v1::KeyInfo* resp) {
+      return e.keys->RotateKey(ctx, req, resp);
+    });
   });
 }
 
@@ -358,13 +357,10 @@ absl::StatusOr<v1::SignResponse> Client::Sign(absl::string_view key_id,
     v1::SignRequest req;
     req.set_key_id(std::string(key_id));
     req.set_message(std::string(message));
-    v1::SignResponse resp;
-    absl::Status s = Invoke(key_id, absl::Now() + options_.timeout, false,
-                            [&](const Endpoint& e, grpc::ClientContext* ctx) {
-                              return e.ed25519->Sign(ctx, req, &resp);
-                            });
-    if (!s.ok()) return s;
-    return resp;
+    return InvokeUnary<v1::SignResponse>(key_id, [&](const Endpoint& e, grpc::ClientContext* ctx,
+                                         v1::SignResponse* resp) {
+      return e.ed25519->Sign(ctx, req, resp);
+    });
   });
 }
 
@@ -385,13 +381,10 @@ absl::StatusOr<v1::VerifyResponse> Client::Verify(absl::string_view public_key,
       const std::string group = RouteFor(p.route);
       return verify_batcher_->Submit(group, std::move(p));
     }
-    v1::VerifyResponse resp;
-    absl::Status s = Invoke(p.route, absl::Now() + options_.timeout, false,
-                            [&](const Endpoint& e, grpc::ClientContext* ctx) {
-                              return e.ed25519->Verify(ctx, p.request, &resp);
-                            });
-    if (!s.ok()) return s;
-    return resp;
+    return InvokeUnary<v1::VerifyResponse>(p.route, [&](const Endpoint& e, grpc::ClientContext* ctx,
+                                         v1::VerifyResponse* resp) {
+      return e.ed25519->Verify(ctx, p.request, resp);
+    });
   });
 }
 
@@ -431,13 +424,10 @@ absl::StatusOr<v1::DeriveResponse> Client::Derive(absl::string_view key_id,
       const std::string group = RouteFor(p.route);
       return derive_batcher_->Submit(group, std::move(p));
     }
-    v1::DeriveResponse resp;
-    absl::Status s = Invoke(p.route, absl::Now() + options_.timeout, false,
-                            [&](const Endpoint& e, grpc::ClientContext* ctx) {
-                              return e.x25519->Derive(ctx, p.request, &resp);
-                            });
-    if (!s.ok()) return s;
-    return resp;
+    return InvokeUnary<v1::DeriveResponse>(p.route, [&](const Endpoint& e, grpc::ClientContext* ctx,
+                                         v1::DeriveResponse* resp) {
+      return e.x25519->Derive(ctx, p.request, resp);
+    });
   });
 }
 
@@ -464,13 +454,10 @@ absl::StatusOr<v1::BoxSealResponse> Client::BoxSeal(absl::string_view key_id,
     req.set_peer_public_key(std::string(peer_public_key));
     req.set_nonce(std::string(nonce));
     req.set_plaintext(std::string(plaintext));
-    v1::BoxSealResponse resp;
-    absl::Status s = Invoke(key_id, absl::Now() + options_.timeout, false,
-                            [&](const Endpoint& e, grpc::ClientContext* ctx) {
-                              return e.box->Seal(ctx, req, &resp);
-                            });
-    if (!s.ok()) return s;
-    return resp;
+    return InvokeUnary<v1::BoxSealResponse>(key_id, [&](const Endpoint& e, grpc::ClientContext* ctx,
+                                         v1::BoxSealResponse* resp) {
+      return e.box->Seal(ctx, req, resp);
+    });
   });
 }
 
@@ -486,13 +473,10 @@ absl::StatusOr<v1::BoxOpenResponse> Client::BoxOpen(absl::string_view key_id,
     req.set_peer_public_key(std::string(peer_public_key));
     req.set_nonce(std::string(nonce));
     req.set_ciphertext(std::string(ciphertext));
-    v1::BoxOpenResponse resp;
-    absl::Status s = Invoke(key_id, absl::Now() + options_.timeout, false,
-                            [&](const Endpoint& e, grpc::ClientContext* ctx) {
-                              return e.box->Open(ctx, req, &resp);
-                            });
-    if (!s.ok()) return s;
-    return resp;
+    return InvokeUnary<v1::BoxOpenResponse>(key_id, [&](const Endpoint& e, grpc::ClientContext* ctx,
+                                         v1::BoxOpenResponse* resp) {
+      return e.box->Open(ctx, req, resp);
+    });
   });
 }
 
@@ -527,13 +511,10 @@ absl::StatusOr<v1::AeadSealResponse> Client::AeadSeal(absl::string_view key_id,
     req.set_key_id(std::string(key_id));
     req.set_plaintext(std::string(plaintext));
     req.set_associated_data(std::string(associated_data));
-    v1::AeadSealResponse resp;
-    absl::Status s = Invoke(key_id, absl::Now() + options_.timeout, false,
-                            [&](const Endpoint& e, grpc::ClientContext* ctx) {
-                              return e.aead->Seal(ctx, req, &resp);
-                            });
-    if (!s.ok()) return s;
-    return resp;
+    return InvokeUnary<v1::AeadSealResponse>(key_id, [&](const Endpoint& e, grpc::ClientContext* ctx,
+                                         v1::AeadSealResponse* resp) {
+      return e.aead->Seal(ctx, req, resp);
+    });
   });
 }
 
@@ -550,13 +531,10 @@ absl::StatusOr<v1::AeadOpenResponse> Client::AeadOpen(absl::string_view key_id,
       const std::string group = RouteFor(p.route);
       return open_batcher_->Submit(group, std::move(p));
     }
-    v1::AeadOpenResponse resp;
-    absl::Status s = Invoke(p.route, absl::Now() + options_.timeout, false,
-                            [&](const Endpoint& e, grpc::ClientContext* ctx) {
-                              return e.aead->Open(ctx, p.request, &resp);
-                            });
-    if (!s.ok()) return s;
-    return resp;
+    return InvokeUnary<v1::AeadOpenResponse>(p.route, [&](const Endpoint& e, grpc::ClientContext* ctx,
+                                         v1::AeadOpenResponse* resp) {
+      return e.aead->Open(ctx, p.request, resp);
+    });
   });
 }
 

@@ -182,6 +182,10 @@ class Client final {
   // as x-offload-key. `deadline` bounds every attempt and backoff.
   template <typename Rpc>
   absl::Status Invoke(absl::string_view route, absl::Time deadline, bool batch, Rpc rpc);
+  // Invoke for one unary RPC within the default timeout, returning its response:
+  // `call(endpoint, context, response*)` returns the grpc::Status of the stub call.
+  template <typename Response, typename Call>
+  absl::StatusOr<Response> InvokeUnary(absl::string_view route, Call call);
   // Splits an explicit batch by endpoint and size, runs `rpc` per chunk, merges in order.
   template <typename BatchReq, typename BatchResp, typename RouteOf, typename Rpc>
   absl::StatusOr<BatchResp> SplitBatch(const BatchReq& request, RouteOf route_of, Rpc rpc);
