@@ -1,5 +1,8 @@
 #include "service/http/gateway.h"
 
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
+
 #include <civetweb.h>
 
 #include <algorithm>
@@ -16,7 +19,9 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "google/protobuf/util/json_util.h"
+#include "offload/v1/keys.pb.h"
 #include "service/common/log.h"
+#include "service/common/status_macros.h"
 #include "service/http/protocol.h"
 
 namespace offload::http {
@@ -119,12 +124,14 @@ class Gateway::Call {
     absl::Notification done;
     std::atomic<bool> abandoned{false};
     absl::Time deadline = absl::InfiniteFuture();
+    ops::Admission* admission = nullptr;  // counts deadline drops
   };
 
   // Everything up to a response message (or an error).
   absl::Status Run() {
     if (gateway_->draining_.load()) return absl::UnavailableError("server is draining");
     state_ = std::make_shared<State>();
+    state_->admission = gateway_->options_.admission;
     Encoding encoding = Encoding::kIdentity;
     if (type_.protocol == Protocol::kConnect) {
       if (absl::Status s = CheckConnectProtocolVersion(Header(conn_, "Connect-Protocol-Version"));
@@ -194,7 +201,24 @@ class Gateway::Call {
     }
     batch_size_ = method_->batch ? BatchSize(*state_->request) : 0;
 
+    const auth::Peer peer = gateway_->PeerOf(conn_);
+    if (auth::Authorizer* authorizer = gateway_->options_.authorizer) {
+      OFFLOAD_RETURN_IF_ERROR(
+          authorizer->Authorize(peer, method_->path, *state_->request, TransportName()));
+    }
+    ops::Admission::Ticket ticket;
+    if (ops::Admission* admission = gateway_->options_.admission) {
+      OFFLOAD_ASSIGN_OR_RETURN(ticket,
+                               admission->Admit(peer.ClientName(), std::max(1, batch_size_)));
+    }
     absl::Status status = Execute();
+    ticket.Release();
+    if (auth::Authorizer* authorizer = gateway_->options_.authorizer) {
+      const auto* info = dynamic_cast<const v1::KeyInfo*>(state_->response.get());
+      authorizer->AuditKeyCall(peer, method_->path, *state_->request, status,
+                               status.ok() && info != nullptr ? info->current_version() : 0,
+                               TransportName());
+    }
     if (!status.ok()) {
       if (method_->batch) state_->response->Clear();
       return status;
@@ -230,6 +254,10 @@ class Gateway::Call {
     return absl::OkStatus();
   }
 
+  const char* TransportName() const {
+    return type_.protocol == Protocol::kConnect ? "connect" : "grpc-web";
+  }
+
   // Runs the call on the worker pool and waits for it (at most until the deadline).
   absl::Status Execute() {
     std::shared_ptr<State> state = state_;
@@ -243,16 +271,19 @@ class Gateway::Call {
     }
     if (method->batch) {
       // Checks the size here, then spreads the items over the pool.
-      method->call(*state->request, state->response.get(), std::move(finish));
+      method->call(*state->request, state->response.get(), std::move(finish), [state] {
+        return !state->abandoned.load() && absl::Now() <= state->deadline;
+      });
     } else {
       gateway_->pool_->Submit([state, method, finish = std::move(finish)]() mutable {
         if (state->abandoned.load()) {
           return finish(absl::CancelledError("call abandoned"));
         }
         if (absl::Now() > state->deadline) {
+          if (state->admission != nullptr) state->admission->CountDeadlineDrop();
           return finish(absl::DeadlineExceededError("deadline passed while queued"));
         }
-        method->call(*state->request, state->response.get(), std::move(finish));
+        method->call(*state->request, state->response.get(), std::move(finish), nullptr);
       });
     }
     if (!state->done.WaitForNotificationWithDeadline(state->deadline)) {
@@ -377,13 +408,16 @@ Gateway::Gateway(const MethodTable* table, ops::WorkerPool* pool, metrics::Metri
 Gateway::~Gateway() { Stop(); }
 
 absl::Status Gateway::Start() {
-  mg_init_library(0);
+  const bool https = options_.tls != nullptr;
+  mg_init_library(https ? MG_FEATURES_TLS : 0);
   int threads = options_.threads;
   if (threads <= 0) {
     threads = std::max(16, 4 * static_cast<int>(std::thread::hardware_concurrency()));
   }
   const std::string threads_text = std::to_string(threads);
-  const char* civet_options[] = {"listening_ports", options_.address.c_str(),
+  // civetweb marks an HTTPS port with a trailing "s".
+  const std::string listen = https ? options_.address + "s" : options_.address;
+  const char* civet_options[] = {"listening_ports", listen.c_str(),
                                  "num_threads", threads_text.c_str(),
                                  "request_timeout_ms", "30000",
                                  "enable_keep_alive", "yes",
@@ -395,6 +429,14 @@ absl::Status Gateway::Start() {
     Log(LogLevel::kWarning, "http_server", {{"message", std::string(message)}});
     return 1;
   };
+  if (https) {
+    // The certificate and the client check are ours (auth::TlsFiles): files re-read when they
+    // change, the same client check and audit as the gRPC port.
+    callbacks.init_ssl = [](void* ssl_ctx, void* self) -> int {
+      static_cast<Gateway*>(self)->ConfigureTls(static_cast<SSL_CTX*>(ssl_ctx));
+      return 1;  // configured: civetweb loads no certificate files itself
+    };
+  }
   context_ = mg_start(&callbacks, this, civet_options);
   if (context_ == nullptr) {
     mg_exit_library();
@@ -408,6 +450,45 @@ absl::Status Gateway::Start() {
       {{"http_address", options_.address}, {"http_port", port_}, {"threads", threads},
        {"methods", table_->methods().size()}});
   return absl::OkStatus();
+}
+
+void Gateway::ConfigureTls(SSL_CTX* ctx) {
+  SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+  SSL_CTX_set_cert_cb(
+      ctx, [](SSL* ssl, void* self) { return static_cast<Gateway*>(self)->options_.tls->UseOn(ssl) ? 1 : 0; },
+      this);
+  if (!options_.tls->mtls()) return;
+  // Ask for a client certificate; none passes the handshake (the authorizer then answers
+  // UNAUTHENTICATED, audited), a bad one fails it (audited here).
+  SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, nullptr);
+  SSL_CTX_set_cert_verify_callback(
+      ctx,
+      [](X509_STORE_CTX* store_ctx, void* self) -> int {
+        auto* gateway = static_cast<Gateway*>(self);
+        X509* leaf = X509_STORE_CTX_get0_cert(store_ctx);
+        absl::StatusOr<std::string> identity =
+            gateway->options_.tls->VerifyClient(leaf, X509_STORE_CTX_get0_untrusted(store_ctx));
+        if (identity.ok()) return 1;
+        if (gateway->options_.authorizer != nullptr) {
+          gateway->options_.authorizer->AuditHandshakeRefused("http", auth::IdentityOf(leaf),
+                                                              identity.status().message());
+        }
+        X509_STORE_CTX_set_error(store_ctx, X509_V_ERR_CERT_REJECTED);
+        return 0;
+      },
+      this);
+}
+
+auth::Peer Gateway::PeerOf(mg_connection* conn) const {
+  const mg_request_info* info = mg_get_request_info(conn);
+  auth::Peer peer;
+  peer.address = info->remote_addr;
+  if (options_.tls != nullptr && options_.tls->mtls() && info->client_cert != nullptr &&
+      info->client_cert->peer_cert != nullptr) {
+    // Verified in the handshake (ConfigureTls).
+    peer.identity = auth::IdentityOf(static_cast<X509*>(info->client_cert->peer_cert));
+  }
+  return peer;
 }
 
 void Gateway::Drain() {

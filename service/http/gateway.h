@@ -29,8 +29,11 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "service/auth/authorizer.h"
+#include "service/auth/tls.h"
 #include "service/http/method_table.h"
 #include "service/metrics/metrics.h"
+#include "service/ops/admission.h"
 #include "service/ops/worker_pool.h"
 
 struct mg_context;
@@ -52,6 +55,11 @@ class Gateway final {
     int threads = 0;
     // Fraction of calls logged (method, code, latency, items; never payloads).
     double log_sample_rate = 0;
+    // HTTPS when set (mTLS when it has client CAs; see auth::TlsFiles). Not owned.
+    auth::TlsFiles* tls = nullptr;
+    // Identity, grants and audit; overload protection. Not owned; may be null.
+    auth::Authorizer* authorizer = nullptr;
+    ops::Admission* admission = nullptr;
   };
 
   // `metrics` may be null (nothing counted).
@@ -78,6 +86,8 @@ class Gateway final {
  private:
   class Call;
   static int HandleRequest(mg_connection* conn, void* self);
+  void ConfigureTls(SSL_CTX* ctx);
+  auth::Peer PeerOf(mg_connection* conn) const;
   int Handle(mg_connection* conn);
   void SendCors(mg_connection* conn) const;
 

@@ -23,7 +23,8 @@ constexpr absl::string_view kAead = "offload.v1.AeadService";
 
 template <typename Request, typename Response>
 Method Make(absl::string_view service, absl::string_view name, bool batch,
-            std::function<void(const Request&, Response*, Operations::Done)> fn) {
+            std::function<void(const Request&, Response*, Operations::Done, Operations::Alive)>
+                fn) {
   Method m;
   m.service = std::string(service);
   m.method = std::string(name);
@@ -32,8 +33,9 @@ Method Make(absl::string_view service, absl::string_view name, bool batch,
   m.request_prototype = &Request::default_instance();
   m.response_prototype = &Response::default_instance();
   m.call = [fn = std::move(fn)](const Message& request, Message* response,
-                                Operations::Done done) {
-    fn(static_cast<const Request&>(request), static_cast<Response*>(response), std::move(done));
+                                Operations::Done done, Operations::Alive alive) {
+    fn(static_cast<const Request&>(request), static_cast<Response*>(response), std::move(done),
+       std::move(alive));
   };
   return m;
 }
@@ -43,17 +45,19 @@ template <typename Request, typename Response>
 Method Unary(const Operations* ops, absl::string_view service, absl::string_view name,
              absl::Status (Operations::*op)(const Request&, Response*) const) {
   return Make<Request, Response>(service, name, false,
-                                 [ops, op](const Request& q, Response* r, Operations::Done done) {
-                                   std::move(done)((ops->*op)(q, r));
+                                 [ops, op](const Request& q, Response* r, Operations::Done done,
+                                           Operations::Alive) { std::move(done)((ops->*op)(q, r));
                                  });
 }
 
 template <typename Request, typename Response>
 Method Batch(const Operations* ops, absl::string_view service, absl::string_view name,
-             void (Operations::*op)(const Request&, Response*, Operations::Done) const) {
+             void (Operations::*op)(const Request&, Response*, Operations::Done,
+                                    Operations::Alive) const) {
   return Make<Request, Response>(service, name, true,
-                                 [ops, op](const Request& q, Response* r, Operations::Done done) {
-                                   (ops->*op)(q, r, std::move(done));
+                                 [ops, op](const Request& q, Response* r, Operations::Done done,
+                                           Operations::Alive alive) {
+                                   (ops->*op)(q, r, std::move(done), std::move(alive));
                                  });
 }
 
@@ -63,7 +67,7 @@ Method KeyCall(absl::string_view name,
                std::function<absl::StatusOr<v1::KeyInfo>(const Request&)> fn) {
   return Make<Request, v1::KeyInfo>(
       kKeys, name, false, [fn = std::move(fn)](const Request& q, v1::KeyInfo* r,
-                                               Operations::Done done) {
+                                               Operations::Done done, Operations::Alive) {
         absl::StatusOr<v1::KeyInfo> info = fn(q);
         if (!info.ok()) return std::move(done)(info.status());
         *r = *std::move(info);
@@ -82,7 +86,8 @@ MethodTable::MethodTable(const Operations* ops, keys::KeyManager* keys) {
       "GetKey", [keys](const v1::GetKeyRequest& q) { return keys->GetKey(q.key_id()); }));
   methods_.push_back(Make<v1::ListKeysRequest, v1::ListKeysResponse>(
       kKeys, "ListKeys", false,
-      [keys](const v1::ListKeysRequest&, v1::ListKeysResponse* r, Operations::Done done) {
+      [keys](const v1::ListKeysRequest&, v1::ListKeysResponse* r, Operations::Done done,
+             Operations::Alive) {
         for (v1::KeyInfo& info : keys->ListKeys()) *r->add_keys() = std::move(info);
         std::move(done)(absl::OkStatus());
       }));
@@ -90,7 +95,8 @@ MethodTable::MethodTable(const Operations* ops, keys::KeyManager* keys) {
       "RotateKey", [keys](const v1::RotateKeyRequest& q) { return keys->RotateKey(q.key_id()); }));
   methods_.push_back(Make<v1::DeleteKeyRequest, v1::DeleteKeyResponse>(
       kKeys, "DeleteKey", false,
-      [keys](const v1::DeleteKeyRequest& q, v1::DeleteKeyResponse*, Operations::Done done) {
+      [keys](const v1::DeleteKeyRequest& q, v1::DeleteKeyResponse*, Operations::Done done,
+             Operations::Alive) {
         std::move(done)(keys->DeleteKey(q.key_id()));
       }));
 

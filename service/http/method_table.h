@@ -6,8 +6,8 @@
 //   const Method* m = table.Find("/offload.v1.Ed25519Service/Verify");
 //   std::unique_ptr<google::protobuf::Message> request(m->request_prototype->New());
 //   ... parse request, create response from m->response_prototype ...
-//   if (m->batch) m->call(*request, response.get(), std::move(done));        // any thread
-//   else pool.Submit([&] { m->call(*request, response.get(), std::move(done)); });  // a worker
+//   if (m->batch) m->call(*request, response.get(), std::move(done), nullptr);  // any thread
+//   else pool.Submit([&] { m->call(*request, response.get(), std::move(done), nullptr); });
 //
 // Single-item calls run on the calling thread (it must be a worker) and call `done` before they
 // return; batch calls spread their items over the worker pool and call `done` from a worker.
@@ -36,9 +36,11 @@ struct Method {
   const google::protobuf::Message* request_prototype = nullptr;
   const google::protobuf::Message* response_prototype = nullptr;
   // Runs the call: `request` and `response` are of the prototypes' types and stay alive until
-  // `done` has been called.
+  // `done` has been called. `alive` (may be null) lets a batch skip items once the caller has
+  // gone or its deadline has passed.
   std::function<void(const google::protobuf::Message& request,
-                     google::protobuf::Message* response, ops::Operations::Done done)>
+                     google::protobuf::Message* response, ops::Operations::Done done,
+                     ops::Operations::Alive alive)>
       call;
 };
 

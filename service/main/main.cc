@@ -41,6 +41,23 @@ ABSL_FLAG(int64_t, memo_verify_bytes, 32 << 20, "Byte bound of the verify memo."
 ABSL_FLAG(int64_t, memo_derive_bytes, 16 << 20, "Byte bound of the derive memo (shared keys).");
 ABSL_FLAG(int64_t, memo_open_bytes_per_key, 8 << 20, "Byte bound of the open memo per key.");
 ABSL_FLAG(int64_t, memo_open_bytes_total, 256 << 20, "Byte bound of the open memo in all.");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "PEM server certificate (then its chain) for TLS on the gRPC and HTTP ports; re-read "
+          "when it changes. With --tls_key_file.");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file.");
+ABSL_FLAG(std::string, tls_client_ca_file, "",
+          "PEM CAs for client certificates: turns on mTLS (callers need a certificate; its URI "
+          "SAN, DNS SAN or CN is their identity).");
+ABSL_FLAG(std::string, policy_file, "",
+          "JSON grants: identity -> key ids and operations; admins (see service/auth/policy.h). "
+          "Re-read when it changes. Requires mTLS.");
+ABSL_FLAG(std::string, audit_log_file, "",
+          "Append-only JSON-lines audit trail (key lifecycle, refusals); empty: the main log.");
+ABSL_FLAG(int64_t, max_queued_items, 16384,
+          "Items admitted and not yet finished, all callers; beyond: RESOURCE_EXHAUSTED at once. "
+          "0 = no bound.");
+ABSL_FLAG(int, max_client_inflight, 256,
+          "Calls in flight per client (mTLS identity, else peer address); 0 = no bound.");
 
 int main(int argc, char** argv) {
   offload::BlockStopSignals();
@@ -67,6 +84,13 @@ int main(int argc, char** argv) {
   config.memo_derive_bytes = absl::GetFlag(FLAGS_memo_derive_bytes);
   config.memo_open_bytes_per_key = absl::GetFlag(FLAGS_memo_open_bytes_per_key);
   config.memo_open_bytes_total = absl::GetFlag(FLAGS_memo_open_bytes_total);
+  config.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
+  config.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
+  config.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
+  config.policy_file = absl::GetFlag(FLAGS_policy_file);
+  config.audit_log_file = absl::GetFlag(FLAGS_audit_log_file);
+  config.max_queued_items = absl::GetFlag(FLAGS_max_queued_items);
+  config.max_client_inflight = absl::GetFlag(FLAGS_max_client_inflight);
 
   absl::Status status = offload::RunServer(config);
   if (!status.ok()) {

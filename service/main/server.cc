@@ -16,6 +16,11 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/tls_certificate_provider.h"
+#include "grpcpp/security/tls_certificate_verifier.h"
+#include "grpcpp/security/tls_credentials_options.h"
+#include "service/auth/authorizer.h"
+#include "service/auth/tls.h"
 #include "service/common/log.h"
 #include "service/common/status_macros.h"
 #include "service/crypto/backend.h"
@@ -28,6 +33,7 @@
 #include "service/metrics/instrumented_key_store.h"
 #include "service/metrics/metrics.h"
 #include "service/crypto/op_counts.h"
+#include "service/ops/admission.h"
 #include "service/ops/operations.h"
 #include "service/ops/worker_pool.h"
 #include "service/rpc/services.h"
@@ -51,6 +57,24 @@ absl::Status CheckConfig(const ServerConfig& config) {
     if (bound < 0) {
       return absl::InvalidArgumentError(absl::StrCat("memo bounds: expected >= 0, got ", bound));
     }
+  }
+  if (config.tls_cert_file.empty() != config.tls_key_file.empty()) {
+    return absl::InvalidArgumentError("tls_cert_file and tls_key_file: give both or neither");
+  }
+  if (!config.tls_client_ca_file.empty() && config.tls_cert_file.empty()) {
+    return absl::InvalidArgumentError("tls_client_ca_file: needs tls_cert_file and tls_key_file");
+  }
+  if (!config.policy_file.empty() && config.tls_client_ca_file.empty()) {
+    return absl::InvalidArgumentError(
+        "policy_file: needs mTLS (tls_client_ca_file), else callers have no identity");
+  }
+  if (config.max_queued_items < 0 || config.max_client_inflight < 0) {
+    return absl::InvalidArgumentError("max_queued_items, max_client_inflight: expected >= 0");
+  }
+  if (config.max_queued_items > 0 && config.max_queued_items < config.max_batch_items) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_queued_items: expected 0 or at least max_batch_items (", config.max_batch_items,
+        "), got ", config.max_queued_items));
   }
   if (config.max_message_bytes < 1024 || config.max_message_bytes > (1LL << 30)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -119,6 +143,92 @@ void RegisterPulledMetrics(metrics::Metrics& m, memo::Memo& memo, ops::WorkerPoo
   }
   m.AddPullGauge("offload_process_resident_memory_bytes", "Resident set size of the process", {},
                  [] { return ResidentBytes(); });
+}
+
+// mTLS on the gRPC port: gRPC asks for a client certificate but leaves the check to us, so that
+// the same check (TlsFiles::VerifyClient, CA file re-read on change) serves gRPC and HTTP and a
+// refused certificate is audited. No certificate passes the handshake: such calls are refused
+// UNAUTHENTICATED (and audited) by the authorizer.
+class ClientCertificateVerifier final : public grpc::experimental::ExternalCertificateVerifier {
+ public:
+  ClientCertificateVerifier(auth::TlsFiles* tls, auth::Authorizer* authorizer)
+      : tls_(tls), authorizer_(authorizer) {}
+
+  bool Verify(grpc::experimental::TlsCustomVerificationCheckRequest* request,
+              std::function<void(grpc::Status)>, grpc::Status* sync_status) override {
+    const grpc::string_ref leaf = request->peer_cert();
+    const grpc::string_ref chain = request->peer_cert_full_chain();
+    if (leaf.empty()) {
+      *sync_status = grpc::Status::OK;
+      return true;
+    }
+    absl::StatusOr<std::string> identity =
+        tls_->VerifyClientPem(absl::string_view(leaf.data(), leaf.size()),
+                              absl::string_view(chain.data(), chain.size()));
+    if (identity.ok()) {
+      *sync_status = grpc::Status::OK;
+    } else {
+      const grpc::string_ref cn = request->common_name();
+      authorizer_->AuditHandshakeRefused("grpc", absl::string_view(cn.data(), cn.size()),
+                                         identity.status().message());
+      *sync_status = grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                                  std::string(identity.status().message()));
+    }
+    return true;
+  }
+  void Cancel(grpc::experimental::TlsCustomVerificationCheckRequest*) override {}
+
+ private:
+  auth::TlsFiles* const tls_;
+  auth::Authorizer* const authorizer_;
+};
+
+std::shared_ptr<grpc::ServerCredentials> GrpcCredentials(const ServerConfig& config,
+                                                         auth::TlsFiles* tls,
+                                                         auth::Authorizer* authorizer) {
+  if (tls == nullptr) return grpc::InsecureServerCredentials();
+  auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+      config.tls_key_file, config.tls_cert_file, /*refresh_interval_sec=*/1);
+  grpc::experimental::TlsServerCredentialsOptions options(provider);
+  options.watch_identity_key_cert_pairs();
+  if (tls->mtls()) {
+    options.set_cert_request_type(GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_BUT_DONT_VERIFY);
+    options.set_certificate_verifier(
+        grpc::experimental::ExternalCertificateVerifier::Create<ClientCertificateVerifier>(
+            tls, authorizer));
+  } else {
+    options.set_cert_request_type(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  }
+  return grpc::experimental::TlsServerCredentials(options);
+}
+
+void RegisterGuardMetrics(metrics::Metrics& m, ops::Admission& admission,
+                          auth::Authorizer& authorizer) {
+  using AdmissionRead = uint64_t ops::Admission::Counts::*;
+  const std::pair<const char*, AdmissionRead> drops[] = {
+      {"queue_full", &ops::Admission::Counts::queue_full},
+      {"client_limit", &ops::Admission::Counts::client_limit},
+      {"deadline", &ops::Admission::Counts::deadline}};
+  for (const auto& [reason, field] : drops) {
+    m.AddPullCounter("offload_dropped_total",
+                     "Calls refused (queue_full, client_limit: RESOURCE_EXHAUSTED) or dropped "
+                     "unrun (deadline passed while queued)",
+                     {{"reason", reason}},
+                     [&admission, field = field] { return double(admission.counts().*field); });
+  }
+  m.AddPullGauge("offload_queued_items", "Items admitted and not yet finished", {},
+                 [&admission] { return double(admission.queued_items()); });
+  using AuthRead = uint64_t auth::Authorizer::Counts::*;
+  const std::pair<const char*, AuthRead> denials[] = {
+      {"unauthenticated", &auth::Authorizer::Counts::unauthenticated},
+      {"permission_denied", &auth::Authorizer::Counts::permission_denied},
+      {"handshake_refused", &auth::Authorizer::Counts::handshake_refused}};
+  for (const auto& [reason, field] : denials) {
+    m.AddPullCounter("offload_auth_denied_total",
+                     "Calls or TLS handshakes refused by authentication or the grants policy",
+                     {{"reason", reason}},
+                     [&authorizer, field = field] { return double(authorizer.counts().*field); });
+  }
 }
 
 }  // namespace
@@ -192,14 +302,32 @@ absl::Status RunServer(const ServerConfig& config) {
   // entries are named by key version instances that are never reused).
   key_manager->AddChangeListener([&memo](absl::string_view key_id) { memo.DropKey(key_id); });
 
+  std::unique_ptr<auth::TlsFiles> tls;
+  if (!config.tls_cert_file.empty()) {
+    tls = std::make_unique<auth::TlsFiles>(auth::TlsFiles::Paths{
+        config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file});
+    OFFLOAD_RETURN_IF_ERROR(tls->Load());
+  }
+  OFFLOAD_ASSIGN_OR_RETURN(
+      std::unique_ptr<auth::Authorizer> authorizer,
+      auth::Authorizer::Create({!config.tls_client_ca_file.empty(), config.policy_file,
+                                config.audit_log_file}));
+  if (tls != nullptr && tls->mtls() && config.policy_file.empty()) {
+    Log(LogLevel::kWarning, "no_policy",
+        {{"advice", "mTLS without --policy_file: every client with a valid certificate may use "
+                    "every key and manage keys"}});
+  }
+  ops::Admission admission({config.max_queued_items, config.max_client_inflight});
+
   // Declared before the server so that it outlives it: the server's calls finish on the pool.
   ops::WorkerPool pool(config.workers);
   ops::Operations operations(key_manager.get(), &memo, &pool, backends,
                              ops::Operations::Options{config.max_batch_items});
   RegisterPulledMetrics(metrics, memo, pool, *key_manager);
+  RegisterGuardMetrics(metrics, admission, *authorizer);
   rpc::Services services(&operations, key_manager.get(), &pool,
                          config.metrics_enabled ? &metrics : nullptr,
-                         config.log_requests_sample_rate);
+                         config.log_requests_sample_rate, {authorizer.get(), &admission});
   // The HTTP gateway: the same operations, limits and metrics, over Connect and gRPC-Web.
   http::MethodTable http_methods(&operations, key_manager.get());
   std::unique_ptr<http::Gateway> gateway;
@@ -209,6 +337,9 @@ absl::Status RunServer(const ServerConfig& config) {
     http_options.max_message_bytes = config.max_message_bytes;
     http_options.cors_origin = config.http_cors_origin;
     http_options.log_sample_rate = config.log_requests_sample_rate;
+    http_options.tls = tls.get();
+    http_options.authorizer = authorizer.get();
+    http_options.admission = &admission;
     gateway = std::make_unique<http::Gateway>(
         &http_methods, &pool, config.metrics_enabled ? &metrics : nullptr, http_options);
     OFFLOAD_RETURN_IF_ERROR(gateway->Start());
@@ -218,7 +349,8 @@ absl::Status RunServer(const ServerConfig& config) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(config.grpc_address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(config.grpc_address,
+                           GrpcCredentials(config, tls.get(), authorizer.get()), &port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(config.max_message_bytes));
   services.RegisterAll(builder);
@@ -238,6 +370,10 @@ absl::Status RunServer(const ServerConfig& config) {
        {"workers", pool.size()},
        {"max_batch_items", config.max_batch_items},
        {"max_message_bytes", config.max_message_bytes},
+       {"tls", tls == nullptr ? "off" : (tls->mtls() ? "mtls" : "tls")},
+       {"policy_file", config.policy_file},
+       {"max_queued_items", config.max_queued_items},
+       {"max_client_inflight", config.max_client_inflight},
        {"memo", {{"enabled", config.memo_enabled},
                  {"verify_bytes", config.memo_verify_bytes},
                  {"derive_bytes", config.memo_derive_bytes},

@@ -40,6 +40,19 @@ struct ServerConfig {
   int64_t memo_derive_bytes = 16 << 20;
   int64_t memo_open_bytes_per_key = 8 << 20;
   int64_t memo_open_bytes_total = 256 << 20;
+  // TLS on the gRPC and HTTP ports when both files are set (PEM; re-read when they change).
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  // mTLS: client certificates are checked against these CAs and callers need one (its URI SAN,
+  // DNS SAN or CN is the caller's identity). Requires TLS.
+  std::string tls_client_ca_file;
+  // Grants (see service/auth/policy.h): identity -> key ids and operations. Requires mTLS.
+  std::string policy_file;
+  // JSON-lines audit trail of key lifecycle events and refusals; empty: the main log (stderr).
+  std::string audit_log_file;
+  // Overload protection (service/ops/admission.h); 0 = no bound.
+  int64_t max_queued_items = 16384;
+  int max_client_inflight = 256;
 };
 
 // Blocks SIGTERM and SIGINT in the calling thread (and so in every thread it starts later).

@@ -314,21 +314,33 @@ absl::Status Operations::CheckBatchSize(int items) const {
 }
 
 template <typename ItemFn>
-void Operations::RunBatch(int n, ItemFn item, Done done) const {
+void Operations::RunBatch(int n, ItemFn item, Done done, Alive alive) const {
   struct State {
     std::atomic<int> remaining;
+    std::atomic<bool> expired{false};
     Done done;
+    Alive alive;
   };
   const int chunks = std::min(n, pool_->size());
   auto state = std::make_shared<State>();
   state->remaining.store(chunks);
   state->done = std::move(done);
+  state->alive = std::move(alive);
   const int chunk_size = (n + chunks - 1) / chunks;
   for (int begin = 0; begin < n; begin += chunk_size) {
     const int end = std::min(n, begin + chunk_size);
     pool_->Submit([state, item, begin, end]() {
-      for (int i = begin; i < end; ++i) item(i);
-      if (state->remaining.fetch_sub(1) == 1) std::move(state->done)(absl::OkStatus());
+      if (state->expired.load(std::memory_order_relaxed) || (state->alive && !state->alive())) {
+        state->expired.store(true, std::memory_order_relaxed);  // the rest is skipped too
+      } else {
+        for (int i = begin; i < end; ++i) item(i);
+      }
+      if (state->remaining.fetch_sub(1) == 1) {
+        std::move(state->done)(state->expired.load()
+                                   ? absl::DeadlineExceededError(
+                                         "deadline passed or call cancelled while queued")
+                                   : absl::OkStatus());
+      }
     });
   }
 }
@@ -336,7 +348,7 @@ void Operations::RunBatch(int n, ItemFn item, Done done) const {
 template <typename BatchRequest, typename BatchResponse, typename Request, typename Response>
 void Operations::BatchOf(const BatchRequest& request, BatchResponse* response,
                          absl::Status (Operations::*single)(const Request&, Response*) const,
-                         Done done) const {
+                         Done done, Alive alive) const {
   absl::Status size_ok = CheckBatchSize(request.items_size());
   if (!size_ok.ok()) return std::move(done)(size_ok);
   for (int i = 0; i < request.items_size(); ++i) response->add_results();
@@ -348,36 +360,36 @@ void Operations::BatchOf(const BatchRequest& request, BatchResponse* response,
         if (!s.ok()) result->clear_response();
         SetItemStatus(s, result->mutable_status());
       },
-      std::move(done));
+      std::move(done), std::move(alive));
 }
 
 void Operations::BatchSign(const v1::BatchSignRequest& request, v1::BatchSignResponse* response,
-                           Done done) const {
-  BatchOf(request, response, &Operations::Sign, std::move(done));
+                           Done done, Alive alive) const {
+  BatchOf(request, response, &Operations::Sign, std::move(done), std::move(alive));
 }
 void Operations::BatchDerive(const v1::BatchDeriveRequest& request,
-                             v1::BatchDeriveResponse* response, Done done) const {
-  BatchOf(request, response, &Operations::Derive, std::move(done));
+                             v1::BatchDeriveResponse* response, Done done, Alive alive) const {
+  BatchOf(request, response, &Operations::Derive, std::move(done), std::move(alive));
 }
 void Operations::BatchBoxSeal(const v1::BatchBoxSealRequest& request,
-                              v1::BatchBoxSealResponse* response, Done done) const {
-  BatchOf(request, response, &Operations::BoxSeal, std::move(done));
+                              v1::BatchBoxSealResponse* response, Done done, Alive alive) const {
+  BatchOf(request, response, &Operations::BoxSeal, std::move(done), std::move(alive));
 }
 void Operations::BatchBoxOpen(const v1::BatchBoxOpenRequest& request,
-                              v1::BatchBoxOpenResponse* response, Done done) const {
-  BatchOf(request, response, &Operations::BoxOpen, std::move(done));
+                              v1::BatchBoxOpenResponse* response, Done done, Alive alive) const {
+  BatchOf(request, response, &Operations::BoxOpen, std::move(done), std::move(alive));
 }
 void Operations::BatchAeadSeal(const v1::BatchAeadSealRequest& request,
-                               v1::BatchAeadSealResponse* response, Done done) const {
-  BatchOf(request, response, &Operations::AeadSeal, std::move(done));
+                               v1::BatchAeadSealResponse* response, Done done, Alive alive) const {
+  BatchOf(request, response, &Operations::AeadSeal, std::move(done), std::move(alive));
 }
 void Operations::BatchAeadOpen(const v1::BatchAeadOpenRequest& request,
-                               v1::BatchAeadOpenResponse* response, Done done) const {
-  BatchOf(request, response, &Operations::AeadOpen, std::move(done));
+                               v1::BatchAeadOpenResponse* response, Done done, Alive alive) const {
+  BatchOf(request, response, &Operations::AeadOpen, std::move(done), std::move(alive));
 }
 
 void Operations::BatchVerify(const v1::BatchVerifyRequest& request,
-                             v1::BatchVerifyResponse* response, Done done) const {
+                             v1::BatchVerifyResponse* response, Done done, Alive alive) const {
   absl::Status size_ok = CheckBatchSize(request.items_size());
   if (!size_ok.ok()) return std::move(done)(size_ok);
   for (int i = 0; i < request.items_size(); ++i) response->add_results();
@@ -391,7 +403,7 @@ void Operations::BatchVerify(const v1::BatchVerifyRequest& request,
         result->set_memo_hit(single.memo_hit());
         SetItemStatus(s, result->mutable_status());
       },
-      std::move(done));
+      std::move(done), std::move(alive));
 }
 
 }  // namespace offload::ops

@@ -16,6 +16,7 @@
 #define SERVICE_OPS_OPERATIONS_H_
 
 #include <cstddef>
+#include <functional>
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
@@ -36,6 +37,9 @@ class Operations final {
     int max_batch_items = 1024;
   };
   using Done = absl::AnyInvocable<void(absl::Status) &&>;
+  // Asked before each chunk of a batch runs: false (the call was cancelled or its deadline passed
+  // while it waited) skips the chunk's items and the batch ends DEADLINE_EXCEEDED. Null = always.
+  using Alive = std::function<bool()>;
 
   // `keys`, `memo` and `pool` must outlive this object.
   Operations(keys::KeyManager* keys, memo::Memo* memo, WorkerPool* pool,
@@ -62,19 +66,19 @@ class Operations final {
 
   // REQUIRES: `request` and `response` stay alive until `done` has been called.
   void BatchSign(const v1::BatchSignRequest& request, v1::BatchSignResponse* response,
-                 Done done) const;
+                 Done done, Alive alive = nullptr) const;
   void BatchVerify(const v1::BatchVerifyRequest& request, v1::BatchVerifyResponse* response,
-                   Done done) const;
+                   Done done, Alive alive = nullptr) const;
   void BatchDerive(const v1::BatchDeriveRequest& request, v1::BatchDeriveResponse* response,
-                   Done done) const;
+                   Done done, Alive alive = nullptr) const;
   void BatchBoxSeal(const v1::BatchBoxSealRequest& request, v1::BatchBoxSealResponse* response,
-                    Done done) const;
+                    Done done, Alive alive = nullptr) const;
   void BatchBoxOpen(const v1::BatchBoxOpenRequest& request, v1::BatchBoxOpenResponse* response,
-                    Done done) const;
+                    Done done, Alive alive = nullptr) const;
   void BatchAeadSeal(const v1::BatchAeadSealRequest& request, v1::BatchAeadSealResponse* response,
-                     Done done) const;
+                     Done done, Alive alive = nullptr) const;
   void BatchAeadOpen(const v1::BatchAeadOpenRequest& request, v1::BatchAeadOpenResponse* response,
-                     Done done) const;
+                     Done done, Alive alive = nullptr) const;
 
   const Options& options() const { return options_; }
 
@@ -83,12 +87,12 @@ class Operations final {
   absl::Status CheckBatchSize(int items) const;
   // Runs `item(i)` for every i in [0, n) on the pool, in contiguous chunks, then `done(OK)`.
   template <typename ItemFn>
-  void RunBatch(int n, ItemFn item, Done done) const;
+  void RunBatch(int n, ItemFn item, Done done, Alive alive) const;
   // A batch whose results hold (status, response of `single`) per item.
   template <typename BatchRequest, typename BatchResponse, typename Request, typename Response>
   void BatchOf(const BatchRequest& request, BatchResponse* response,
                absl::Status (Operations::*single)(const Request&, Response*) const,
-               Done done) const;
+               Done done, Alive alive) const;
 
   // The 32-byte shared key of `version` with `peer` (raw or box key, as `output` says), from the
   // derive memo when it has it. Sets `*memo_hit`.

@@ -1,10 +1,18 @@
 #include "service/rpc/services.h"
 
+#include <openssl/pem.h>
+
+#include <algorithm>
 #include <chrono>
+#include <deque>
 #include <string>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/random/random.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/security/auth_context.h"
+#include "service/auth/tls.h"
 #include "service/common/log.h"
 
 #include "offload/v1/aead.grpc.pb.h"
@@ -68,34 +76,126 @@ metrics::ItemCounts CountBatch(const BatchResponse& r) {
   return counts;
 }
 
+struct MethodInfo {
+  std::string path;  // "/offload.v1.AeadService/Open"
+  metrics::MethodMetrics* metrics = nullptr;
+};
+
+// Client-certificate PEM -> identity. The certificate was verified during the handshake (see
+// auth::TlsFiles::VerifyClient); parsing it costs ~20 us, so each connection's certificate is
+// parsed once.
+class IdentityCache {
+ public:
+  std::string Lookup(absl::string_view pem) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = map_.find(pem);
+      if (it != map_.end()) return it->second;
+    }
+    std::string identity;
+    if (BIO* bio = BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size()))) {
+      if (X509* cert = PEM_read_bio_X509(bio, nullptr, nullptr, nullptr)) {
+        identity = auth::IdentityOf(cert);
+        X509_free(cert);
+      }
+      BIO_free(bio);
+    }
+    absl::MutexLock lock(&mu_);
+    if (map_.size() >= 4096) map_.clear();  // bounded: many distinct clients just re-parse
+    map_.emplace(std::string(pem), identity);
+    return identity;
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::string> map_ ABSL_GUARDED_BY(mu_);
+};
+
 // Runs calls on the worker pool, finishes them, and records their metrics. Shared by every
 // service.
 class Dispatcher {
  public:
   Dispatcher(Operations* operations, keys::KeyManager* keys, ops::WorkerPool* pool,
-             metrics::Metrics* metrics, double log_sample_rate)
+             metrics::Metrics* metrics, double log_sample_rate, const Guards& guards)
       : operations_(operations),
         keys_(keys),
         pool_(pool),
         metrics_(metrics),
-        log_sample_rate_(log_sample_rate) {}
+        log_sample_rate_(log_sample_rate),
+        authorizer_(guards.authorizer),
+        admission_(guards.admission) {}
 
-  // A method's metrics handle; start-up only.
-  metrics::MethodMetrics* Method(absl::string_view service, absl::string_view method,
-                                 bool batch) {
-    return metrics_ == nullptr ? nullptr : metrics_->Method(service, method, batch);
+  // A method's path and metrics handle; start-up only.
+  const MethodInfo* Method(absl::string_view service, absl::string_view method, bool batch) {
+    MethodInfo& info = methods_.emplace_back();
+    info.path = absl::StrCat("/", service, "/", method);
+    info.metrics = metrics_ == nullptr ? nullptr : metrics_->Method(service, method, batch);
+    return &info;
+  }
+
+  // Who is calling: the verified client-certificate identity (mTLS) and the peer address.
+  auth::Peer PeerOf(CallbackServerContext* context) {
+    auth::Peer peer;
+    peer.address = context->peer();
+    if (authorizer_ == nullptr || !authorizer_->mtls()) return peer;
+    std::shared_ptr<const grpc::AuthContext> auth = context->auth_context();
+    if (auth == nullptr) return peer;
+    std::vector<grpc::string_ref> pem = auth->FindPropertyValues("x509_pem_cert");
+    if (pem.empty()) return peer;  // no client certificate
+    peer.identity = identities_.Lookup(absl::string_view(pem.front().data(), pem.front().size()));
+    return peer;
+  }
+
+  // Authorization, then admission (room in the queue, the client's concurrency limit). On
+  // refusal the call is finished here and false returned.
+  bool Enter(CallbackServerContext* context, ServerUnaryReactor* reactor, const MethodInfo* method,
+             const google::protobuf::Message& request, int items, Clock::time_point start,
+             ops::Admission::Ticket* ticket) {
+    if (authorizer_ == nullptr && admission_ == nullptr) return true;
+    const auth::Peer peer = PeerOf(context);
+    absl::Status status;
+    if (authorizer_ != nullptr) status = authorizer_->Authorize(peer, method->path, request, "grpc");
+    if (status.ok() && admission_ != nullptr) {
+      absl::StatusOr<ops::Admission::Ticket> admitted = admission_->Admit(peer.ClientName(), items);
+      if (admitted.ok()) {
+        *ticket = *std::move(admitted);
+      } else {
+        status = admitted.status();
+      }
+    }
+    if (status.ok()) return true;
+    Finish(reactor, method, start, status, items > 1 ? metrics::ItemCounts{} : CountOne(status.code()),
+           items > 1 ? items : 0);
+    return false;
+  }
+
+  // Audits a finished key-management call (no-op for other methods or without an authorizer).
+  void AuditKeyCall(CallbackServerContext* context, const MethodInfo* method,
+                    const google::protobuf::Message& request, const absl::Status& status,
+                    uint32_t version) {
+    if (authorizer_ == nullptr) return;
+    authorizer_->AuditKeyCall(PeerOf(context), method->path, request, status, version, "grpc");
   }
 
   // Runs `fn` (returning absl::Status) on the pool, then finishes the call with its status.
   // A call cancelled or past its deadline while it waited is finished without running.
   template <typename Response, typename Fn>
-  ServerUnaryReactor* Run(CallbackServerContext* context, metrics::MethodMetrics* method,
-                          const Response* response, Fn fn) {
+  ServerUnaryReactor* Run(CallbackServerContext* context, const MethodInfo* method,
+                          const google::protobuf::Message& request, const Response* response,
+                          Fn fn) {
     ServerUnaryReactor* reactor = context->DefaultReactor();
     const Clock::time_point start = Clock::now();
-    pool_->Submit([this, context, reactor, method, response, start, fn = std::move(fn)]() mutable {
+    ops::Admission::Ticket ticket;
+    if (!Enter(context, reactor, method, request, 1, start, &ticket)) return reactor;
+    pool_->Submit([this, context, reactor, method, response, start, fn = std::move(fn),
+                   ticket = std::move(ticket)]() mutable {
       absl::Status status = Expired(context);
-      if (status.ok()) status = fn();
+      if (status.ok()) {
+        status = fn();
+      } else if (admission_ != nullptr) {
+        admission_->CountDeadlineDrop();
+      }
+      ticket.Release();
       Finish(reactor, method, start, status, CountItems(*response, status.code()), 0);
     });
     return reactor;
@@ -103,8 +203,9 @@ class Dispatcher {
 
   // Finishes a call that needed no work on the pool (a memo hit answered on this gRPC thread),
   // skipping the two thread hand-offs a pool task costs (a worker wake-up, then the poller's).
+  // REQUIRES: the call was authorized (Refuse() returned null).
   template <typename Response>
-  ServerUnaryReactor* FinishInline(CallbackServerContext* context, metrics::MethodMetrics* method,
+  ServerUnaryReactor* FinishInline(CallbackServerContext* context, const MethodInfo* method,
                                    const Response* response, absl::Status status) {
     ServerUnaryReactor* reactor = context->DefaultReactor();
     const Clock::time_point start = Clock::now();
@@ -113,34 +214,58 @@ class Dispatcher {
     return reactor;
   }
 
+  // For calls answered without the pool (no admission: nothing is queued): null if the caller
+  // may make the call, else the reactor of the call, finished with the refusal.
+  ServerUnaryReactor* Refuse(CallbackServerContext* context, const MethodInfo* method,
+                             const google::protobuf::Message& request) {
+    if (authorizer_ == nullptr) return nullptr;
+    absl::Status status = authorizer_->Authorize(PeerOf(context), method->path, request, "grpc");
+    if (status.ok()) return nullptr;
+    ServerUnaryReactor* reactor = context->DefaultReactor();
+    Finish(reactor, method, Clock::now(), status, CountOne(status.code()), 0);
+    return reactor;
+  }
+
   template <typename Request, typename Response>
-  ServerUnaryReactor* Unary(CallbackServerContext* context, metrics::MethodMetrics* method,
+  ServerUnaryReactor* Unary(CallbackServerContext* context, const MethodInfo* method,
                             const Request* request, Response* response,
                             absl::Status (Operations::*op)(const Request&, Response*) const) {
     Operations* operations = operations_;
-    return Run(context, method, response,
+    return Run(context, method, *request, response,
                [=] { return (operations->*op)(*request, response); });
   }
 
   // The batch's items run on the pool; the last one to finish finishes the call.
   template <typename Request, typename Response>
-  ServerUnaryReactor* Batch(CallbackServerContext* context, metrics::MethodMetrics* method,
+  ServerUnaryReactor* Batch(CallbackServerContext* context, const MethodInfo* method,
                             const Request* request, Response* response,
-                            void (Operations::*op)(const Request&, Response*, Operations::Done)
-                                const) {
+                            void (Operations::*op)(const Request&, Response*, Operations::Done,
+                                                   Operations::Alive) const) {
     ServerUnaryReactor* reactor = context->DefaultReactor();
     const Clock::time_point start = Clock::now();
     if (absl::Status expired = Expired(context); !expired.ok()) {
       Finish(reactor, method, start, expired, {}, request->items_size());
       return reactor;
     }
-    (operations_->*op)(*request, response,
-                       [this, reactor, method, request, response, start](absl::Status status) {
-                         const metrics::ItemCounts counts =
-                             status.ok() ? CountBatch(*response) : metrics::ItemCounts{};
-                         if (!status.ok()) response->Clear();
-                         Finish(reactor, method, start, status, counts, request->items_size());
-                       });
+    ops::Admission::Ticket ticket;
+    if (!Enter(context, reactor, method, *request, std::max(1, request->items_size()), start,
+               &ticket)) {
+      return reactor;
+    }
+    (operations_->*op)(
+        *request, response,
+        [this, reactor, method, request, response, start,
+         ticket = std::move(ticket)](absl::Status status) mutable {
+          ticket.Release();
+          if (status.code() == absl::StatusCode::kDeadlineExceeded && admission_ != nullptr) {
+            admission_->CountDeadlineDrop();
+          }
+          const metrics::ItemCounts counts =
+              status.ok() ? CountBatch(*response) : metrics::ItemCounts{};
+          if (!status.ok()) response->Clear();
+          Finish(reactor, method, start, status, counts, request->items_size());
+        },
+        [context] { return Expired(context).ok(); });
     return reactor;
   }
 
@@ -156,10 +281,10 @@ class Dispatcher {
     return absl::OkStatus();
   }
 
-  void Finish(ServerUnaryReactor* reactor, metrics::MethodMetrics* method,
-              Clock::time_point start, const absl::Status& status,
-              const metrics::ItemCounts& counts, int batch_size) {
+  void Finish(ServerUnaryReactor* reactor, const MethodInfo* info, Clock::time_point start,
+              const absl::Status& status, const metrics::ItemCounts& counts, int batch_size) {
     const double seconds = SecondsSince(start);
+    metrics::MethodMetrics* method = info->metrics;
     if (method != nullptr) method->Record(status.code(), seconds, counts, batch_size);
     if (IsServerFault(status.code())) {
       // Messages name fields and sizes, never payloads or key material.
@@ -184,6 +309,10 @@ class Dispatcher {
   ops::WorkerPool* const pool_;
   metrics::Metrics* const metrics_;
   const double log_sample_rate_;
+  auth::Authorizer* const authorizer_;
+  ops::Admission* const admission_;
+  std::deque<MethodInfo> methods_;  // stable addresses
+  IdentityCache identities_;
   static thread_local absl::InsecureBitGen bitgen_;
 };
 
@@ -216,22 +345,30 @@ class KeyService final : public v1::KeyService::CallbackService {
   ServerUnaryReactor* CreateKey(CallbackServerContext* c, const v1::CreateKeyRequest* q,
                                 v1::KeyInfo* r) override {
     keys::KeyManager* k = d_->keys();
-    return d_->Run(c, create_, r, [=] { return Store(k->CreateKey(*q), r); });
+    return d_->Run(c, create_, *q, r, [=] {
+      absl::Status s = Store(k->CreateKey(*q), r);
+      d_->AuditKeyCall(c, create_, *q, s, r->current_version());
+      return s;
+    });
   }
   ServerUnaryReactor* ImportKey(CallbackServerContext* c, const v1::ImportKeyRequest* q,
                                 v1::KeyInfo* r) override {
     keys::KeyManager* k = d_->keys();
-    return d_->Run(c, import_, r, [=] { return Store(k->ImportKey(*q), r); });
+    return d_->Run(c, import_, *q, r, [=] {
+      absl::Status s = Store(k->ImportKey(*q), r);
+      d_->AuditKeyCall(c, import_, *q, s, r->current_version());
+      return s;
+    });
   }
   ServerUnaryReactor* GetKey(CallbackServerContext* c, const v1::GetKeyRequest* q,
                              v1::KeyInfo* r) override {
     keys::KeyManager* k = d_->keys();
-    return d_->Run(c, get_, r, [=] { return Store(k->GetKey(q->key_id()), r); });
+    return d_->Run(c, get_, *q, r, [=] { return Store(k->GetKey(q->key_id()), r); });
   }
   ServerUnaryReactor* ListKeys(CallbackServerContext* c, const v1::ListKeysRequest* q,
                                v1::ListKeysResponse* r) override {
     keys::KeyManager* k = d_->keys();
-    return d_->Run(c, list_, r, [=] {
+    return d_->Run(c, list_, *q, r, [=] {
       for (v1::KeyInfo& info : k->ListKeys()) *r->add_keys() = std::move(info);
       return absl::OkStatus();
     });
@@ -239,22 +376,30 @@ class KeyService final : public v1::KeyService::CallbackService {
   ServerUnaryReactor* RotateKey(CallbackServerContext* c, const v1::RotateKeyRequest* q,
                                 v1::KeyInfo* r) override {
     keys::KeyManager* k = d_->keys();
-    return d_->Run(c, rotate_, r, [=] { return Store(k->RotateKey(q->key_id()), r); });
+    return d_->Run(c, rotate_, *q, r, [=] {
+      absl::Status s = Store(k->RotateKey(q->key_id()), r);
+      d_->AuditKeyCall(c, rotate_, *q, s, r->current_version());
+      return s;
+    });
   }
   ServerUnaryReactor* DeleteKey(CallbackServerContext* c, const v1::DeleteKeyRequest* q,
                                 v1::DeleteKeyResponse* r) override {
     keys::KeyManager* k = d_->keys();
-    return d_->Run(c, delete_, r, [=] { return k->DeleteKey(q->key_id()); });
+    return d_->Run(c, delete_, *q, r, [=] {
+      absl::Status s = k->DeleteKey(q->key_id());
+      d_->AuditKeyCall(c, delete_, *q, s, 0);
+      return s;
+    });
   }
 
  private:
   Dispatcher* const d_;
-  metrics::MethodMetrics* const create_;
-  metrics::MethodMetrics* const import_;
-  metrics::MethodMetrics* const get_;
-  metrics::MethodMetrics* const list_;
-  metrics::MethodMetrics* const rotate_;
-  metrics::MethodMetrics* const delete_;
+  const MethodInfo* const create_;
+  const MethodInfo* const import_;
+  const MethodInfo* const get_;
+  const MethodInfo* const list_;
+  const MethodInfo* const rotate_;
+  const MethodInfo* const delete_;
 };
 
 class Ed25519Service final : public v1::Ed25519Service::CallbackService {
@@ -278,12 +423,13 @@ class Ed25519Service final : public v1::Ed25519Service::CallbackService {
     // A memo hit is a digest and a lookup (no crypto primitive): answered on this thread.
     // A miss goes to the pool with its digest, so the memo counts a single lookup.
     Operations* ops = d_->operations();
+    if (ServerUnaryReactor* refused = d_->Refuse(c, verify_, *q)) return refused;
     memo::Digest digest;
     absl::Status status;
     if (ops->VerifyFromMemo(*q, r, &digest, &status)) {
       return d_->FinishInline(c, verify_, r, std::move(status));
     }
-    return d_->Run(c, verify_, r, [=] { return ops->VerifyFresh(*q, digest, r); });
+    return d_->Run(c, verify_, *q, r, [=] { return ops->VerifyFresh(*q, digest, r); });
   }
   ServerUnaryReactor* BatchVerify(CallbackServerContext* c, const v1::BatchVerifyRequest* q,
                                   v1::BatchVerifyResponse* r) override {
@@ -292,10 +438,10 @@ class Ed25519Service final : public v1::Ed25519Service::CallbackService {
 
  private:
   Dispatcher* const d_;
-  metrics::MethodMetrics* const sign_;
-  metrics::MethodMetrics* const batch_sign_;
-  metrics::MethodMetrics* const verify_;
-  metrics::MethodMetrics* const batch_verify_;
+  const MethodInfo* const sign_;
+  const MethodInfo* const batch_sign_;
+  const MethodInfo* const verify_;
+  const MethodInfo* const batch_verify_;
 };
 
 class X25519Service final : public v1::X25519Service::CallbackService {
@@ -315,8 +461,8 @@ class X25519Service final : public v1::X25519Service::CallbackService {
 
  private:
   Dispatcher* const d_;
-  metrics::MethodMetrics* const derive_;
-  metrics::MethodMetrics* const batch_derive_;
+  const MethodInfo* const derive_;
+  const MethodInfo* const batch_derive_;
 };
 
 class BoxService final : public v1::BoxService::CallbackService {
@@ -346,10 +492,10 @@ class BoxService final : public v1::BoxService::CallbackService {
 
  private:
   Dispatcher* const d_;
-  metrics::MethodMetrics* const seal_;
-  metrics::MethodMetrics* const batch_seal_;
-  metrics::MethodMetrics* const open_;
-  metrics::MethodMetrics* const batch_open_;
+  const MethodInfo* const seal_;
+  const MethodInfo* const batch_seal_;
+  const MethodInfo* const open_;
+  const MethodInfo* const batch_open_;
 };
 
 class AeadService final : public v1::AeadService::CallbackService {
@@ -379,18 +525,18 @@ class AeadService final : public v1::AeadService::CallbackService {
 
  private:
   Dispatcher* const d_;
-  metrics::MethodMetrics* const seal_;
-  metrics::MethodMetrics* const batch_seal_;
-  metrics::MethodMetrics* const open_;
-  metrics::MethodMetrics* const batch_open_;
+  const MethodInfo* const seal_;
+  const MethodInfo* const batch_seal_;
+  const MethodInfo* const open_;
+  const MethodInfo* const batch_open_;
 };
 
 }  // namespace
 
 struct Services::Impl {
   Impl(Operations* operations, keys::KeyManager* keys, ops::WorkerPool* pool,
-       metrics::Metrics* metrics, double log_sample_rate)
-      : dispatcher(operations, keys, pool, metrics, log_sample_rate),
+       metrics::Metrics* metrics, double log_sample_rate, const Guards& guards)
+      : dispatcher(operations, keys, pool, metrics, log_sample_rate, guards),
         key_service(&dispatcher),
         ed25519_service(&dispatcher),
         x25519_service(&dispatcher),
@@ -406,8 +552,8 @@ struct Services::Impl {
 };
 
 Services::Services(Operations* operations, keys::KeyManager* keys, ops::WorkerPool* pool,
-                   metrics::Metrics* metrics, double log_sample_rate)
-    : impl_(std::make_unique<Impl>(operations, keys, pool, metrics, log_sample_rate)) {}
+                   metrics::Metrics* metrics, double log_sample_rate, Guards guards)
+    : impl_(std::make_unique<Impl>(operations, keys, pool, metrics, log_sample_rate, guards)) {}
 
 Services::~Services() = default;
 

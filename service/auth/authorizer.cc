@@ -1,0 +1,222 @@
+#include "service/auth/authorizer.h"
+
+#include <sys/stat.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/reflection.h"
+#include "service/common/log.h"
+
+namespace offload::auth {
+namespace {
+
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+
+void CollectKeyIds(const Message& message, int depth, absl::flat_hash_set<std::string>* seen,
+                   std::vector<std::string>* out) {
+  if (depth > 4) return;
+  const google::protobuf::Descriptor* d = message.GetDescriptor();
+  const google::protobuf::Reflection* r = message.GetReflection();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FieldDescriptor* f = d->field(i);
+    if (f->type() == FieldDescriptor::TYPE_STRING && f->name() == "key_id" && !f->is_repeated()) {
+      std::string id = r->GetString(message, f);
+      if (seen->insert(id).second) out->push_back(std::move(id));
+    } else if (f->type() == FieldDescriptor::TYPE_MESSAGE) {
+      if (f->is_repeated()) {
+        const int n = r->FieldSize(message, f);
+        for (int j = 0; j < n; ++j) {
+          CollectKeyIds(r->GetRepeatedMessage(message, f, j), depth + 1, seen, out);
+        }
+      } else if (r->HasField(message, f)) {
+        CollectKeyIds(r->GetMessage(message, f), depth + 1, seen, out);
+      }
+    }
+  }
+}
+
+int64_t FileStamp(const std::string& path) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) return 0;
+  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec +
+         static_cast<int64_t>(st.st_size) * 7 + static_cast<int64_t>(st.st_ino) * 13;
+}
+
+absl::StatusOr<std::shared_ptr<const Policy>> ReadPolicy(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat("policy_file: cannot read ", path));
+  std::ostringstream text;
+  text << in.rdbuf();
+  absl::StatusOr<Policy> policy = Policy::Parse(text.str());
+  if (!policy.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("policy_file ", path, ": ", policy.status().message()));
+  }
+  return std::make_shared<const Policy>(*std::move(policy));
+}
+
+std::string Iso8601Now() {
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone());
+}
+
+}  // namespace
+
+std::string Peer::ClientName() const {
+  if (!identity.empty()) return identity;
+  // "ipv4:127.0.0.1:5000" / "ipv6:[::1]:5000" / "127.0.0.1" -> the host part.
+  absl::string_view a = address;
+  if (absl::StartsWith(a, "ipv4:") || absl::StartsWith(a, "ipv6:")) a.remove_prefix(5);
+  if (!a.empty() && a.front() == '[') {
+    const size_t end = a.find(']');
+    return std::string(end == absl::string_view::npos ? a : a.substr(1, end - 1));
+  }
+  const size_t colon = a.rfind(':');
+  if (colon != absl::string_view::npos && a.find(':') == colon) a = a.substr(0, colon);
+  return std::string(a);
+}
+
+std::vector<std::string> KeyIdsOf(const Message& message) {
+  absl::flat_hash_set<std::string> seen;
+  std::vector<std::string> out;
+  CollectKeyIds(message, 0, &seen, &out);
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<Authorizer>> Authorizer::Create(Options options) {
+  if (!options.policy_file.empty() && !options.mtls) {
+    return absl::InvalidArgumentError(
+        "policy_file: needs mTLS (tls_client_ca_file), else callers have no identity");
+  }
+  std::unique_ptr<Authorizer> a(new Authorizer(std::move(options)));
+  if (!a->options_.policy_file.empty()) {
+    const int64_t stamp = FileStamp(a->options_.policy_file);
+    absl::StatusOr<std::shared_ptr<const Policy>> policy = ReadPolicy(a->options_.policy_file);
+    if (!policy.ok()) return policy.status();
+    absl::MutexLock lock(&a->policy_mu_);
+    a->policy_ = *std::move(policy);
+    a->policy_stamp_ = stamp;
+    a->policy_look_ = absl::Now();
+  }
+  if (!a->options_.audit_file.empty()) {
+    a->audit_ = std::fopen(a->options_.audit_file.c_str(), "a");
+    if (a->audit_ == nullptr) {
+      return absl::UnavailableError(
+          absl::StrCat("audit_file: cannot open ", a->options_.audit_file, " for appending"));
+    }
+  }
+  return a;
+}
+
+Authorizer::~Authorizer() {
+  if (audit_ != nullptr) std::fclose(audit_);
+}
+
+std::shared_ptr<const Policy> Authorizer::CurrentPolicy() {
+  if (options_.policy_file.empty()) return nullptr;
+  absl::MutexLock lock(&policy_mu_);
+  const absl::Time now = absl::Now();
+  if (now - policy_look_ < absl::Seconds(1)) return policy_;
+  policy_look_ = now;
+  const int64_t stamp = FileStamp(options_.policy_file);
+  if (stamp == policy_stamp_) return policy_;
+  policy_stamp_ = stamp;
+  absl::StatusOr<std::shared_ptr<const Policy>> policy = ReadPolicy(options_.policy_file);
+  if (!policy.ok()) {
+    Log(LogLevel::kError, "policy_reload_failed",
+        {{"error", std::string(policy.status().message())}, {"kept", "previous policy"}});
+    return policy_;
+  }
+  policy_ = *std::move(policy);
+  Log(LogLevel::kInfo, "policy_reloaded",
+      {{"policy_file", options_.policy_file}, {"grants", policy_->grant_count()}});
+  return policy_;
+}
+
+void Authorizer::Audit(absl::string_view event, nlohmann::json fields) {
+  if (audit_ == nullptr) {
+    fields["audit"] = true;
+    Log(LogLevel::kInfo, event, std::move(fields));
+    return;
+  }
+  nlohmann::ordered_json line;
+  line["ts"] = Iso8601Now();
+  line["event"] = std::string(event);
+  for (auto& [k, v] : fields.items()) line[k] = v;
+  const std::string text = line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  absl::MutexLock lock(&audit_mu_);
+  std::fwrite(text.data(), 1, text.size(), audit_);
+  std::fputc('\n', audit_);
+  std::fflush(audit_);
+}
+
+absl::Status Authorizer::Authorize(const Peer& peer, absl::string_view path,
+                                   const Message& request, absl::string_view transport) {
+  if (!options_.mtls) return absl::OkStatus();
+  absl::StatusOr<Operation> op = OperationOf(path);
+  if (!op.ok()) return absl::UnimplementedError(absl::StrCat("unknown method ", path));
+  if (peer.identity.empty()) {
+    unauthenticated_.fetch_add(1, std::memory_order_relaxed);
+    Audit("unauthenticated", {{"transport", std::string(transport)},
+                              {"peer", peer.address},
+                              {"method", std::string(path)},
+                              {"reason", "no verified client certificate"}});
+    return absl::UnauthenticatedError("a verified client certificate is required");
+  }
+  std::shared_ptr<const Policy> policy = CurrentPolicy();
+  if (policy == nullptr) return absl::OkStatus();  // mTLS without a policy: every client
+  const std::vector<std::string> key_ids = KeyIdsOf(request);
+  absl::Status status = policy->Check(peer.identity, *op, key_ids);
+  if (!status.ok()) {
+    permission_denied_.fetch_add(1, std::memory_order_relaxed);
+    Audit("permission_denied", {{"transport", std::string(transport)},
+                                {"identity", peer.identity},
+                                {"peer", peer.address},
+                                {"method", std::string(path)},
+                                {"operation", op->name},
+                                {"key_ids", key_ids},
+                                {"reason", std::string(status.message())}});
+  }
+  return status;
+}
+
+void Authorizer::AuditKeyCall(const Peer& peer, absl::string_view path, const Message& request,
+                              const absl::Status& status, uint32_t version,
+                              absl::string_view transport) {
+  absl::StatusOr<Operation> op = OperationOf(path);
+  if (!op.ok() || !op->admin) return;
+  const std::vector<std::string> key_ids = KeyIdsOf(request);
+  nlohmann::json fields = {{"transport", std::string(transport)},
+                           {"identity", peer.identity},
+                           {"peer", peer.address},
+                           {"operation", op->name},
+                           {"key_id", key_ids.empty() ? std::string() : key_ids.front()},
+                           {"code", absl::StatusCodeToString(status.code())}};
+  if (version != 0) fields["version"] = version;
+  if (!status.ok()) fields["reason"] = std::string(status.message());
+  Audit(status.ok() ? "key_" + op->name.substr(5) : std::string("key_call_failed"),
+        std::move(fields));
+}
+
+void Authorizer::AuditHandshakeRefused(absl::string_view transport,
+                                       absl::string_view claimed_identity,
+                                       absl::string_view reason) {
+  handshake_refused_.fetch_add(1, std::memory_order_relaxed);
+  Audit("tls_handshake_refused", {{"transport", std::string(transport)},
+                                  {"claimed_identity", std::string(claimed_identity)},
+                                  {"reason", std::string(reason)}});
+}
+
+Authorizer::Counts Authorizer::counts() const {
+  return {unauthenticated_.load(std::memory_order_relaxed),
+          permission_denied_.load(std::memory_order_relaxed),
+          handshake_refused_.load(std::memory_order_relaxed)};
+}
+
+}  // namespace offload::auth

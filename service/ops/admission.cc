@@ -1,0 +1,77 @@
+#include "service/ops/admission.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace offload::ops {
+
+Admission::Ticket& Admission::Ticket::operator=(Ticket&& other) noexcept {
+  if (this != &other) {
+    Release();
+    owner_ = std::exchange(other.owner_, nullptr);
+    items_ = std::exchange(other.items_, 0);
+    client_ = std::move(other.client_);
+  }
+  return *this;
+}
+
+void Admission::Ticket::Release() {
+  if (owner_ == nullptr) return;
+  std::exchange(owner_, nullptr)->Return(client_, items_);
+}
+
+absl::StatusOr<Admission::Ticket> Admission::Admit(absl::string_view client, int64_t items) {
+  if (items < 1) items = 1;
+  const int64_t max = options_.max_queued_items;
+  if (max > 0) {
+    // A call larger than the whole bound is still admitted when nothing else waits, so that a
+    // batch of max_batch_items can always run on an idle server.
+    int64_t queued = queued_items_.load(std::memory_order_relaxed);
+    do {
+      if (queued > 0 && queued + items > max) {
+        queue_full_.fetch_add(1, std::memory_order_relaxed);
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "server overloaded: ", queued, " items queued, limit ", max, "; retry later"));
+      }
+    } while (!queued_items_.compare_exchange_weak(queued, queued + items,
+                                                  std::memory_order_relaxed));
+  } else {
+    queued_items_.fetch_add(items, std::memory_order_relaxed);
+  }
+  Ticket ticket;
+  ticket.owner_ = this;
+  ticket.items_ = items;
+  if (options_.max_client_inflight > 0) {
+    absl::MutexLock lock(&mu_);
+    int& inflight = inflight_[client];
+    if (inflight >= options_.max_client_inflight) {
+      ticket.owner_ = nullptr;
+      queued_items_.fetch_sub(items, std::memory_order_relaxed);
+      client_limit_.fetch_add(1, std::memory_order_relaxed);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("client over its concurrency limit: ", options_.max_client_inflight,
+                       " calls in flight; retry later"));
+    }
+    ++inflight;
+    ticket.client_ = std::string(client);
+  }
+  return ticket;
+}
+
+void Admission::Return(const std::string& client, int64_t items) {
+  queued_items_.fetch_sub(items, std::memory_order_relaxed);
+  if (options_.max_client_inflight <= 0) return;
+  absl::MutexLock lock(&mu_);
+  auto it = inflight_.find(client);
+  if (it == inflight_.end()) return;
+  if (--it->second <= 0) inflight_.erase(it);
+}
+
+Admission::Counts Admission::counts() const {
+  return {queue_full_.load(std::memory_order_relaxed),
+          client_limit_.load(std::memory_order_relaxed),
+          deadline_drops_.load(std::memory_order_relaxed)};
+}
+
+}  // namespace offload::ops

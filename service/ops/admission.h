@@ -1,0 +1,86 @@
+// Overload protection: admits a call only while the server has room for it, so that excess load
+// is refused at once (RESOURCE_EXHAUSTED) instead of queueing without bound.
+//
+//   Admission admission({/*max_queued_items=*/16384, /*max_client_inflight=*/256});
+//   absl::StatusOr<Admission::Ticket> ticket = admission.Admit("spiffe://app-a", /*items=*/64);
+//   if (!ticket.ok()) return ticket.status();          // RESOURCE_EXHAUSTED, counted
+//   ... run the call; destroying (or Release()-ing) the ticket gives the room back ...
+//
+// Two bounds: the items admitted and not yet finished, over every caller (a batch counts its
+// items, so memory and queueing delay stay bounded whatever the mix), and the calls in flight per
+// client identity (one caller cannot take the whole queue). 0 disables a bound.
+// Thread-safety: every method may be called from any thread; a Ticket is owned by one call.
+#ifndef SERVICE_OPS_ADMISSION_H_
+#define SERVICE_OPS_ADMISSION_H_
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+
+namespace offload::ops {
+
+class Admission final {
+ public:
+  struct Options {
+    int64_t max_queued_items = 16384;  // items admitted and not finished, all callers; 0 = no bound
+    int max_client_inflight = 256;    // calls in flight per client identity; 0 = no bound
+  };
+  // Why calls were refused or dropped, for metrics.
+  struct Counts {
+    uint64_t queue_full = 0;
+    uint64_t client_limit = 0;
+    uint64_t deadline = 0;  // see CountDeadlineDrop
+  };
+
+  class Ticket {
+   public:
+    Ticket() = default;
+    Ticket(Ticket&& other) noexcept { *this = std::move(other); }
+    Ticket& operator=(Ticket&& other) noexcept;
+    ~Ticket() { Release(); }
+    // Gives the room back; idempotent.
+    void Release();
+
+   private:
+    friend class Admission;
+    Admission* owner_ = nullptr;
+    int64_t items_ = 0;
+    std::string client_;
+  };
+
+  explicit Admission(Options options) : options_(options) {}
+  Admission(const Admission&) = delete;
+  Admission& operator=(const Admission&) = delete;
+
+  // A ticket for a call of `items` items (1 for a unary call) from `client`, or
+  // ResourceExhausted naming the bound that is full.
+  absl::StatusOr<Ticket> Admit(absl::string_view client, int64_t items);
+
+  // Counts a call that was admitted but dropped because its deadline passed while it waited.
+  void CountDeadlineDrop() { deadline_drops_.fetch_add(1, std::memory_order_relaxed); }
+
+  int64_t queued_items() const { return queued_items_.load(std::memory_order_relaxed); }
+  Counts counts() const;
+  const Options& options() const { return options_; }
+
+ private:
+  void Return(const std::string& client, int64_t items);
+
+  const Options options_;
+  std::atomic<int64_t> queued_items_{0};
+  std::atomic<uint64_t> queue_full_{0};
+  std::atomic<uint64_t> client_limit_{0};
+  std::atomic<uint64_t> deadline_drops_{0};
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, int> inflight_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace offload::ops
+
+#endif  // SERVICE_OPS_ADMISSION_H_
