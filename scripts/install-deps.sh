@@ -19,18 +19,27 @@ packages=(
   nodejs npm
   # a real Prometheus (and promtool) for the observability test; the test runs its own process
   prometheus
+  # the deployment checks (tests/deploy): nginx -t and a routing test with a real nginx (the test
+  # runs its own process), docker-compose config, python3-yaml; kubectl below
+  nginx docker-compose python3-yaml
 )
+# kubectl for `kubectl kustomize deploy/k8s`: Debian's kubernetes-client (1.20) only when no
+# kubectl is on PATH, since it conflicts with other kubectl installs.
+if ! command -v kubectl >/dev/null; then packages+=(kubernetes-client); fi
 
-# The npm packages of tests/e2e/connect, exactly as package-lock.json pins them: `npm ci` when
-# node_modules is missing or older than the lock file. Works with Debian 12's node 18 and npm 9.
+# The npm packages of tests/e2e/connect and tests/deploy, exactly as their package-lock.json
+# pin them: `npm ci` when node_modules is missing or older than the lock file. Works with Debian
+# 12's node 18 and npm 9.
 npm_packages() {
-  local dir
-  dir="$(cd "$(dirname "$0")/.." && pwd)/tests/e2e/connect"
-  if [ ! -f "$dir/node_modules/.package-lock.json" ] ||
-     [ "$dir/package-lock.json" -nt "$dir/node_modules/.package-lock.json" ]; then
-    echo "install-deps: npm ci in $dir" >&2
-    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
-  fi
+  local root dir
+  root="$(cd "$(dirname "$0")/.." && pwd)"
+  for dir in "$root/tests/e2e/connect" "$root/tests/deploy"; do
+    if [ ! -f "$dir/node_modules/.package-lock.json" ] ||
+       [ "$dir/package-lock.json" -nt "$dir/node_modules/.package-lock.json" ]; then
+      echo "install-deps: npm ci in $dir" >&2
+      (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
+    fi
+  done
 }
 
 missing=()
@@ -50,6 +59,15 @@ echo "install-deps: installing ${missing[*]}" >&2
 sudo=""
 if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
+# No package may start a service here (nginx's would listen on 0.0.0.0:80): a policy-rc.d that
+# refuses every start (exit 101) while apt-get runs, removed afterwards only if created here.
+policy=/usr/sbin/policy-rc.d
+if [ ! -e "$policy" ]; then
+  printf '#!/bin/sh\n# scripts/install-deps.sh: no service starts while it installs\nexit 101\n' |
+    $sudo tee "$policy" >/dev/null
+  $sudo chmod 0755 "$policy"
+  trap '$sudo rm -f "$policy"' EXIT
+fi
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 npm_packages
