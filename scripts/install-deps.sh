@@ -19,12 +19,13 @@ packages=(
   nodejs npm
   # a real Prometheus (and promtool) for the observability test; the test runs its own process
   prometheus
-  # the deployment checks (tests/deploy): nginx -t and a routing test with a real nginx (the test
-  # runs its own process), docker-compose config, python3-yaml; kubectl below
-  nginx docker-compose python3-yaml
 )
-# kubectl for `kubectl kustomize deploy/k8s`: Debian's kubernetes-client (1.20) only when no
-# kubectl is on PATH, since it conflicts with other kubectl installs.
+
+# The deployment checks (tests/deploy): nginx -t and a routing test with a real nginx (the test
+# runs its own process), docker-compose config, python3-yaml; and kubectl for `kubectl kustomize`:
+# Debian's kubernetes-client (1.20) only when no kubectl is on PATH, since it conflicts with
+# other kubectl installs.
+packages+=(nginx docker-compose python3-yaml)
 if ! command -v kubectl >/dev/null; then packages+=(kubernetes-client); fi
 
 # The npm packages of tests/e2e/connect and tests/deploy, exactly as their package-lock.json
@@ -59,15 +60,23 @@ echo "install-deps: installing ${missing[*]}" >&2
 sudo=""
 if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
-# No package may start a service here (nginx's would listen on 0.0.0.0:80): a policy-rc.d that
-# refuses every start (exit 101) while apt-get runs, removed afterwards only if created here.
+# Installing postgresql or nginx would start their services (nginx on 0.0.0.0:80). Debian's
+# invoke-rc.d asks /usr/sbin/policy-rc.d first: exit 101 forbids the start. We put one there for
+# the duration of apt-get when there is none, and remove only the one we made.
 policy=/usr/sbin/policy-rc.d
+made_policy=""
+remove_policy() {
+  if [ -n "$made_policy" ]; then $sudo rm -f "$policy" || true; fi
+}
 if [ ! -e "$policy" ]; then
-  printf '#!/bin/sh\n# scripts/install-deps.sh: no service starts while it installs\nexit 101\n' |
+  trap remove_policy EXIT
+  made_policy=1
+  printf '#!/bin/sh\n# scripts/install-deps.sh: no service starts while packages install\nexit 101\n' |
     $sudo tee "$policy" >/dev/null
-  $sudo chmod 0755 "$policy"
-  trap '$sudo rm -f "$policy"' EXIT
+  $sudo chmod 755 "$policy"
 fi
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+remove_policy
+made_policy=""
 npm_packages
