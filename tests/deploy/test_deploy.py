@@ -449,6 +449,42 @@ class DockerfileTest(unittest.TestCase):
                          f"runtime stage packages {sorted(runtime)} != the binaries' "
                          f"{sorted(packages - base)}")
 
+    def test_healthcheck_against_a_real_server(self):
+        # The image's HEALTHCHECK command (bash /dev/tcp, GET /readyz), its port moved to a free
+        # one, against a real server: healthy once ready, unhealthy once the server is gone.
+        server = os.environ.get("OFFLOAD_SERVER")
+        if not server:
+            self.skipTest("OFFLOAD_SERVER not set (ctest sets it)")
+        hc = [a for i, a in self.runtime if i == "HEALTHCHECK"]
+        self.assertEqual(len(hc), 1)
+        import json
+        argv = json.loads(re.search(r"CMD (\[.*\])", hc[0]).group(1))
+        self.assertIn("/dev/tcp/127.0.0.1/8080", argv[-1])
+        self.assertIn("/readyz", argv[-1])
+        port = free_port()
+        argv[-1] = argv[-1].replace("/dev/tcp/127.0.0.1/8080", f"/dev/tcp/127.0.0.1/{port}")
+
+        def healthy():
+            return subprocess.run(argv, capture_output=True, timeout=10).returncode == 0
+
+        with tempfile.TemporaryDirectory(prefix="offload-hc-") as tmp:
+            env = dict(os.environ, OFFLOAD_KEK=os.urandom(32).hex())
+            proc = subprocess.Popen([server, "--grpc_address=127.0.0.1:0",
+                                     f"--http_address=127.0.0.1:{port}", "--metrics_address=",
+                                     f"--data_dir={tmp}", "--backend=libsodium", "--workers=1",
+                                     "--drain_timeout=1s"],
+                                    env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                end = time.monotonic() + 60
+                while not healthy():
+                    self.assertIsNone(proc.poll(), "server exited")
+                    self.assertLess(time.monotonic(), end, "HEALTHCHECK never passed")
+                    time.sleep(0.2)
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                self.assertEqual(proc.wait(30), 0)
+            self.assertFalse(healthy(), "HEALTHCHECK passes with no server")
+
     def test_runtime_stage_is_minimal_and_unprivileged(self):
         runtime = apt_packages(self.runtime_run)
         for bad in ("build-essential", "gcc", "g++", "cpp", "cmake", "clang", "ninja-build", "make"):
@@ -490,6 +526,9 @@ class FlagsTest(unittest.TestCase):
         import yaml
         cfg = yaml.safe_load(read("docker-compose.yml"))
         self.check("\n".join(cfg["x-offload"]["command"]) + "\n", "docker-compose.yml")
+
+    def test_dockerfile_cmd(self):
+        import yaml
         dockerfile = read("deploy/docker/Dockerfile")
         cmd = re.search(r'^CMD (\[.*?\])\s*$', re.sub(r"\\\n", " ", dockerfile), re.M)
         self.check("\n".join(yaml.safe_load(cmd.group(1))) + "\n", "Dockerfile CMD")
