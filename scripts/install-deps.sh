@@ -21,16 +21,26 @@ packages=(
   prometheus
 )
 
-# The npm packages of tests/e2e/connect, exactly as package-lock.json pins them: `npm ci` when
-# node_modules is missing or older than the lock file. Works with Debian 12's node 18 and npm 9.
+# The deployment checks (tests/deploy): nginx -t and a routing test with a real nginx (the test
+# runs its own process), docker-compose config, python3-yaml; and kubectl for `kubectl kustomize`:
+# Debian's kubernetes-client (1.20) only when no kubectl is on PATH, since it conflicts with
+# other kubectl installs.
+packages+=(nginx docker-compose python3-yaml)
+if ! command -v kubectl >/dev/null; then packages+=(kubernetes-client); fi
+
+# The npm packages of tests/e2e/connect and tests/deploy, exactly as their package-lock.json
+# pin them: `npm ci` when node_modules is missing or older than the lock file. Works with Debian
+# 12's node 18 and npm 9.
 npm_packages() {
-  local dir
-  dir="$(cd "$(dirname "$0")/.." && pwd)/tests/e2e/connect"
-  if [ ! -f "$dir/node_modules/.package-lock.json" ] ||
-     [ "$dir/package-lock.json" -nt "$dir/node_modules/.package-lock.json" ]; then
-    echo "install-deps: npm ci in $dir" >&2
-    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
-  fi
+  local root dir
+  root="$(cd "$(dirname "$0")/.." && pwd)"
+  for dir in "$root/tests/e2e/connect" "$root/tests/deploy"; do
+    if [ ! -f "$dir/node_modules/.package-lock.json" ] ||
+       [ "$dir/package-lock.json" -nt "$dir/node_modules/.package-lock.json" ]; then
+      echo "install-deps: npm ci in $dir" >&2
+      (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
+    fi
+  done
 }
 
 missing=()
@@ -50,6 +60,23 @@ echo "install-deps: installing ${missing[*]}" >&2
 sudo=""
 if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
+# Installing postgresql or nginx would start their services (nginx on 0.0.0.0:80). Debian's
+# invoke-rc.d asks /usr/sbin/policy-rc.d first: exit 101 forbids the start. We put one there for
+# the duration of apt-get when there is none, and remove only the one we made.
+policy=/usr/sbin/policy-rc.d
+made_policy=""
+remove_policy() {
+  if [ -n "$made_policy" ]; then $sudo rm -f "$policy" || true; fi
+}
+if [ ! -e "$policy" ]; then
+  trap remove_policy EXIT
+  made_policy=1
+  printf '#!/bin/sh\n# scripts/install-deps.sh: no service starts while packages install\nexit 101\n' |
+    $sudo tee "$policy" >/dev/null
+  $sudo chmod 755 "$policy"
+fi
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+remove_policy
+made_policy=""
 npm_packages

@@ -1,0 +1,584 @@
+"""Offline checks of the deployment files (deploy/, docker-compose.yml, .dockerignore).
+
+Run by ctest (label `deploy`) with Debian's /usr/bin/python3; each class is one ctest test:
+  NginxTest       nginx -t on deploy/nginx/nginx.conf and deploy/k8s/nginx.conf rendered to
+                  loopback, then the compose config run by a real nginx in front of three gRPC and
+                  three HTTP backends: one key -> one replica, keys spread, keyless calls spread,
+                  and when a replica stops only its keys move.
+  ComposeTest     `docker-compose config` (Debian's docker-compose 1.29) accepts docker-compose.yml,
+                  and the resolved file has what the deployment relies on.
+  DockerfileTest  deploy/docker/Dockerfile builds the targets scripts/serve.sh (and the README)
+                  build, its configure line configures this tree, the runtime stage holds exactly
+                  the runtime packages of the libraries the binaries load, no compiler, non-root.
+  FlagsTest       the server accepts every flag the compose file and the Kubernetes ConfigMap pass.
+  K8sTest         validate_k8s.mjs on deploy/k8s passes, and fails on a broken copy.
+No Docker engine or Kubernetes cluster is used: neither can run here.
+"""
+
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+import urllib.request
+from concurrent import futures
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+ROOT = os.path.abspath(os.environ.get("OFFLOAD_SOURCE_DIR",
+                                      os.path.join(os.path.dirname(__file__), "..", "..")))
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def read(rel):
+    with open(os.path.join(ROOT, rel), encoding="utf-8") as f:
+        return f.read()
+
+
+def tool(env_name, default):
+    path = os.environ.get(env_name) or shutil.which(default) or ""
+    if not path:
+        raise unittest.SkipTest(f"{default} not found (set {env_name})")
+    return path
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, deadline_s=10):
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError(f"nothing listens on 127.0.0.1:{port} after {deadline_s} s")
+
+
+# ---------------------------------------------------------------------------------------------
+# nginx
+
+
+def render_nginx(conf, grpc_upstreams, http_upstreams, grpc_listen, http_listen, tmp):
+    """The config with its upstreams, listeners and writable paths on loopback / in `tmp`.
+    Every replacement must happen exactly as often as the config is known to need it."""
+    def sub(pattern, repl, text, count_wanted):
+        text, n = re.subn(pattern, repl, text)
+        if n != count_wanted:
+            raise AssertionError(f"nginx.conf: {pattern!r} matched {n} times, want {count_wanted}")
+        return text
+
+    if "offload-headless:" in conf:          # deploy/k8s/nginx.conf: one name, every pod
+        conf = sub(r"server offload-headless:50051", f"server 127.0.0.1:{grpc_upstreams[0]}", conf, 1)
+        conf = sub(r"server offload-headless:8080", f"server 127.0.0.1:{http_upstreams[0]}", conf, 1)
+        conf = conf.replace("/tmp/", tmp + "/")
+    else:                                     # deploy/nginx/nginx.conf: offload-1..3
+        for i in range(3):
+            conf = sub(rf"server offload-{i + 1}:50051", f"server 127.0.0.1:{grpc_upstreams[i]}", conf, 1)
+            conf = sub(rf"server offload-{i + 1}:8080", f"server 127.0.0.1:{http_upstreams[i]}", conf, 1)
+        paths = "".join(f"\n    {k}_temp_path {tmp}/{k};"
+                        for k in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+        conf = sub(r"\nhttp \{", "\nhttp {" + paths, conf, 1)
+    conf = sub(r"listen 50051 http2;", f"listen 127.0.0.1:{grpc_listen} http2;", conf, 1)
+    conf = sub(r"listen 8080;", f"listen 127.0.0.1:{http_listen};", conf, 1)
+    return conf
+
+
+def normalized(conf):
+    """Directives without comments, paths and upstream servers: what both configs must share."""
+    out = []
+    for line in conf.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line or re.match(r"(pid |\w+_temp_path |server offload-)", line):
+            continue
+        out.append(line)
+    return out
+
+
+class HttpBackend:
+    def __init__(self, name):
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)
+                body = name.encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class GrpcBackend:
+    def __init__(self, name):
+        import grpc
+        handler = grpc.method_handlers_generic_handler(
+            "offload.test.Echo",
+            {"Who": grpc.unary_unary_rpc_method_handler(lambda request, context: name.encode())})
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        self.server.add_generic_rpc_handlers((handler,))
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    def stop(self):
+        self.server.stop(0).wait(5)
+
+
+class NginxTest(unittest.TestCase):
+    def setUp(self):
+        self.nginx = tool("OFFLOAD_NGINX", "nginx")
+        self.tmp = tempfile.mkdtemp(prefix="offload-nginx-")
+        os.chmod(self.tmp, 0o755)   # nginx workers run as `nobody` when the test runs as root
+        self.procs = []
+        self.backends = []
+
+    def tearDown(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+        for b in self.backends:
+            try:
+                b.stop()
+            except Exception:
+                pass
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def check_config(self, rel, *ports):
+        conf = render_nginx(read(rel), *ports, self.tmp)
+        path = os.path.join(self.tmp, os.path.basename(rel).replace(".conf", "") + "-test.conf")
+        with open(path, "w") as f:
+            f.write(conf)
+        args = [self.nginx, "-p", self.tmp + "/", "-c", path, "-e", "stderr"]
+        pid = "" if re.search(r"^pid ", conf, re.M) else f"pid {self.tmp}/nginx.pid;"
+        r = subprocess.run(args + (["-g", pid] if pid else []) + ["-t"], capture_output=True,
+                           text=True, timeout=30)
+        self.assertEqual(r.returncode, 0, f"nginx -t {rel}:\n{r.stderr}")
+        self.assertIn("test is successful", r.stderr)
+        return args + ["-g", f"daemon off; {pid}"]
+
+    def test_configs_and_key_routing(self):
+        import grpc
+        # The Kubernetes router is the compose one with other upstreams and paths.
+        self.assertEqual(normalized(read("deploy/nginx/nginx.conf")), normalized(read("deploy/k8s/nginx.conf")),
+                         "deploy/k8s/nginx.conf drifted from deploy/nginx/nginx.conf")
+        names = ["replica-1", "replica-2", "replica-3"]
+        grpc_backends = [GrpcBackend(n) for n in names]
+        http_backends = [HttpBackend(n) for n in names]
+        self.backends += grpc_backends + http_backends
+        grpc_ports = [b.port for b in grpc_backends]
+        http_ports = [b.port for b in http_backends]
+
+        self.check_config("deploy/k8s/nginx.conf", grpc_ports, http_ports, free_port(), free_port())
+        grpc_listen, http_listen = free_port(), free_port()
+        args = self.check_config("deploy/nginx/nginx.conf", grpc_ports, http_ports, grpc_listen, http_listen)
+        log = open(os.path.join(self.tmp, "nginx.log"), "w")
+        self.addCleanup(log.close)
+        self.procs.append(subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log))
+        wait_port(grpc_listen)
+        wait_port(http_listen)
+
+        channel = grpc.insecure_channel(f"127.0.0.1:{grpc_listen}")
+        self.addCleanup(channel.close)
+        who = channel.unary_unary("/offload.test.Echo/Who")
+
+        def via_grpc(key=None):
+            md = [("x-offload-key", key)] if key is not None else []
+            return who(b"", metadata=md, timeout=10).decode()
+
+        def via_http(key=None):
+            req = urllib.request.Request(f"http://127.0.0.1:{http_listen}/offload.v1.AeadService/Seal",
+                                         data=b"{}", method="POST",
+                                         headers={"Content-Type": "application/json"})
+            if key is not None:
+                req.add_header("x-offload-key", key)
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.read().decode()
+
+        keys = [f"tenant-{i}/key-{i * 7919 % 1000}" for i in range(30)]
+        for proto, call in (("grpc", via_grpc), ("http", via_http)):
+            with self.subTest(proto=proto):
+                placement = {}
+                for k in keys:
+                    seen = {call(k) for _ in range(3)}
+                    self.assertEqual(len(seen), 1, f"{proto}: key {k} reached {seen}")
+                    placement[k] = seen.pop()
+                used = set(placement.values())
+                self.assertGreaterEqual(len(used), 2, f"{proto}: 30 keys all on {used}")
+                keyless = {call() for _ in range(30)}
+                self.assertGreaterEqual(len(keyless), 2, f"{proto}: keyless calls all on {keyless}")
+                counts = {n: list(placement.values()).count(n) for n in names}
+                print(f"{proto}: 30 keys per replica {counts}; keyless calls reached {sorted(keyless)}")
+
+                # Stop the replica holding the most keys: its keys move, no other key does.
+                gone = max(counts, key=counts.get)
+                backend = (grpc_backends if proto == "grpc" else http_backends)[names.index(gone)]
+                backend.stop()
+                self.backends.remove(backend)
+                for k in keys:
+                    now = call(k)
+                    self.assertNotEqual(now, gone, f"{proto}: key {k} still routed to the stopped replica")
+                    if placement[k] != gone:
+                        self.assertEqual(now, placement[k], f"{proto}: key {k} moved without cause")
+
+
+# ---------------------------------------------------------------------------------------------
+# docker-compose
+
+
+class ComposeTest(unittest.TestCase):
+    def test_config(self):
+        import yaml
+        compose = tool("OFFLOAD_DOCKER_COMPOSE", "docker-compose")
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("OFFLOAD_", "COMPOSE_", "DOCKER_"))}
+        cmd = [compose, "--project-directory", ROOT, "-f", os.path.join(ROOT, "docker-compose.yml"), "config"]
+        r = subprocess.run(cmd + ["-q"], capture_output=True, text=True, env=env, timeout=60)
+        self.assertEqual(r.returncode, 0, f"docker-compose config -q:\n{r.stderr}")
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60, check=True)
+        cfg = yaml.safe_load(r.stdout)
+        services = cfg["services"]
+        for name in ("nginx", "postgres", "prometheus", "grafana"):
+            self.assertIn(name, services)
+        replicas = sorted(s for s in services if re.fullmatch(r"offload-\d+", s))
+        self.assertEqual(replicas, ["offload-1", "offload-2", "offload-3"])
+
+        drain = None
+        for name in replicas:
+            svc = services[name]
+            cmdline = svc["command"]
+            self.assertIn("--keystore=postgres", cmdline, name)
+            self.assertIn("--kek_file=/run/secrets/offload_kek", cmdline, name)
+            self.assertIn("OFFLOAD_POSTGRES_DSN", svc["environment"], name)
+            self.assertNotIn("password", svc["environment"]["OFFLOAD_POSTGRES_DSN"].lower(), name)
+            self.assertEqual({s["source"] for s in svc["secrets"]}, {"offload_kek", "postgres_password"})
+            self.assertTrue(svc.get("read_only"), f"{name}: root filesystem not read-only")
+            self.assertIn("ALL", svc.get("cap_drop", []), name)
+            drain = next(int(a.split("=")[1].rstrip("s")) for a in cmdline if a.startswith("--drain_timeout="))
+            grace = svc["stop_grace_period"]
+            self.assertGreater(int(grace.rstrip("s")), drain, f"{name}: stop_grace_period {grace} <= drain")
+        # No secret value in the file: nothing that looks like a key (32+ hex) or a password.
+        text = read("docker-compose.yml")
+        self.assertIsNone(re.search(r"\b[0-9a-fA-F]{32,}\b", text), "a hex key in docker-compose.yml")
+        self.assertNotIn("POSTGRES_PASSWORD:", text)
+        for name, sec in cfg["secrets"].items():
+            self.assertTrue(sec["file"].startswith(os.path.join(ROOT, "deploy/secrets/")), sec)
+        self.assertIn("deploy/secrets/", read(".dockerignore"))
+        # Every bind-mounted repository file exists (a typo would mount an empty folder).
+        mounted = set()
+        for name, svc in services.items():
+            for v in svc.get("volumes", []):
+                src = v["source"] if isinstance(v, dict) else v.split(":")[0]
+                if src.startswith(ROOT):
+                    self.assertTrue(os.path.exists(src), f"{name}: {src} does not exist")
+                    mounted.add(os.path.relpath(src, ROOT))
+        self.assertIn("deploy/nginx/nginx.conf", mounted)
+        self.assertIn("deploy/grafana/dashboards", mounted)
+        self.assertIn("deploy/grafana/provisioning/dashboards/offload.yml", mounted)
+        # The nginx upstreams are the replica services; Prometheus scrapes each of them.
+        nginx_conf = read("deploy/nginx/nginx.conf")
+        prom = read("deploy/prometheus/prometheus-compose.yml")
+        for name in replicas:
+            self.assertIn(f"server {name}:50051", nginx_conf)
+            self.assertIn(f"server {name}:8080", nginx_conf)
+            self.assertIn(f'"{name}:9464"', prom)
+        promtool = shutil.which("promtool")
+        if promtool:
+            r = subprocess.run([promtool, "check", "config", "prometheus-compose.yml"],
+                               cwd=os.path.join(ROOT, "deploy/prometheus"), capture_output=True,
+                               text=True, timeout=60)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+
+
+# ---------------------------------------------------------------------------------------------
+# Dockerfile
+
+
+def dockerfile_stages(text):
+    """[(stage name, [(instruction, argument text)])] with continuation lines joined."""
+    text = re.sub(r"^\s*#.*\n", "", text, flags=re.M)
+    text = re.sub(r"\\\n", " ", text)
+    stages = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        instr, _, arg = line.partition(" ")
+        instr = instr.upper()
+        if instr == "FROM":
+            m = re.match(r"(\S+)(?:\s+AS\s+(\S+))?", arg.strip(), re.I)
+            stages.append((m.group(2) or m.group(1), m.group(1), []))
+        else:
+            stages[-1][2].append((instr, arg.strip()))
+    return stages
+
+
+def build_targets(shell_text):
+    """Targets of every `cmake --build ... --target a b` in a shell text."""
+    targets = set()
+    for m in re.finditer(r"cmake --build\s[^\n]*?--target\s+([^\n&;|]+)", shell_text):
+        for tok in m.group(1).split():
+            if tok.startswith("-") or tok == "\\":
+                break
+            targets.add(tok)
+    return targets
+
+
+def apt_packages(run_text):
+    pkgs = set()
+    for m in re.finditer(r"apt-get install ([^&]+)", run_text):
+        pkgs |= {t for t in m.group(1).split() if not t.startswith("-")}
+    return pkgs
+
+
+class DockerfileTest(unittest.TestCase):
+    def setUp(self):
+        self.stages = dockerfile_stages(read("deploy/docker/Dockerfile"))
+        self.assertEqual(len(self.stages), 2, "want a builder and a runtime stage")
+        (self.builder_name, self.builder_base, self.builder), (_, self.runtime_base, self.runtime) = self.stages
+        self.builder_run = " && ".join(a for i, a in self.builder if i == "RUN")
+        self.runtime_run = " && ".join(a for i, a in self.runtime if i == "RUN")
+
+    def expected_targets(self):
+        serve = build_targets(read("scripts/serve.sh"))
+        self.assertTrue(serve, "no `cmake --build ... --target` in scripts/serve.sh")
+        return serve | build_targets(read("README.md"))
+
+    def test_same_targets_as_serve_and_readme(self):
+        self.assertEqual(self.builder_base, "debian:12")
+        self.assertEqual(self.runtime_base, "debian:12-slim")
+        targets = self.expected_targets()
+        self.assertEqual(build_targets(self.builder_run), targets)
+        copies = " ".join(a for i, a in self.runtime if i == "COPY" and f"--from={self.builder_name}" in a)
+        for t in targets:
+            self.assertIn(f"build/bin/{t}", copies, f"runtime stage does not copy {t}")
+
+    def test_builder_configure_line_configures_this_tree(self):
+        # The builder's configure command, run here against this tree in a scratch folder; then
+        # ninja's dry run of its targets: a flag or target the tree no longer has fails here.
+        m = re.search(r"(cmake -S \. -B build [^&]+)", self.builder_run)
+        self.assertIsNotNone(m, "no `cmake -S . -B build ...` in the builder stage")
+        argv = shlex.split(m.group(1))
+        self.assertIn("-DCMAKE_BUILD_TYPE=Release", argv)
+        with tempfile.TemporaryDirectory(prefix="offload-docker-cfg-") as tmp:
+            argv[argv.index("-S") + 1] = ROOT
+            argv[argv.index("-B") + 1] = tmp
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+            self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-3000:])
+            ninja = shutil.which("ninja") or "ninja"
+            r = subprocess.run([ninja, "-C", tmp, "-n"] + sorted(self.expected_targets()),
+                               capture_output=True, text=True, timeout=120)
+            self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-3000:])
+
+    def test_builder_has_the_build_packages(self):
+        # Every -dev package scripts/install-deps.sh installs, but those of tests and benchmarks.
+        deps = read("scripts/install-deps.sh")
+        m = re.search(r"packages=\((.*?)\n\)", deps, re.S)
+        listed = {t for line in m.group(1).splitlines()
+                  for t in line.split("#", 1)[0].split()}
+        test_only = {"libgtest-dev", "libgmock-dev", "libbenchmark-dev"}
+        wanted = {p for p in listed if p.endswith("-dev")} - test_only
+        wanted |= {"build-essential", "cmake", "ninja-build", "pkg-config", "protobuf-compiler",
+                   "protobuf-compiler-grpc"}
+        missing = wanted - apt_packages(self.builder_run)
+        self.assertFalse(missing, f"builder stage lacks {sorted(missing)}")
+
+    def test_runtime_has_exactly_the_runtime_libraries(self):
+        # The Debian packages of the shared libraries the built binaries load (DT_NEEDED), less
+        # those every debian:12-slim has, must be the runtime stage's package list.
+        binaries = [os.environ.get("OFFLOAD_SERVER"), os.environ.get("OFFLOAD_CTL")]
+        if not all(binaries):
+            self.skipTest("OFFLOAD_SERVER / OFFLOAD_CTL not set (ctest sets them)")
+        needed = set()
+        for b in binaries:
+            out = subprocess.run(["objdump", "-p", b], capture_output=True, text=True, check=True).stdout
+            needed |= set(re.findall(r"^\s*NEEDED\s+(\S+)", out, re.M))
+        paths = {}
+        for b in binaries:
+            out = subprocess.run(["ldd", b], capture_output=True, text=True, check=True).stdout
+            for name, path in re.findall(r"^\s*(\S+) => (/\S+)", out, re.M):
+                paths[name] = path
+        # dpkg knows a file by the path its package ships (/lib or /usr/lib: usrmerge); one
+        # `dpkg -S` over every candidate path (each call reads the whole database).
+        candidates = {}
+        for lib in sorted(needed):
+            self.assertIn(lib, paths, f"ldd does not resolve {lib}")
+            for p in {paths[lib], os.path.realpath(paths[lib])}:
+                for cand in (p, re.sub(r"^/usr/lib/", "/lib/", p), re.sub(r"^/lib/", "/usr/lib/", p)):
+                    candidates[cand] = lib
+        out = subprocess.run(["dpkg", "-S"] + sorted(candidates), capture_output=True, text=True).stdout
+        owners = {}
+        for line in out.splitlines():
+            pkg, _, path = line.partition(": ")
+            if path in candidates:
+                owners[candidates[path]] = pkg.split(":")[0]
+        unowned = sorted(set(needed) - set(owners))
+        self.assertFalse(unowned, f"no Debian package owns {unowned}")
+        packages = set(owners.values())
+        base = {"libc6", "libgcc-s1", "libstdc++6"}   # in debian:12-slim (required by apt)
+        runtime = apt_packages(self.runtime_run)
+        self.assertEqual(runtime, packages - base,
+                         f"runtime stage packages {sorted(runtime)} != the binaries' "
+                         f"{sorted(packages - base)}")
+
+    def test_healthcheck_against_a_real_server(self):
+        # The image's HEALTHCHECK command (bash /dev/tcp, GET /readyz), its port moved to a free
+        # one, against a real server: healthy once ready, unhealthy once the server is gone.
+        server = os.environ.get("OFFLOAD_SERVER")
+        if not server:
+            self.skipTest("OFFLOAD_SERVER not set (ctest sets it)")
+        hc = [a for i, a in self.runtime if i == "HEALTHCHECK"]
+        self.assertEqual(len(hc), 1)
+        import json
+        argv = json.loads(re.search(r"CMD (\[.*\])", hc[0]).group(1))
+        self.assertIn("/dev/tcp/127.0.0.1/8080", argv[-1])
+        self.assertIn("/readyz", argv[-1])
+        port = free_port()
+        argv[-1] = argv[-1].replace("/dev/tcp/127.0.0.1/8080", f"/dev/tcp/127.0.0.1/{port}")
+
+        def healthy():
+            return subprocess.run(argv, capture_output=True, timeout=10).returncode == 0
+
+        with tempfile.TemporaryDirectory(prefix="offload-hc-") as tmp:
+            env = dict(os.environ, OFFLOAD_KEK=os.urandom(32).hex())
+            proc = subprocess.Popen([server, "--grpc_address=127.0.0.1:0",
+                                     f"--http_address=127.0.0.1:{port}", "--metrics_address=",
+                                     f"--data_dir={tmp}", "--backend=libsodium", "--workers=1",
+                                     "--drain_timeout=1s"],
+                                    env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                end = time.monotonic() + 60
+                while not healthy():
+                    self.assertIsNone(proc.poll(), "server exited")
+                    self.assertLess(time.monotonic(), end, "HEALTHCHECK never passed")
+                    time.sleep(0.2)
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                self.assertEqual(proc.wait(30), 0)
+            self.assertFalse(healthy(), "HEALTHCHECK passes with no server")
+
+    def test_runtime_stage_is_minimal_and_unprivileged(self):
+        runtime = apt_packages(self.runtime_run)
+        for bad in ("build-essential", "gcc", "g++", "cpp", "cmake", "clang", "ninja-build", "make"):
+            self.assertNotIn(bad, runtime)
+        self.assertFalse([p for p in runtime if p.endswith("-dev")], "headers in the runtime stage")
+        self.assertIn("--no-install-recommends", self.runtime_run)
+        self.assertIn("rm -rf /var/lib/apt/lists/*", self.runtime_run)
+        users = [a for i, a in self.runtime if i == "USER"]
+        self.assertTrue(users, "no USER in the runtime stage")
+        self.assertNotIn(users[-1].split(":")[0], ("root", "0"))
+        instrs = {i for i, _ in self.runtime}
+        self.assertTrue({"HEALTHCHECK", "EXPOSE", "ENTRYPOINT"} <= instrs)
+        exposed = " ".join(a for i, a in self.runtime if i == "EXPOSE").split()
+        self.assertEqual(sorted(exposed), ["50051", "8080", "9464"])
+        # The build context leaves out build trees, secrets and key stores.
+        ignore = read(".dockerignore").split()
+        for p in (".git", "data/", "deploy/secrets/", "**/node_modules"):
+            self.assertIn(p, ignore)
+
+
+# ---------------------------------------------------------------------------------------------
+# Server flags
+
+
+class FlagsTest(unittest.TestCase):
+    def check(self, flags, what):
+        server = os.environ.get("OFFLOAD_SERVER")
+        if not server:
+            self.skipTest("OFFLOAD_SERVER not set (ctest sets it)")
+        with tempfile.NamedTemporaryFile("w", suffix=".flags") as f:
+            f.write(flags)
+            f.flush()
+            # absl parses every flag (names and values) before --version prints and exits 0.
+            r = subprocess.run([server, f"--flagfile={f.name}", "--version"], capture_output=True,
+                               text=True, timeout=30)
+        self.assertEqual(r.returncode, 0, f"{what}: offload_server rejects a flag:\n{r.stderr}")
+
+    def test_compose_command(self):
+        import yaml
+        cfg = yaml.safe_load(read("docker-compose.yml"))
+        self.check("\n".join(cfg["x-offload"]["command"]) + "\n", "docker-compose.yml")
+
+    def test_dockerfile_cmd(self):
+        import yaml
+        dockerfile = read("deploy/docker/Dockerfile")
+        cmd = re.search(r'^CMD (\[.*?\])\s*$', re.sub(r"\\\n", " ", dockerfile), re.M)
+        self.check("\n".join(yaml.safe_load(cmd.group(1))) + "\n", "Dockerfile CMD")
+
+    def test_k8s_flagfile(self):
+        self.check(read("deploy/k8s/offload.flags"), "deploy/k8s/offload.flags")
+
+
+# ---------------------------------------------------------------------------------------------
+# Kubernetes
+
+
+class K8sTest(unittest.TestCase):
+    def run_validator(self, root):
+        node = tool("OFFLOAD_NODE", "node")
+        kubectl = tool("OFFLOAD_KUBECTL", "kubectl")
+        env = dict(os.environ, OFFLOAD_KUBECTL=kubectl)
+        return subprocess.run([node, os.path.join(HERE, "validate_k8s.mjs"), root], cwd=HERE,
+                              capture_output=True, text=True, env=env, timeout=300)
+
+    def test_manifests_validate(self):
+        r = self.run_validator(ROOT)
+        print(r.stdout + r.stderr)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+
+    def test_validator_rejects_broken_manifests(self):
+        # The same files with one fault of each kind the validator looks for.
+        with tempfile.TemporaryDirectory(prefix="offload-k8s-bad-") as tmp:
+            dst = os.path.join(tmp, "deploy", "k8s")
+            shutil.copytree(os.path.join(ROOT, "deploy", "k8s"), dst)
+
+            def edit(name, old, new):
+                p = os.path.join(dst, name)
+                with open(p) as f:
+                    text = f.read()
+                self.assertIn(old, text, name)
+                with open(p, "w") as f:
+                    f.write(text.replace(old, new, 1))
+
+            edit("offload.yaml", "          readinessProbe:", "          readinesProbe:")  # unknown field
+            edit("scaling.yaml", "  maxUnavailable: 1", "  maxUnavailable: [1]")         # wrong type
+            edit("servicemonitor.yaml", "port: metrics", "port: metricz")                # dangling port
+            edit("offload.flags", "--drain_timeout=20s", "--drain_timeout=40s")          # grace too short
+            r = self.run_validator(tmp)
+            out = r.stdout + r.stderr
+            self.assertNotEqual(r.returncode, 0, out)
+            for want in ("'\"readinesProbe\"' does not exist", "PodDisruptionBudget/offload: schema",
+                         "port metricz not on the selected Service", "terminationGracePeriodSeconds 30"):
+                self.assertIn(want, out)
+
+
+if __name__ == "__main__":
+    unittest.main()
