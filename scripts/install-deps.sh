@@ -19,6 +19,9 @@ packages=(
   nodejs npm
   # a real Prometheus (and promtool) for the observability test; the test runs its own process
   prometheus
+  # the postgres key store (libpq) and the scale-out test: a real PostgreSQL and nginx, started
+  # by the test itself on loopback (their system services are never started, see below)
+  libpq-dev postgresql nginx
 )
 
 # The npm packages of tests/e2e/connect, exactly as package-lock.json pins them: `npm ci` when
@@ -50,6 +53,23 @@ echo "install-deps: installing ${missing[*]}" >&2
 sudo=""
 if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
+# Installing postgresql or nginx would start their services (nginx on 0.0.0.0:80). Debian's
+# invoke-rc.d asks /usr/sbin/policy-rc.d first: exit 101 forbids the start. We put one there for
+# the duration of apt-get when there is none, and remove only the one we made.
+policy=/usr/sbin/policy-rc.d
+made_policy=""
+remove_policy() {
+  if [ -n "$made_policy" ]; then $sudo rm -f "$policy" || true; fi
+}
+if [ ! -e "$policy" ]; then
+  trap remove_policy EXIT
+  made_policy=1
+  printf '#!/bin/sh\n# scripts/install-deps.sh: no service starts while packages install\nexit 101\n' |
+    $sudo tee "$policy" >/dev/null
+  $sudo chmod 755 "$policy"
+fi
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+remove_policy
+made_policy=""
 npm_packages
