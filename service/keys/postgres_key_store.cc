@@ -452,15 +452,23 @@ bool PostgresChangeListener::Wait(int fd, absl::Duration timeout) {
 void PostgresChangeListener::Run(PgConnPtr conn) {
   const std::string where = DescribePostgresDsn(dsn_);
   bool need_resync = true;  // changes before the LISTEN took effect were not heard
+  uint64_t failed_attempts = 0;
   while (!stopping_.load()) {
     if (conn == nullptr) {
       absl::StatusOr<PgConnPtr> reconnected = ConnectAndListen();
       if (!reconnected.ok()) {
-        Log(LogLevel::kWarning, "keystore_listener_reconnect_failed",
-            {{"store", where}, {"error", std::string(reconnected.status().message())}});
+        // Logged on attempts 1, 2, 4, 8...: an outage does not flood the log.
+        ++failed_attempts;
+        if ((failed_attempts & (failed_attempts - 1)) == 0) {
+          Log(LogLevel::kWarning, "keystore_listener_reconnect_failed",
+              {{"store", where},
+               {"attempts", failed_attempts},
+               {"error", std::string(reconnected.status().message())}});
+        }
         if (!Wait(-1, retry_delay_)) break;
         continue;
       }
+      failed_attempts = 0;
       conn = *std::move(reconnected);
       Log(LogLevel::kInfo, "keystore_listener_reconnected", {{"store", where}});
       need_resync = true;

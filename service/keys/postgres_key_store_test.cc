@@ -1,7 +1,7 @@
 // PostgresKeyStore, PostgresChangeListener and KeyManager over them, against a real PostgreSQL
 // whose connection string is in OFFLOAD_POSTGRES_DSN (keyword form; ctest runs this binary under
-// tests/integration/pg_support.py, which starts a throwaway server). Each test gets a database of
-// its own, created through that connection.
+// tests/integration/pg_support.py, which starts a throwaway server). Each test gets a schema of
+// its own (first on its connections' search_path), created through that connection.
 #include "service/keys/postgres_key_store.h"
 
 #include <libpq-fe.h>
@@ -77,13 +77,13 @@ class PostgresKeyStoreTest : public ::testing::Test {
     }
     ASSERT_EQ(sodium_init() >= 0, true);
     static std::atomic<int> counter{0};
-    db_ = absl::StrCat("offload_test_", ::getpid(), "_", counter.fetch_add(1));
-    Sql(BaseDsn(), absl::StrCat("CREATE DATABASE ", db_));
-    dsn_ = absl::StrCat(BaseDsn(), " dbname=", db_);
+    schema_ = absl::StrCat("offload_test_", ::getpid(), "_", counter.fetch_add(1));
+    Sql(BaseDsn(), absl::StrCat("CREATE SCHEMA ", schema_));
+    dsn_ = absl::StrCat(BaseDsn(), " options=-csearch_path=", schema_);
     kek_ = RandomKek();
   }
   void TearDown() override {
-    if (!db_.empty()) Sql(BaseDsn(), absl::StrCat("DROP DATABASE IF EXISTS ", db_, " WITH (FORCE)"));
+    if (!schema_.empty()) Sql(BaseDsn(), absl::StrCat("DROP SCHEMA IF EXISTS ", schema_, " CASCADE"));
   }
 
   std::unique_ptr<PostgresKeyStore> OpenStore() {
@@ -92,7 +92,7 @@ class PostgresKeyStoreTest : public ::testing::Test {
     return store.ok() ? *std::move(store) : nullptr;
   }
 
-  std::string db_;
+  std::string schema_;
   std::string dsn_;
   SecretBytes kek_;
 };
@@ -255,8 +255,8 @@ TEST_F(PostgresKeyStoreTest, ReconnectsAfterTheConnectionIsLost) {
   auto store = OpenStore();
   ASSERT_NE(store, nullptr);
   ASSERT_TRUE(store->Put(AeadRecord("k", 1)).ok());
-  Sql(dsn_, absl::StrCat("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '",
-                         db_, "' AND pid <> pg_backend_pid()"));
+  Sql(dsn_, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+            "backend_type = 'client backend' AND pid <> pg_backend_pid()");
   // The first call may see the broken connection (Unavailable); the next reconnects.
   absl::StatusOr<KeyRecord> k = store->Load("k");
   if (!k.ok()) {
