@@ -195,7 +195,11 @@ absl::StatusOr<std::unique_ptr<PostgresKeyStore>> PostgresKeyStore::Open(const s
 }
 
 absl::Status PostgresKeyStore::EnsureConnectedLocked() {
-  if (conn_ != nullptr && PQstatus(conn_.get()) == CONNECTION_OK) return absl::OkStatus();
+  // A connection left inside a transaction (a ROLLBACK that could not be sent) is not reused.
+  if (conn_ != nullptr && PQstatus(conn_.get()) == CONNECTION_OK &&
+      PQtransactionStatus(conn_.get()) == PQTRANS_IDLE) {
+    return absl::OkStatus();
+  }
   conn_.reset();
   absl::StatusOr<PgConnPtr> conn = Connect(dsn_);
   if (!conn.ok()) {
@@ -307,7 +311,6 @@ absl::StatusOr<KeyRecord> PostgresKeyStore::Load(absl::string_view key_id) {
 absl::StatusOr<int> PostgresKeyStore::WriteLocked(const char* sql, absl::string_view key_id,
                                                   const std::vector<uint8_t>* blob,
                                                   uint32_t current_version) {
-  OFFLOAD_RETURN_IF_ERROR(EnsureConnectedLocked());
   std::vector<Param> params = {Text(key_id)};
   const std::string version = absl::StrCat(current_version);
   if (blob != nullptr) {
@@ -324,6 +327,7 @@ absl::StatusOr<int> PostgresKeyStore::WriteLocked(const char* sql, absl::string_
 absl::Status PostgresKeyStore::Put(const KeyRecord& record) {
   OFFLOAD_ASSIGN_OR_RETURN(std::vector<uint8_t> blob, SealRecord(record));
   absl::MutexLock lock(&mu_);
+  OFFLOAD_RETURN_IF_ERROR(EnsureConnectedLocked());
   return WriteLocked(
              "WITH w AS (INSERT INTO offload_keys (key_id, record, current_version)"
              "  VALUES ($1, $2, $3::bigint) ON CONFLICT (key_id) DO UPDATE SET"
@@ -337,6 +341,7 @@ absl::Status PostgresKeyStore::Put(const KeyRecord& record) {
 absl::Status PostgresKeyStore::Insert(const KeyRecord& record) {
   OFFLOAD_ASSIGN_OR_RETURN(std::vector<uint8_t> blob, SealRecord(record));
   absl::MutexLock lock(&mu_);
+  OFFLOAD_RETURN_IF_ERROR(EnsureConnectedLocked());
   OFFLOAD_ASSIGN_OR_RETURN(
       int rows, WriteLocked("WITH w AS (INSERT INTO offload_keys (key_id, record, current_version)"
                             "  VALUES ($1, $2, $3::bigint) ON CONFLICT (key_id) DO NOTHING"
@@ -352,6 +357,7 @@ absl::Status PostgresKeyStore::Insert(const KeyRecord& record) {
 
 absl::Status PostgresKeyStore::Delete(absl::string_view key_id) {
   absl::MutexLock lock(&mu_);
+  OFFLOAD_RETURN_IF_ERROR(EnsureConnectedLocked());
   OFFLOAD_ASSIGN_OR_RETURN(
       int rows, WriteLocked("WITH w AS (DELETE FROM offload_keys WHERE key_id = $1"
                             "  RETURNING key_id)"

@@ -85,7 +85,8 @@ class PostgresKeyStore final : public KeyStore {
   absl::StatusOr<KeyRecord> OpenRecord(absl::string_view key_id,
                                        absl::Span<const uint8_t> blob) const;
   // Runs a one-statement write (INSERT/DELETE ... RETURNING key_id, wrapped to NOTIFY) and
-  // returns the number of rows it touched.
+  // returns the number of rows it touched. REQUIRES: connected (it may run inside a transaction,
+  // so it never reconnects itself).
   absl::StatusOr<int> WriteLocked(const char* sql, absl::string_view key_id,
                                   const std::vector<uint8_t>* blob, uint32_t current_version)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

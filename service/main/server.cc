@@ -179,9 +179,17 @@ absl::Status RunServer(const ServerConfig& config) {
 
   const absl::Time load_start = absl::Now();
   keys::KekOrigin kek_origin;
-  OFFLOAD_ASSIGN_OR_RETURN(
-      SecretBytes kek,
-      keys::LoadKek({config.kek_file, config.kek_env, config.data_dir}, &kek_origin));
+  // Replicas sharing a postgres store need one KEK between them, never a generated one each.
+  const bool shared_store = config.keystore == "postgres";
+  absl::StatusOr<SecretBytes> loaded_kek = keys::LoadKek(
+      {config.kek_file, config.kek_env, shared_store ? "" : config.data_dir}, &kek_origin);
+  if (!loaded_kek.ok() && shared_store) {
+    return absl::Status(loaded_kek.status().code(),
+                        absl::StrCat("keystore=postgres needs the same KEK on every replica "
+                                     "(--kek_file or --kek_env): ",
+                                     loaded_kek.status().message()));
+  }
+  OFFLOAD_ASSIGN_OR_RETURN(SecretBytes kek, std::move(loaded_kek));
   if (kek_origin.generated) {
     Log(LogLevel::kWarning, "kek_generated",
         {{"source", kek_origin.description},

@@ -506,6 +506,35 @@ class ScaleOutTest(harness.ServerTestCase):
             self.via_hash.aead.Seal(pb.aead.AeadSealRequest(key_id=key_id, plaintext=b"after"),
                                     timeout=5, metadata=self.md(key_id))
 
+    # -- e: configuration mistakes are refused at start -----------------------------------------
+
+    def test_e_postgres_store_refuses_a_per_replica_kek_and_unknown_stores(self):
+        binary = os.environ["OFFLOAD_SERVER"]
+        env = {k: v for k, v in os.environ.items() if k != "OFFLOAD_KEK"}
+        data = tempfile.mkdtemp(prefix="offload-scale-")
+        self.addCleanup(shutil.rmtree, data, True)
+        common = [binary, "--grpc_address=127.0.0.1:0", "--http_address=", "--metrics_address=",
+                  "--data_dir=" + data, "--backend=libsodium"]
+        # No KEK given: the file store would generate one; replicas of a shared store must not.
+        run = subprocess.run(common + ["--keystore=postgres"], env=env, capture_output=True,
+                             text=True, timeout=60)
+        self.assertNotEqual(run.returncode, 0)
+        self.assertIn("same KEK on every replica", run.stderr + run.stdout)
+        self.assertFalse(os.path.exists(os.path.join(data, "kek")), "a KEK was generated")
+        env["OFFLOAD_KEK"] = secrets.token_hex(32)
+        run = subprocess.run(common + ["--keystore=etcd"], env=env, capture_output=True,
+                             text=True, timeout=60)
+        self.assertNotEqual(run.returncode, 0)
+        self.assertIn("keystore: expected file or postgres", run.stderr + run.stdout)
+        # An unreachable database: a clear error, without the password.
+        bad_env = dict(env, OFFLOAD_POSTGRES_DSN="host=127.0.0.1 port=%d user=u "
+                       "password=not-this-one connect_timeout=5" % harness.free_port())
+        run = subprocess.run(common + ["--keystore=postgres"], env=bad_env, capture_output=True,
+                             text=True, timeout=60)
+        self.assertNotEqual(run.returncode, 0)
+        self.assertIn("postgres:host=127.0.0.1", run.stderr + run.stdout)
+        self.assertNotIn("not-this-one", run.stderr + run.stdout)
+
 
 if __name__ == "__main__":
     unittest.main()
