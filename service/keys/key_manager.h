@@ -9,7 +9,11 @@
 //
 // Mutations (create, import, rotate, delete) are serialised and written to the store before they
 // return; a mutation that was acknowledged survives a crash. Lookups never block on the store: they
-// read an immutable snapshot. Thread-safety: every method may be called from any thread.
+// read an immutable snapshot. With a store shared by several processes (the postgres store), the
+// store decides: a create is an insert that fails if the id exists anywhere, a rotation numbers
+// its version after the stored record in one atomic read-modify-write, a delete removes what is
+// stored; changes made elsewhere are applied by ReloadKey / Resync (driven by the store's change
+// notification). Thread-safety: every method may be called from any thread.
 #ifndef SERVICE_KEYS_KEY_MANAGER_H_
 #define SERVICE_KEYS_KEY_MANAGER_H_
 
