@@ -19,6 +19,9 @@ packages=(
   nodejs npm
   # a real Prometheus (and promtool) for the observability test; the test runs its own process
   prometheus
+  # the postgres key store (libpq) and the scale-out test: a real PostgreSQL and nginx, started
+  # by the test itself on loopback (their system services are never started, see below)
+  libpq-dev postgresql nginx
 )
 
 # The deployment checks (tests/deploy): nginx -t and a routing test with a real nginx (the test

@@ -124,6 +124,48 @@ absl::Status FileKeyStore::Delete(absl::string_view key_id) {
   return WriteLocked(records);
 }
 
+absl::StatusOr<KeyRecord> FileKeyStore::Load(absl::string_view key_id) {
+  absl::MutexLock lock(&mu_);
+  OFFLOAD_ASSIGN_OR_RETURN(std::vector<KeyRecord> records, ReadLocked());
+  for (KeyRecord& r : records) {
+    if (r.key_id == key_id) return std::move(r);
+  }
+  return absl::NotFoundError(absl::StrCat("key \"", key_id, "\" is not in the store"));
+}
+
+absl::Status FileKeyStore::Insert(const KeyRecord& record) {
+  OFFLOAD_RETURN_IF_ERROR(ValidateKeyRecord(record));
+  absl::MutexLock lock(&mu_);
+  OFFLOAD_ASSIGN_OR_RETURN(std::vector<KeyRecord> records, ReadLocked());
+  auto it = std::lower_bound(
+      records.begin(), records.end(), record.key_id,
+      [](const KeyRecord& r, const std::string& id) { return r.key_id < id; });
+  if (it != records.end() && it->key_id == record.key_id) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("key \"", record.key_id, "\" is already in the store"));
+  }
+  records.insert(it, record);
+  return WriteLocked(records);
+}
+
+absl::Status FileKeyStore::Update(absl::string_view key_id, const UpdateFn& update) {
+  absl::MutexLock lock(&mu_);
+  OFFLOAD_ASSIGN_OR_RETURN(std::vector<KeyRecord> records, ReadLocked());
+  auto it = std::find_if(records.begin(), records.end(),
+                         [key_id](const KeyRecord& r) { return r.key_id == key_id; });
+  if (it == records.end()) {
+    return absl::NotFoundError(absl::StrCat("key \"", key_id, "\" is not in the store"));
+  }
+  OFFLOAD_ASSIGN_OR_RETURN(KeyRecord updated, update(*it));
+  if (updated.key_id != key_id) {
+    return absl::InvalidArgumentError(absl::StrCat("update: changed the key id from \"", key_id,
+                                                   "\" to \"", updated.key_id, "\""));
+  }
+  OFFLOAD_RETURN_IF_ERROR(ValidateKeyRecord(updated));
+  *it = std::move(updated);
+  return WriteLocked(records);
+}
+
 std::string FileKeyStore::Describe() const { return absl::StrCat("file:", path_); }
 
 }  // namespace offload::keys

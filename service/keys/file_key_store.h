@@ -46,6 +46,9 @@ class FileKeyStore final : public KeyStore {
   absl::StatusOr<std::vector<KeyRecord>> LoadAll() override;
   absl::Status Put(const KeyRecord& record) override;
   absl::Status Delete(absl::string_view key_id) override;
+  absl::StatusOr<KeyRecord> Load(absl::string_view key_id) override;
+  absl::Status Insert(const KeyRecord& record) override;
+  absl::Status Update(absl::string_view key_id, const UpdateFn& update) override;
   std::string Describe() const override;
 
   // <data_dir>/keys.db

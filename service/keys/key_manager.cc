@@ -5,6 +5,7 @@
 #include <limits>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -153,6 +154,24 @@ KeyVersionRecord NewVersion(uint32_t version, SecretBytes secret) {
   return v;
 }
 
+// True iff `a` and `b` hold the same key: same id, type, options, versions and secrets.
+bool RecordsEqual(const KeyRecord& a, const KeyRecord& b) {
+  if (a.key_id != b.key_id || a.type != b.type || a.current_version != b.current_version ||
+      a.versions.size() != b.versions.size() ||
+      a.options.SerializeAsString() != b.options.SerializeAsString()) {
+    return false;
+  }
+  for (size_t i = 0; i < a.versions.size(); ++i) {
+    const KeyVersionRecord& x = a.versions[i];
+    const KeyVersionRecord& y = b.versions[i];
+    if (x.version != y.version || x.created_unix_seconds != y.created_unix_seconds ||
+        x.public_key != y.public_key || !SecretEquals(x.secret, y.secret)) {
+      return false;
+    }
+  }
+  return true;
+}
+
 SecretBytes RandomSecret() {
   SecretBytes secret(kKeySecretSize);
   randombytes_buf(secret.data(), secret.size());
@@ -268,7 +287,17 @@ absl::StatusOr<v1::KeyInfo> KeyManager::AddKey(KeyRecord record) {
   }
   // Prepare first: a key whose crypto objects cannot be built is never persisted.
   OFFLOAD_ASSIGN_OR_RETURN(std::shared_ptr<const ManagedKey> key, PrepareKey(&record, backends_));
-  OFFLOAD_RETURN_IF_ERROR(store_->Put(record));
+  // Insert, not Put: with a shared store another replica may have created this id already.
+  if (absl::Status inserted = store_->Insert(record); !inserted.ok()) {
+    if (absl::IsAlreadyExists(inserted)) {
+      // Its change notification has not arrived yet: catch up with the stored key now.
+      absl::StatusOr<KeyRecord> stored = store_->Load(record.key_id);
+      if (stored.ok()) ApplyStoredLocked(record.key_id, &*stored).IgnoreError();
+      return absl::AlreadyExistsError(
+          absl::StrCat("key_id: \"", record.key_id, "\" already exists"));
+    }
+    return inserted;
+  }
   const std::string id = record.key_id;
   records_.emplace(id, std::move(record));
   {
@@ -307,22 +336,45 @@ std::vector<v1::KeyInfo> KeyManager::ListKeys() const {
 absl::StatusOr<v1::KeyInfo> KeyManager::RotateKey(absl::string_view key_id) {
   OFFLOAD_RETURN_IF_ERROR(ValidateKeyId(key_id));
   absl::MutexLock write_lock(&write_mu_);
+  if (!records_.contains(key_id)) {
+    // Perhaps created through another replica, its notification still on the way.
+    absl::StatusOr<KeyRecord> stored = store_->Load(key_id);
+    if (!stored.ok()) return absl::IsNotFound(stored.status()) ? NotFound(key_id) : stored.status();
+    OFFLOAD_RETURN_IF_ERROR(ApplyStoredLocked(key_id, &*stored).status());
+  }
   auto it = records_.find(key_id);
   if (it == records_.end()) return NotFound(key_id);
-  const uint32_t last = it->second.versions.back().version;
-  if (last == std::numeric_limits<uint32_t>::max()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("key \"", key_id, "\": no version number left to rotate to"));
-  }
   std::shared_ptr<const ManagedKey> previous = Find(key_id);
   if (previous == nullptr) return absl::InternalError("key snapshot missing for a stored record");
 
-  KeyRecord updated = it->second;
-  updated.versions.push_back(NewVersion(last + 1, RandomSecret()));
-  updated.current_version = last + 1;
-  OFFLOAD_ASSIGN_OR_RETURN(std::shared_ptr<const ManagedKey> key,
-                           PrepareKey(&updated, backends_, previous->versions));
-  OFFLOAD_RETURN_IF_ERROR(store_->Put(updated));
+  // The new version is numbered after the STORED record, read and written atomically, so that two
+  // replicas rotating at once make two versions instead of one overwriting the other.
+  std::shared_ptr<const ManagedKey> key;
+  KeyRecord updated;
+  absl::Status written =
+      store_->Update(key_id, [&](KeyRecord stored) -> absl::StatusOr<KeyRecord> {
+        const uint32_t last = stored.versions.empty() ? 0 : stored.versions.back().version;
+        if (last == std::numeric_limits<uint32_t>::max()) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("key \"", key_id, "\": no version number left to rotate to"));
+        }
+        // Prepared versions are reused only when the stored record is the one we hold.
+        const bool held = RecordsEqual(stored, it->second);
+        stored.versions.push_back(NewVersion(last + 1, RandomSecret()));
+        stored.current_version = last + 1;
+        OFFLOAD_ASSIGN_OR_RETURN(
+            key, PrepareKey(&stored, backends_,
+                            held ? previous->versions
+                                 : std::vector<std::shared_ptr<const ManagedKeyVersion>>{}));
+        updated = stored;
+        return stored;
+      });
+  if (absl::IsNotFound(written)) {
+    // Deleted through another replica.
+    ApplyStoredLocked(key_id, nullptr).IgnoreError();
+    return NotFound(key_id);
+  }
+  OFFLOAD_RETURN_IF_ERROR(written);
   it->second = std::move(updated);
   {
     absl::MutexLock lock(&mu_);
@@ -338,10 +390,14 @@ absl::StatusOr<v1::KeyInfo> KeyManager::RotateKey(absl::string_view key_id) {
 absl::Status KeyManager::DeleteKey(absl::string_view key_id) {
   OFFLOAD_RETURN_IF_ERROR(ValidateKeyId(key_id));
   absl::MutexLock write_lock(&write_mu_);
-  auto it = records_.find(key_id);
-  if (it == records_.end()) return NotFound(key_id);
-  OFFLOAD_RETURN_IF_ERROR(store_->Delete(key_id));
-  records_.erase(it);
+  // The store decides, not the held view: with a shared store the key may have been created or
+  // deleted through another replica a moment ago.
+  if (absl::Status deleted = store_->Delete(key_id); !deleted.ok()) {
+    if (!absl::IsNotFound(deleted)) return deleted;
+    ApplyStoredLocked(key_id, nullptr).IgnoreError();
+    return NotFound(key_id);
+  }
+  records_.erase(key_id);
   {
     absl::MutexLock lock(&mu_);
     keys_.erase(key_id);
@@ -349,6 +405,78 @@ absl::Status KeyManager::DeleteKey(absl::string_view key_id) {
   NotifyListeners(key_id);
   Log(LogLevel::kInfo, "key_deleted", {{"key_id", std::string(key_id)}});
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> KeyManager::ApplyStoredLocked(absl::string_view key_id, KeyRecord* stored) {
+  auto it = records_.find(key_id);
+  if (stored == nullptr) {
+    if (it == records_.end()) return false;
+    records_.erase(it);
+    {
+      absl::MutexLock lock(&mu_);
+      keys_.erase(key_id);
+    }
+    NotifyListeners(key_id);
+    Log(LogLevel::kInfo, "key_reloaded", {{"key_id", std::string(key_id)}, {"change", "deleted"}});
+    return true;
+  }
+  if (stored->key_id != key_id) {
+    return absl::DataLossError(absl::StrCat("stored key \"", key_id, "\" carries the id \"",
+                                            stored->key_id, "\""));
+  }
+  if (absl::Status s = ValidateKeyRecord(*stored); !s.ok()) {
+    return absl::DataLossError(absl::StrCat("stored key \"", key_id, "\": ", s.message()));
+  }
+  if (it != records_.end() && RecordsEqual(it->second, *stored)) return false;
+  // Nothing reused: new instances, so memo entries of the old snapshot can never match.
+  OFFLOAD_ASSIGN_OR_RETURN(std::shared_ptr<const ManagedKey> key, PrepareKey(stored, backends_));
+  const bool existed = it != records_.end();
+  records_.insert_or_assign(std::string(key_id), std::move(*stored));
+  {
+    absl::MutexLock lock(&mu_);
+    keys_[key->key_id] = key;
+  }
+  NotifyListeners(key_id);
+  Log(LogLevel::kInfo, "key_reloaded",
+      {{"key_id", key->key_id}, {"change", existed ? "updated" : "added"},
+       {"version", key->current_version}});
+  return true;
+}
+
+absl::Status KeyManager::ReloadKey(absl::string_view key_id) {
+  OFFLOAD_RETURN_IF_ERROR(ValidateKeyId(key_id));
+  absl::MutexLock write_lock(&write_mu_);
+  absl::StatusOr<KeyRecord> stored = store_->Load(key_id);
+  if (absl::IsNotFound(stored.status())) return ApplyStoredLocked(key_id, nullptr).status();
+  if (!stored.ok()) return stored.status();
+  return ApplyStoredLocked(key_id, &*stored).status();
+}
+
+absl::Status KeyManager::Resync() {
+  absl::MutexLock write_lock(&write_mu_);
+  OFFLOAD_ASSIGN_OR_RETURN(std::vector<KeyRecord> all, store_->LoadAll());
+  absl::flat_hash_set<std::string> stored_ids;
+  absl::Status first_error;
+  int changed = 0;
+  for (KeyRecord& record : all) {
+    const std::string id = record.key_id;
+    stored_ids.insert(id);
+    absl::StatusOr<bool> applied = ApplyStoredLocked(id, &record);
+    if (!applied.ok()) {
+      if (first_error.ok()) first_error = applied.status();
+    } else if (*applied) {
+      ++changed;
+    }
+  }
+  std::vector<std::string> gone;
+  for (const auto& [id, record] : records_) {
+    if (!stored_ids.contains(id)) gone.push_back(id);
+  }
+  for (const std::string& id : gone) {
+    if (ApplyStoredLocked(id, nullptr).value_or(false)) ++changed;
+  }
+  Log(LogLevel::kInfo, "keys_resynced", {{"keys", records_.size()}, {"changed", changed}});
+  return first_error;
 }
 
 std::shared_ptr<const ManagedKey> KeyManager::Find(absl::string_view key_id) const {

@@ -9,7 +9,11 @@
 //
 // Mutations (create, import, rotate, delete) are serialised and written to the store before they
 // return; a mutation that was acknowledged survives a crash. Lookups never block on the store: they
-// read an immutable snapshot. Thread-safety: every method may be called from any thread.
+// read an immutable snapshot. With a store shared by several processes (the postgres store), the
+// store decides: a create is an insert that fails if the id exists anywhere, a rotation numbers
+// its version after the stored record in one atomic read-modify-write, a delete removes what is
+// stored; changes made elsewhere are applied by ReloadKey / Resync (driven by the store's change
+// notification). Thread-safety: every method may be called from any thread.
 #ifndef SERVICE_KEYS_KEY_MANAGER_H_
 #define SERVICE_KEYS_KEY_MANAGER_H_
 
@@ -90,6 +94,16 @@ class KeyManager final {
   absl::StatusOr<v1::KeyInfo> RotateKey(absl::string_view key_id);
   absl::Status DeleteKey(absl::string_view key_id);
 
+  // Applies a change made to the store by someone else (another replica sharing a postgres
+  // store): reloads `key_id`'s record and, if it differs from the one held, publishes a new
+  // snapshot with new version instances (or drops the key if the store no longer has it) and
+  // runs the change listeners, so memo entries of the old snapshot go. Unchanged records are
+  // left alone. Errors are the store's; the old snapshot stays on error.
+  absl::Status ReloadKey(absl::string_view key_id);
+  // As ReloadKey for every key: loads the whole store, applies every difference (new, changed
+  // and vanished keys). For when change notifications may have been missed (a reconnect).
+  absl::Status Resync();
+
   // The current snapshot of `key_id`, or nullptr. Never blocks on I/O.
   std::shared_ptr<const ManagedKey> Find(absl::string_view key_id) const;
 
@@ -105,6 +119,10 @@ class KeyManager final {
   // before the same id can be created again) but never with mu_ held.
   void NotifyListeners(absl::string_view key_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Makes the held state of `key_id` match `stored` (nullptr: the store has no such key).
+  // Returns whether anything changed (listeners have then run).
+  absl::StatusOr<bool> ApplyStoredLocked(absl::string_view key_id, KeyRecord* stored)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_) ABSL_LOCKS_EXCLUDED(mu_);
 
   std::unique_ptr<KeyStore> store_;
   const crypto::BackendChoice backends_;

@@ -12,6 +12,7 @@
 #define SERVICE_KEYS_KEY_STORE_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,21 @@ class KeyStore {
 
   // Removes the record with `key_id`, durably. NotFound if there is none.
   virtual absl::Status Delete(absl::string_view key_id) = 0;
+
+  // The stored record with `key_id`; NotFound if there is none.
+  virtual absl::StatusOr<KeyRecord> Load(absl::string_view key_id) = 0;
+
+  // As Put, but only when no record with `record.key_id` is stored: AlreadyExists otherwise.
+  // Atomic against every writer of the store, other processes included (a shared store may be
+  // written by several replicas whose in-memory views lag behind it).
+  virtual absl::Status Insert(const KeyRecord& record) = 0;
+
+  // Read-modify-write of one record, atomic against every other writer of the store: calls
+  // `update` with the stored record and stores what it returns, durably. NotFound if there is no
+  // such record; an error from `update` is returned and nothing is written.
+  // REQUIRES: the returned record keeps `key_id` and passes ValidateKeyRecord (InvalidArgument).
+  using UpdateFn = std::function<absl::StatusOr<KeyRecord>(KeyRecord stored)>;
+  virtual absl::Status Update(absl::string_view key_id, const UpdateFn& update) = 0;
 
   // A one-line description for logs, e.g. "file:/var/lib/offload/keys.db". Never secrets.
   virtual std::string Describe() const = 0;

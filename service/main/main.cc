@@ -17,6 +17,12 @@ ABSL_FLAG(std::string, kek_file, "",
 ABSL_FLAG(std::string, kek_env, "OFFLOAD_KEK",
           "Environment variable holding the key-encryption key as 64 hex characters, used when "
           "--kek_file is empty. When neither is set, a KEK is generated into --data_dir/kek.");
+ABSL_FLAG(std::string, keystore, "file",
+          "Key store: file (one encrypted file in --data_dir, one process) or postgres (shared "
+          "by replicas; changes pushed to every replica by LISTEN/NOTIFY).");
+ABSL_FLAG(std::string, postgres_dsn, "",
+          "libpq connection string of the postgres key store. Empty: the environment variable "
+          "OFFLOAD_POSTGRES_DSN (preferred: keeps a password off the command line).");
 ABSL_FLAG(int, max_batch_items, 1024, "Most items one batch RPC may carry.");
 ABSL_FLAG(int64_t, max_message_bytes, 16 << 20, "Largest request or response message, in bytes.");
 ABSL_FLAG(int, workers, 0, "Worker threads for crypto work; 0 = one per core.");
@@ -69,6 +75,8 @@ int main(int argc, char** argv) {
   config.data_dir = absl::GetFlag(FLAGS_data_dir);
   config.kek_file = absl::GetFlag(FLAGS_kek_file);
   config.kek_env = absl::GetFlag(FLAGS_kek_env);
+  config.keystore = absl::GetFlag(FLAGS_keystore);
+  config.postgres_dsn = absl::GetFlag(FLAGS_postgres_dsn);
   config.max_batch_items = absl::GetFlag(FLAGS_max_batch_items);
   config.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   config.workers = absl::GetFlag(FLAGS_workers);

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 
 #include <memory>
 #include <string>
@@ -29,6 +30,7 @@
 #include "service/keys/file_key_store.h"
 #include "service/keys/kek.h"
 #include "service/keys/key_manager.h"
+#include "service/keys/postgres_key_store.h"
 #include "service/memo/memo.h"
 #include "service/metrics/instrumented_key_store.h"
 #include "service/metrics/metrics.h"
@@ -81,6 +83,23 @@ absl::Status CheckConfig(const ServerConfig& config) {
         "max_message_bytes: expected 1024 to 1073741824, got ", config.max_message_bytes));
   }
   return absl::OkStatus();
+}
+
+// The key store `config.keystore` names; `*postgres_dsn` is set for the postgres store.
+absl::StatusOr<std::unique_ptr<keys::KeyStore>> OpenKeyStore(const ServerConfig& config,
+                                                             SecretBytes kek,
+                                                             std::string* postgres_dsn) {
+  if (config.keystore == "file") return keys::FileKeyStore::Open(config.data_dir, std::move(kek));
+  if (config.keystore == "postgres") {
+    *postgres_dsn = config.postgres_dsn;
+    if (postgres_dsn->empty()) {
+      const char* env = std::getenv(keys::kPostgresDsnEnvVar);
+      if (env != nullptr) *postgres_dsn = env;
+    }
+    return keys::PostgresKeyStore::Open(*postgres_dsn, std::move(kek));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("keystore: expected file or postgres, got \"", config.keystore, "\""));
 }
 
 int WaitForStopSignal() {
@@ -270,19 +289,28 @@ absl::Status RunServer(const ServerConfig& config) {
 
   const absl::Time load_start = absl::Now();
   keys::KekOrigin kek_origin;
-  OFFLOAD_ASSIGN_OR_RETURN(
-      SecretBytes kek,
-      keys::LoadKek({config.kek_file, config.kek_env, config.data_dir}, &kek_origin));
+  // Replicas sharing a postgres store need one KEK between them, never a generated one each.
+  const bool shared_store = config.keystore == "postgres";
+  absl::StatusOr<SecretBytes> loaded_kek = keys::LoadKek(
+      {config.kek_file, config.kek_env, shared_store ? "" : config.data_dir}, &kek_origin);
+  if (!loaded_kek.ok() && shared_store) {
+    return absl::Status(loaded_kek.status().code(),
+                        absl::StrCat("keystore=postgres needs the same KEK on every replica "
+                                     "(--kek_file or --kek_env): ",
+                                     loaded_kek.status().message()));
+  }
+  OFFLOAD_ASSIGN_OR_RETURN(SecretBytes kek, std::move(loaded_kek));
   if (kek_origin.generated) {
     Log(LogLevel::kWarning, "kek_generated",
         {{"source", kek_origin.description},
          {"advice", "supply the key-encryption key by --kek_file or an environment variable in "
                     "production; whoever reads this file can decrypt every key"}});
   }
-  OFFLOAD_ASSIGN_OR_RETURN(auto file_store,
-                           keys::FileKeyStore::Open(config.data_dir, std::move(kek)));
-  const std::string store_description = file_store->Describe();
-  auto store = std::make_unique<metrics::InstrumentedKeyStore>(std::move(file_store), &metrics);
+  std::string postgres_dsn;
+  OFFLOAD_ASSIGN_OR_RETURN(std::unique_ptr<keys::KeyStore> opened,
+                           OpenKeyStore(config, std::move(kek), &postgres_dsn));
+  const std::string store_description = opened->Describe();
+  auto store = std::make_unique<metrics::InstrumentedKeyStore>(std::move(opened), &metrics);
   OFFLOAD_ASSIGN_OR_RETURN(auto key_manager,
                            keys::KeyManager::Create(std::move(store), backends));
   Log(LogLevel::kInfo, "keys_loaded",
@@ -301,6 +329,17 @@ absl::Status RunServer(const ServerConfig& config) {
   // A rotated or deleted key's entries go at once (they could never be served again anyway:
   // entries are named by key version instances that are never reused).
   key_manager->AddChangeListener([&memo](absl::string_view key_id) { memo.DropKey(key_id); });
+  // With a shared store, changes made through other replicas arrive by NOTIFY (stopped before
+  // the memo and the key manager go: declared after both).
+  std::unique_ptr<keys::PostgresChangeListener> store_listener;
+  if (!postgres_dsn.empty()) {
+    keys::KeyManager* manager = key_manager.get();
+    OFFLOAD_ASSIGN_OR_RETURN(
+        store_listener,
+        keys::PostgresChangeListener::Start(
+            postgres_dsn, {[manager](absl::string_view id) { return manager->ReloadKey(id); },
+                           [manager] { return manager->Resync(); }}));
+  }
 
   std::unique_ptr<auth::TlsFiles> tls;
   if (!config.tls_cert_file.empty()) {

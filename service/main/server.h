@@ -24,6 +24,8 @@ struct ServerConfig {
   std::string data_dir = "data";
   std::string kek_file;  // empty: environment variable `kek_env`, else a generated data_dir/kek
   std::string kek_env = "OFFLOAD_KEK";
+  std::string keystore = "file";  // file | postgres
+  std::string postgres_dsn;       // empty: the environment variable OFFLOAD_POSTGRES_DSN
   int max_batch_items = 1024;
   int64_t max_message_bytes = 16 << 20;
   int workers = 0;                 // 0 = one per core

@@ -50,4 +50,23 @@ absl::Status InstrumentedKeyStore::Delete(absl::string_view key_id) {
   return s;
 }
 
+// Single-record loads and the conditional writes count as "load" and "put".
+absl::StatusOr<keys::KeyRecord> InstrumentedKeyStore::Load(absl::string_view key_id) {
+  auto record = store_->Load(key_id);
+  Count(kLoad, record.ok() || absl::IsNotFound(record.status()));
+  return record;
+}
+
+absl::Status InstrumentedKeyStore::Insert(const keys::KeyRecord& record) {
+  absl::Status s = store_->Insert(record);
+  Count(kPut, s.ok());
+  return s;
+}
+
+absl::Status InstrumentedKeyStore::Update(absl::string_view key_id, const UpdateFn& update) {
+  absl::Status s = store_->Update(key_id, update);
+  Count(kPut, s.ok());
+  return s;
+}
+
 }  // namespace offload::metrics

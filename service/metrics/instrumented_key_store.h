@@ -26,6 +26,9 @@ class InstrumentedKeyStore final : public keys::KeyStore {
   absl::StatusOr<std::vector<keys::KeyRecord>> LoadAll() override;
   absl::Status Put(const keys::KeyRecord& record) override;
   absl::Status Delete(absl::string_view key_id) override;
+  absl::StatusOr<keys::KeyRecord> Load(absl::string_view key_id) override;
+  absl::Status Insert(const keys::KeyRecord& record) override;
+  absl::Status Update(absl::string_view key_id, const UpdateFn& update) override;
   std::string Describe() const override { return store_->Describe(); }
 
  private:

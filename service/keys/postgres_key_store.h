@@ -1,0 +1,147 @@
+// The shared key store: one PostgreSQL table that every replica reads and writes, with change
+// notification (LISTEN/NOTIFY) so that a change made through one replica reaches all of them.
+//
+//   OFFLOAD_ASSIGN_OR_RETURN(auto store, PostgresKeyStore::Open(dsn, std::move(kek)));
+//   OFFLOAD_ASSIGN_OR_RETURN(auto manager, KeyManager::Create(std::move(store), backends));
+//   OFFLOAD_ASSIGN_OR_RETURN(auto listener, PostgresChangeListener::Start(dsn, {
+//       .on_change = [&](absl::string_view id) { return manager->ReloadKey(id); },
+//       .on_resync = [&] { return manager->Resync(); }}));
+//
+// Rows of offload_keys hold one record each, in the same format and at-rest encryption as the
+// file store: an envelope (envelope.h, kind kKeyRecord, the key id as associated data so rows
+// cannot be swapped) around the serialised offload.store.v1.KeyRecord (record_codec.h). Only the
+// key id, the current version number and the update time are in clear.
+// Schema migrations run in Open, in one transaction under an advisory lock, so replicas starting
+// together apply each migration once; offload_schema_version records what was applied.
+// Every write is one transaction that also NOTIFYs channel offload_key_changes with the key id;
+// synchronous_commit is forced on for the session, so a write that returned OK is durable.
+// Thread-safety: every method may be called from any thread (one connection, used under a mutex).
+#ifndef SERVICE_KEYS_POSTGRES_KEY_STORE_H_
+#define SERVICE_KEYS_POSTGRES_KEY_STORE_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "service/common/secret_bytes.h"
+#include "service/keys/key_store.h"
+
+typedef struct pg_conn PGconn;
+
+namespace offload::keys {
+
+inline constexpr char kPostgresDsnEnvVar[] = "OFFLOAD_POSTGRES_DSN";
+inline constexpr char kPostgresNotifyChannel[] = "offload_key_changes";
+
+// "host=... port=... dbname=... user=..." from a libpq connection string (keyword or URI form),
+// for logs: never the password or any other option. "(unparsable)" if libpq cannot parse it.
+std::string DescribePostgresDsn(const std::string& dsn);
+
+namespace internal {
+struct PgConnCloser {
+  void operator()(PGconn* conn) const;
+};
+using PgConnPtr = std::unique_ptr<PGconn, PgConnCloser>;
+}  // namespace internal
+
+class PostgresKeyStore final : public KeyStore {
+ public:
+  // The schema version this build creates and reads.
+  static constexpr int kSchemaVersion = 1;
+  // A stored record larger than this is reported as DataLoss before it is decrypted.
+  static constexpr size_t kMaxRecordSize = size_t{1} << 20;
+
+  // Connects with libpq connection string `dsn` and brings the schema up to kSchemaVersion.
+  // InvalidArgument if `kek` is not 32 bytes or `dsn` is empty; Unavailable if the server
+  // cannot be reached; FailedPrecondition if the database has a newer schema than this build.
+  static absl::StatusOr<std::unique_ptr<PostgresKeyStore>> Open(const std::string& dsn,
+                                                                SecretBytes kek);
+
+  absl::StatusOr<std::vector<KeyRecord>> LoadAll() override;
+  absl::Status Put(const KeyRecord& record) override;
+  absl::Status Delete(absl::string_view key_id) override;
+  absl::StatusOr<KeyRecord> Load(absl::string_view key_id) override;
+  absl::Status Insert(const KeyRecord& record) override;
+  absl::Status Update(absl::string_view key_id, const UpdateFn& update) override;
+  std::string Describe() const override;
+
+ private:
+  PostgresKeyStore(std::string dsn, SecretBytes kek);
+
+  // Reconnects if the connection was lost.
+  absl::Status EnsureConnectedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status MigrateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Seals `record` for its row.
+  absl::StatusOr<std::vector<uint8_t>> SealRecord(const KeyRecord& record) const;
+  absl::StatusOr<KeyRecord> OpenRecord(absl::string_view key_id,
+                                       absl::Span<const uint8_t> blob) const;
+  // Runs a one-statement write (INSERT/DELETE ... RETURNING key_id, wrapped to NOTIFY) and
+  // returns the number of rows it touched. REQUIRES: connected (it may run inside a transaction,
+  // so it never reconnects itself).
+  absl::StatusOr<int> WriteLocked(const char* sql, absl::string_view key_id,
+                                  const std::vector<uint8_t>* blob, uint32_t current_version)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::string dsn_;
+  const std::string description_;
+  const SecretBytes kek_;
+  absl::Mutex mu_;
+  internal::PgConnPtr conn_ ABSL_GUARDED_BY(mu_);
+};
+
+// A connection that LISTENs on offload_key_changes and reports each changed key id, on a thread
+// of its own. After every (re)connection - the first included, since changes made between the
+// key manager's load and the LISTEN would otherwise be missed - it asks for a full resync: while
+// disconnected, notifications are lost. Callbacks run on the listener thread, one at a time; a
+// callback that fails makes the listener resync after `retry_delay`.
+// Thread-safety: Start and the destructor from one thread; callbacks must be thread-safe.
+class PostgresChangeListener {
+ public:
+  struct Callbacks {
+    std::function<absl::Status(absl::string_view key_id)> on_change;
+    std::function<absl::Status()> on_resync;
+  };
+
+  // Connects (Unavailable if it cannot), LISTENs and starts the thread.
+  static absl::StatusOr<std::unique_ptr<PostgresChangeListener>> Start(
+      const std::string& dsn, Callbacks callbacks, absl::Duration retry_delay = absl::Seconds(1));
+  // Stops the thread (waits for a running callback to return) and closes the connection.
+  ~PostgresChangeListener();
+
+  PostgresChangeListener(const PostgresChangeListener&) = delete;
+  PostgresChangeListener& operator=(const PostgresChangeListener&) = delete;
+
+  // Connections established so far (1 after Start; more after reconnects).
+  uint64_t connections() const { return connections_.load(); }
+  // Notifications received so far.
+  uint64_t notifications() const { return notifications_.load(); }
+
+ private:
+  PostgresChangeListener(std::string dsn, Callbacks callbacks, absl::Duration retry_delay);
+  absl::StatusOr<internal::PgConnPtr> ConnectAndListen();
+  void Run(internal::PgConnPtr conn);
+  // Waits up to `timeout` for `fd` to be readable (-1: only the stop pipe). False when stopping.
+  bool Wait(int fd, absl::Duration timeout);
+
+  const std::string dsn_;
+  const Callbacks callbacks_;
+  const absl::Duration retry_delay_;
+  int wake_fds_[2] = {-1, -1};  // a pipe written by the destructor
+  std::atomic<bool> stopping_{false};
+  std::atomic<uint64_t> connections_{0};
+  std::atomic<uint64_t> notifications_{0};
+  std::thread thread_;
+};
+
+}  // namespace offload::keys
+
+#endif  // SERVICE_KEYS_POSTGRES_KEY_STORE_H_

@@ -1,0 +1,435 @@
+// PostgresKeyStore, PostgresChangeListener and KeyManager over them, against a real PostgreSQL
+// whose connection string is in OFFLOAD_POSTGRES_DSN (keyword form; ctest runs this binary under
+// tests/integration/pg_support.py, which starts a throwaway server). Each test gets a schema of
+// its own (first on its connections' search_path), created through that connection.
+#include "service/keys/postgres_key_store.h"
+
+#include <libpq-fe.h>
+#include <sodium.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "service/keys/envelope.h"
+#include "service/keys/key_manager.h"
+#include "service/keys/record_codec.h"
+
+namespace offload::keys {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+std::string BaseDsn() {
+  const char* dsn = std::getenv(kPostgresDsnEnvVar);
+  return dsn != nullptr ? dsn : "";
+}
+
+// Runs `sql` on `dsn`, returns the first cell of the first row ("" if none); fails the test on error.
+std::string Sql(const std::string& dsn, const std::string& sql) {
+  PGconn* conn = PQconnectdb(dsn.c_str());
+  EXPECT_EQ(PQstatus(conn), CONNECTION_OK) << PQerrorMessage(conn);
+  PGresult* r = PQexec(conn, sql.c_str());
+  const ExecStatusType status = PQresultStatus(r);
+  EXPECT_TRUE(status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK)
+      << sql << ": " << PQresultErrorMessage(r);
+  std::string out;
+  if (status == PGRES_TUPLES_OK && PQntuples(r) > 0) out = PQgetvalue(r, 0, 0);
+  PQclear(r);
+  PQfinish(conn);
+  return out;
+}
+
+SecretBytes RandomKek() {
+  SecretBytes kek(kKekSize);
+  randombytes_buf(kek.data(), kek.size());
+  return kek;
+}
+
+KeyRecord AeadRecord(const std::string& id, uint8_t fill, uint32_t versions = 1) {
+  KeyRecord r;
+  r.key_id = id;
+  r.type = v1::KEY_TYPE_XCHACHA20_POLY1305;
+  for (uint32_t v = 1; v <= versions; ++v) {
+    KeyVersionRecord kv;
+    kv.version = v;
+    kv.created_unix_seconds = 1700000000 + v;
+    kv.secret = SecretBytes(kKeySecretSize, static_cast<uint8_t>(fill + v));
+    r.versions.push_back(std::move(kv));
+  }
+  r.current_version = versions;
+  return r;
+}
+
+class PostgresKeyStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (BaseDsn().empty()) {
+      GTEST_SKIP() << kPostgresDsnEnvVar << " is not set: run under tests/integration/pg_support.py";
+    }
+    ASSERT_EQ(sodium_init() >= 0, true);
+    static std::atomic<int> counter{0};
+    schema_ = absl::StrCat("offload_test_", ::getpid(), "_", counter.fetch_add(1));
+    Sql(BaseDsn(), absl::StrCat("CREATE SCHEMA ", schema_));
+    dsn_ = absl::StrCat(BaseDsn(), " options=-csearch_path=", schema_);
+    kek_ = RandomKek();
+  }
+  void TearDown() override {
+    if (!schema_.empty()) Sql(BaseDsn(), absl::StrCat("DROP SCHEMA IF EXISTS ", schema_, " CASCADE"));
+  }
+
+  std::unique_ptr<PostgresKeyStore> OpenStore() {
+    auto store = PostgresKeyStore::Open(dsn_, kek_);
+    EXPECT_TRUE(store.ok()) << store.status();
+    return store.ok() ? *std::move(store) : nullptr;
+  }
+
+  std::string schema_;
+  std::string dsn_;
+  SecretBytes kek_;
+};
+
+TEST_F(PostgresKeyStoreTest, ConcurrentOpensMigrateOnce) {
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&] {
+      auto store = PostgresKeyStore::Open(dsn_, kek_);
+      if (store.ok()) ok.fetch_add(1);
+      else ADD_FAILURE() << store.status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok.load(), 4);
+  EXPECT_EQ(Sql(dsn_, "SELECT count(*) FROM offload_schema_version"), "1");
+  EXPECT_EQ(Sql(dsn_, "SELECT max(version) FROM offload_schema_version"),
+            absl::StrCat(PostgresKeyStore::kSchemaVersion));
+}
+
+TEST_F(PostgresKeyStoreTest, RefusesANewerSchema) {
+  ASSERT_NE(OpenStore(), nullptr);
+  Sql(dsn_, "INSERT INTO offload_schema_version (version) VALUES (99)");
+  auto store = PostgresKeyStore::Open(dsn_, kek_);
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(store.status().message(), HasSubstr("99"));
+}
+
+TEST_F(PostgresKeyStoreTest, PutLoadDeleteRoundTrip) {
+  auto store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(store->Put(AeadRecord("b", 10, 2)).ok());
+  ASSERT_TRUE(store->Put(AeadRecord("a", 20)).ok());
+  ASSERT_TRUE(store->Put(AeadRecord("a.1", 30)).ok());
+
+  auto all = store->LoadAll();
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), 3u);
+  EXPECT_EQ((*all)[0].key_id, "a");  // byte order, as the file store
+  EXPECT_EQ((*all)[1].key_id, "a.1");
+  EXPECT_EQ((*all)[2].key_id, "b");
+  EXPECT_EQ((*all)[2].current_version, 2u);
+  ASSERT_EQ((*all)[2].versions.size(), 2u);
+  EXPECT_TRUE(SecretEquals((*all)[2].versions[1].secret, SecretBytes(32, 12)));
+
+  auto b = store->Load("b");
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->versions[0].created_unix_seconds, 1700000001);
+  EXPECT_EQ(store->Load("zz").status().code(), absl::StatusCode::kNotFound);
+
+  // Put replaces.
+  ASSERT_TRUE(store->Put(AeadRecord("b", 40, 3)).ok());
+  EXPECT_EQ(store->Load("b")->current_version, 3u);
+  EXPECT_EQ(Sql(dsn_, "SELECT current_version FROM offload_keys WHERE key_id = 'b'"), "3");
+
+  ASSERT_TRUE(store->Delete("a").ok());
+  EXPECT_EQ(store->Delete("a").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store->LoadAll()->size(), 2u);
+
+  // A new connection (another replica) sees the same.
+  auto other = OpenStore();
+  ASSERT_NE(other, nullptr);
+  EXPECT_EQ(other->LoadAll()->size(), 2u);
+}
+
+TEST_F(PostgresKeyStoreTest, InsertRefusesAnExistingId) {
+  auto store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(store->Insert(AeadRecord("k", 1)).ok());
+  const absl::Status again = store->Insert(AeadRecord("k", 2));
+  EXPECT_EQ(again.code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_TRUE(SecretEquals(store->Load("k")->versions[0].secret, SecretBytes(32, 2)));
+}
+
+TEST_F(PostgresKeyStoreTest, RejectsInvalidRecords) {
+  auto store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  KeyRecord bad = AeadRecord("k", 1);
+  bad.versions[0].secret = SecretBytes(31, 1);
+  EXPECT_EQ(store->Put(bad).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store->Insert(bad).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(store->Put(AeadRecord("k", 1)).ok());
+  const absl::Status renamed = store->Update("k", [](KeyRecord r) -> absl::StatusOr<KeyRecord> {
+    r.key_id = "other";
+    return r;
+  });
+  EXPECT_EQ(renamed.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store->Update("nope", [](KeyRecord r) -> absl::StatusOr<KeyRecord> { return r; }).code(),
+            absl::StatusCode::kNotFound);
+  // An error from the update function writes nothing.
+  const absl::Status failed = store->Update("k", [](KeyRecord) -> absl::StatusOr<KeyRecord> {
+    return absl::FailedPreconditionError("no");
+  });
+  EXPECT_EQ(failed.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store->Load("k")->versions.size(), 1u);
+}
+
+// Two connections (two replicas) rotating the same key at once: every rotation lands.
+TEST_F(PostgresKeyStoreTest, UpdatesFromTwoConnectionsDoNotOverwriteEachOther) {
+  auto first = OpenStore();
+  auto second = OpenStore();
+  ASSERT_NE(first, nullptr);
+  ASSERT_NE(second, nullptr);
+  ASSERT_TRUE(first->Put(AeadRecord("k", 1)).ok());
+  constexpr int kRotations = 15;
+  auto rotate = [](PostgresKeyStore* store) {
+    for (int i = 0; i < kRotations; ++i) {
+      absl::Status s = store->Update("k", [](KeyRecord r) -> absl::StatusOr<KeyRecord> {
+        KeyVersionRecord v;
+        v.version = r.versions.back().version + 1;
+        v.secret = SecretBytes(32, static_cast<uint8_t>(v.version));
+        r.versions.push_back(std::move(v));
+        r.current_version = r.versions.back().version;
+        return r;
+      });
+      EXPECT_TRUE(s.ok()) << s;
+    }
+  };
+  std::thread a(rotate, first.get());
+  std::thread b(rotate, second.get());
+  a.join();
+  b.join();
+  auto k = first->Load("k");
+  ASSERT_TRUE(k.ok()) << k.status();
+  EXPECT_EQ(k->versions.size(), 1u + 2 * kRotations);
+  EXPECT_EQ(k->current_version, 1u + 2 * kRotations);
+}
+
+TEST_F(PostgresKeyStoreTest, RowsAreEncryptedAndBoundToTheirKeyId) {
+  auto store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  KeyRecord r = AeadRecord("secret-key", 0x5a);
+  ASSERT_TRUE(store->Put(r).ok());
+  ASSERT_TRUE(store->Put(AeadRecord("other", 0x11)).ok());
+  // The secret bytes (32 x 0x5b) never appear in the table.
+  const std::string hex = Sql(dsn_, "SELECT encode(record, 'hex') FROM offload_keys "
+                                    "WHERE key_id = 'secret-key'");
+  std::string secret_hex;
+  for (int i = 0; i < 32; ++i) secret_hex += "5b";
+  ASSERT_FALSE(hex.empty());
+  EXPECT_THAT(hex, Not(HasSubstr(secret_hex)));
+  EXPECT_EQ(hex.substr(0, 8), "4f464b53");  // "OFKS": the shared envelope
+
+  // Another KEK: FailedPrecondition, not corruption.
+  auto foreign = PostgresKeyStore::Open(dsn_, RandomKek());
+  ASSERT_TRUE(foreign.ok()) << foreign.status();
+  EXPECT_EQ((*foreign)->LoadAll().status().code(), absl::StatusCode::kFailedPrecondition);
+
+  // A row copied under another key id does not decrypt.
+  Sql(dsn_, "UPDATE offload_keys SET record = (SELECT record FROM offload_keys WHERE "
+            "key_id = 'secret-key') WHERE key_id = 'other'");
+  EXPECT_EQ(store->Load("other").status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(store->LoadAll().status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(store->Load("secret-key").ok());
+}
+
+TEST_F(PostgresKeyStoreTest, ReconnectsAfterTheConnectionIsLost) {
+  auto store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(store->Put(AeadRecord("k", 1)).ok());
+  Sql(dsn_, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+            "backend_type = 'client backend' AND pid <> pg_backend_pid()");
+  // The first call may see the broken connection (Unavailable); the next reconnects.
+  absl::StatusOr<KeyRecord> k = store->Load("k");
+  if (!k.ok()) {
+    EXPECT_EQ(k.status().code(), absl::StatusCode::kUnavailable) << k.status();
+    k = store->Load("k");
+  }
+  EXPECT_TRUE(k.ok()) << k.status();
+}
+
+TEST(PostgresDsnTest, DescriptionNeverShowsThePassword) {
+  const std::string d = DescribePostgresDsn(
+      "host=127.0.0.1 port=5433 dbname=offload user=svc password=hunter2 sslmode=disable");
+  EXPECT_EQ(d, "host=127.0.0.1 port=5433 dbname=offload user=svc");
+  const std::string uri = DescribePostgresDsn("postgresql://svc:hunter2@db.example:5432/keys");
+  EXPECT_THAT(uri, Not(HasSubstr("hunter2")));
+  EXPECT_THAT(uri, HasSubstr("user=svc"));
+  EXPECT_EQ(DescribePostgresDsn("host='unterminated"), "(unparsable)");
+}
+
+// Collects what a listener reports.
+struct Heard {
+  absl::Mutex mu;
+  std::vector<std::string> changes ABSL_GUARDED_BY(mu);
+  int resyncs ABSL_GUARDED_BY(mu) = 0;
+
+  PostgresChangeListener::Callbacks Callbacks() {
+    return {[this](absl::string_view id) {
+              absl::MutexLock lock(&mu);
+              changes.emplace_back(id);
+              return absl::OkStatus();
+            },
+            [this] {
+              absl::MutexLock lock(&mu);
+              ++resyncs;
+              return absl::OkStatus();
+            }};
+  }
+  // Waits up to 5 s for `pred` (evaluated under the lock).
+  bool WaitFor(const std::function<bool()>& pred) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    while (absl::Now() < deadline) {
+      {
+        absl::MutexLock lock(&mu);
+        if (pred()) return true;
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return false;
+  }
+};
+
+TEST_F(PostgresKeyStoreTest, ListenerHearsEveryCommittedChangeAndResyncsAfterReconnect) {
+  auto store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  Heard heard;
+  auto listener = PostgresChangeListener::Start(dsn_, heard.Callbacks(), absl::Milliseconds(50));
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  EXPECT_TRUE(heard.WaitFor([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return heard.resyncs == 1; }));
+
+  ASSERT_TRUE(store->Insert(AeadRecord("a", 1)).ok());
+  ASSERT_TRUE(store->Put(AeadRecord("b", 1)).ok());
+  ASSERT_TRUE(store->Update("a", [](KeyRecord r) -> absl::StatusOr<KeyRecord> { return r; }).ok());
+  ASSERT_TRUE(store->Delete("b").ok());
+  // Failed writes notify nobody.
+  ASSERT_FALSE(store->Insert(AeadRecord("a", 2)).ok());
+  ASSERT_FALSE(store->Delete("nope").ok());
+  ASSERT_FALSE(store->Update("a", [](KeyRecord) -> absl::StatusOr<KeyRecord> {
+                      return absl::AbortedError("x");
+                    }).ok());
+  ASSERT_TRUE(store->Put(AeadRecord("c", 1)).ok());
+  EXPECT_TRUE(heard.WaitFor([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return heard.changes == std::vector<std::string>{"a", "b", "a", "b", "c"};
+  }));
+
+  // Kill the listener's backend: it reconnects and asks for a full resync.
+  Sql(dsn_, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE 'LISTEN%'");
+  EXPECT_TRUE(heard.WaitFor([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return heard.resyncs == 2; }));
+  EXPECT_EQ((*listener)->connections(), 2u);
+  ASSERT_TRUE(store->Put(AeadRecord("d", 1)).ok());
+  EXPECT_TRUE(heard.WaitFor(
+      [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return heard.changes.size() == 6; }));
+}
+
+// Two key managers on one database, as two replicas: changes made through one reach the other
+// through ReloadKey / Resync, with new version instances and change listeners run.
+TEST_F(PostgresKeyStoreTest, KeyManagersShareKeysThroughTheStore) {
+  const crypto::BackendChoice backends = crypto::BackendChoice::All(crypto::Backend::kLibsodium);
+  auto a = KeyManager::Create(OpenStore(), backends);
+  auto b = KeyManager::Create(OpenStore(), backends);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  KeyManager& ka = **a;
+  KeyManager& kb = **b;
+  std::vector<std::string> b_changes;
+  kb.AddChangeListener([&](absl::string_view id) { b_changes.emplace_back(id); });
+
+  v1::CreateKeyRequest create;
+  create.set_key_id("shared");
+  create.set_type(v1::KEY_TYPE_XCHACHA20_POLY1305);
+  ASSERT_TRUE(ka.CreateKey(create).ok());
+  EXPECT_EQ(kb.Find("shared"), nullptr);  // no listener in this test: B has not heard yet
+  // Creating the same id through B fails (the store decides) and B catches up.
+  EXPECT_EQ(kb.CreateKey(create).status().code(), absl::StatusCode::kAlreadyExists);
+  ASSERT_NE(kb.Find("shared"), nullptr);
+  EXPECT_TRUE(SecretEquals(ka.Find("shared")->Current()->public_key,
+                           kb.Find("shared")->Current()->public_key));
+
+  // Rotation through B from B's view; A reloads and gets version 2 with new instances.
+  const uint64_t a_instance_v1 = ka.Find("shared")->Version(1)->instance;
+  auto rotated = kb.RotateKey("shared");
+  ASSERT_TRUE(rotated.ok()) << rotated.status();
+  EXPECT_EQ(rotated->current_version(), 2u);
+  EXPECT_EQ(ka.Find("shared")->current_version, 1u);
+  ASSERT_TRUE(ka.ReloadKey("shared").ok());
+  EXPECT_EQ(ka.Find("shared")->current_version, 2u);
+  EXPECT_NE(ka.Find("shared")->Version(1)->instance, a_instance_v1);
+  // Reloading an unchanged key changes nothing.
+  const uint64_t a_instance_v2 = ka.Find("shared")->Version(2)->instance;
+  ASSERT_TRUE(ka.ReloadKey("shared").ok());
+  EXPECT_EQ(ka.Find("shared")->Version(2)->instance, a_instance_v2);
+
+  // A rotates while B is stale by one rotation: the stored record decides the next number.
+  ASSERT_TRUE(ka.RotateKey("shared").ok());  // version 3 (A is current)
+  ASSERT_TRUE(ka.RotateKey("shared").ok());  // version 4
+  auto from_stale_b = kb.RotateKey("shared");
+  ASSERT_TRUE(from_stale_b.ok()) << from_stale_b.status();
+  EXPECT_EQ(from_stale_b->current_version(), 5u);
+  EXPECT_EQ(from_stale_b->versions_size(), 5);
+
+  // Deletion through A; B's Resync drops it and runs its change listeners.
+  b_changes.clear();
+  ASSERT_TRUE(ka.DeleteKey("shared").ok());
+  ASSERT_TRUE(kb.Resync().ok());
+  EXPECT_EQ(kb.Find("shared"), nullptr);
+  EXPECT_EQ(b_changes, std::vector<std::string>{"shared"});
+  // Rotating or deleting what another replica deleted is NotFound.
+  ASSERT_TRUE(kb.CreateKey(create).ok());
+  ASSERT_TRUE(ka.ReloadKey("shared").ok());
+  ASSERT_TRUE(kb.DeleteKey("shared").ok());
+  EXPECT_EQ(ka.RotateKey("shared").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ka.Find("shared"), nullptr);
+}
+
+// The wiring the server uses: a listener driving a key manager, end to end through NOTIFY.
+TEST_F(PostgresKeyStoreTest, ListenerKeepsAKeyManagerCurrent) {
+  const crypto::BackendChoice backends = crypto::BackendChoice::All(crypto::Backend::kLibsodium);
+  auto a = KeyManager::Create(OpenStore(), backends);
+  auto b = KeyManager::Create(OpenStore(), backends);
+  ASSERT_TRUE(a.ok() && b.ok());
+  KeyManager* kb = b->get();
+  auto listener = PostgresChangeListener::Start(
+      dsn_, {[kb](absl::string_view id) { return kb->ReloadKey(id); },
+             [kb] { return kb->Resync(); }},
+      absl::Milliseconds(50));
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  v1::CreateKeyRequest create;
+  create.set_key_id("k1");
+  create.set_type(v1::KEY_TYPE_ED25519);
+  ASSERT_TRUE((*a)->CreateKey(create).ok());
+  auto wait = [&](const std::function<bool()>& pred) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    while (!pred() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+    return pred();
+  };
+  EXPECT_TRUE(wait([&] { return kb->Find("k1") != nullptr; }));
+  ASSERT_TRUE((*a)->RotateKey("k1").ok());
+  EXPECT_TRUE(wait([&] {
+    auto k = kb->Find("k1");
+    return k != nullptr && k->current_version == 2;
+  }));
+  ASSERT_TRUE((*a)->DeleteKey("k1").ok());
+  EXPECT_TRUE(wait([&] { return kb->Find("k1") == nullptr; }));
+}
+
+}  // namespace
+}  // namespace offload::keys
