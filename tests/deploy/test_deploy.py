@@ -361,7 +361,8 @@ def apt_packages(run_text):
 
 class DockerfileTest(unittest.TestCase):
     def setUp(self):
-        self.stages = dockerfile_stages(read("deploy/docker/Dockerfile"))
+        self.dockerfile = read("deploy/docker/Dockerfile")
+        self.stages = dockerfile_stages(self.dockerfile)
         self.assertEqual(len(self.stages), 2, "want a builder and a runtime stage")
         (self.builder_name, self.builder_base, self.builder), (_, self.runtime_base, self.runtime) = self.stages
         self.builder_run = " && ".join(a for i, a in self.builder if i == "RUN")
@@ -428,6 +429,16 @@ class DockerfileTest(unittest.TestCase):
                 paths[name] = path
         # dpkg knows a file by the path its package ships (/lib or /usr/lib: usrmerge); one
         # `dpkg -S` over every candidate path (each call reads the whole database).
+        # The project's own shared libraries (the civetweb OpenSSL 3 shims) come from the build
+        # tree, not from a package: the Dockerfile must copy them where the RUNPATH looks.
+        build_root = os.path.realpath(os.path.join(os.path.dirname(binaries[0]), ".."))
+        own = {lib for lib in needed
+               if lib in paths and os.path.realpath(paths[lib]).startswith(build_root + os.sep)}
+        for lib in sorted(own):
+            rel = os.path.relpath(os.path.dirname(os.path.realpath(paths[lib])), build_root)
+            self.assertIn(f"/src/build/{rel}/", self.dockerfile,
+                          f"{lib} is built by the project ({rel}) but the Dockerfile does not copy it")
+        needed -= own
         candidates = {}
         for lib in sorted(needed):
             self.assertIn(lib, paths, f"ldd does not resolve {lib}")
