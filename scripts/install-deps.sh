@@ -21,16 +21,19 @@ packages=(
   prometheus
 )
 
-# The npm packages of tests/e2e/connect, exactly as package-lock.json pins them: `npm ci` when
-# node_modules is missing or older than the lock file. Works with Debian 12's node 18 and npm 9.
+# The npm packages of tests/e2e/connect and of the benchmark peer (tests/bench/peer), exactly as
+# their package-lock.json pin them: `npm ci` when node_modules is missing or older than the lock
+# file. Works with Debian 12's node 18 and npm 9.
 npm_packages() {
-  local dir
-  dir="$(cd "$(dirname "$0")/.." && pwd)/tests/e2e/connect"
-  if [ ! -f "$dir/node_modules/.package-lock.json" ] ||
-     [ "$dir/package-lock.json" -nt "$dir/node_modules/.package-lock.json" ]; then
-    echo "install-deps: npm ci in $dir" >&2
-    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
-  fi
+  local root dir
+  root="$(cd "$(dirname "$0")/.." && pwd)"
+  for dir in "$root/tests/e2e/connect" "$root/tests/bench/peer"; do
+    if [ ! -f "$dir/node_modules/.package-lock.json" ] ||
+       [ "$dir/package-lock.json" -nt "$dir/node_modules/.package-lock.json" ]; then
+      echo "install-deps: npm ci in $dir" >&2
+      (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
+    fi
+  done
 }
 
 missing=()
