@@ -5,17 +5,17 @@
     tests/bench/run_all.sh --short         # 2.5 s per workload, ~4 min
     tests/bench/run_all.sh --build_dir build-bench --skip_build --out /tmp/table.md
 
-One run measures, in this order and on this machine:
+One run measures, on this machine:
   1. crypto_bench (in process): Ed25519 verify per backend, X25519 per backend, ChaCha20-Poly1305
      open of 55 KB (and 1 KB) per backend - CPU time, median of the repetitions;
-  2. offload_server (memo on, fresh data dir, loopback) under offload_load: Verify, BatchVerify
-     (1, 8, 64, 256), Derive, BatchDerive(64), AEAD Open and BatchOpen(16) of 1 KB and 55 KB
-     (ChaCha20-Poly1305 keys, the algorithm node:crypto also has), each cold (fresh inputs) and
-     warm (a repeated set, memo hits); then unary Verify (cold) at half the capacity just measured,
-     open loop, for its p99;
-  3. the Node.js peer (tests/bench/peer, `npm ci` when needed) in its two configurations, key
-     objects cached and keys parsed per call: the cold workloads (the peer has no memo), and the
-     half-capacity p99 for its better configuration.
+  2. with offload_load, on three servers started side by side on loopback: offload_server (memo
+     on, fresh data dir) and the Node.js peer (tests/bench/peer, `npm ci` when needed) in its two
+     configurations, key objects cached and keys parsed per call: Verify, BatchVerify (1, 8, 64,
+     256), Derive, BatchDerive(64), AEAD Open and BatchOpen(16) of 1 KB and 55 KB
+     (ChaCha20-Poly1305 keys, the algorithm node:crypto also has). Each workload runs cold (fresh
+     inputs) on the three servers back to back, then warm (a repeated set: memo hits) on ours
+     (the peer has no memo). After Verify cold, each server also runs unary Verify at half the
+     capacity just measured, open loop, for its p99.
 It prints a markdown report (figures, ratios, each issue-4 target met or missed) to stdout and
 writes it to --out. Server CPU per item is utime+stime of the server process (/proc/<pid>/stat)
 over the measured window, so it holds although the load generator shares the 2 cores; items/s and
@@ -426,39 +426,34 @@ def main():
         log('== raw in-process figures (crypto_bench)')
         ctx['raw'], _ = crypto_bench(build_dir, args.short, workdir)
 
-        log('== our server')
+        # The three servers run side by side (an idle one costs nothing), and each workload runs
+        # on ours, then on both peer configurations, back to back: a change in the machine's load
+        # during the run then hits the figures that a ratio compares alike.
+        log('== servers: ours, the Node.js peer with key objects cached, and parsing per call')
         ctx['ours'], ctx['half'], ctx['peers'] = {}, {}, {'cached': {}, 'parse': {}}
-        server = start_ours(build_dir, workdir)
+        servers = {}
         try:
-            with open(server.log_path) as f:
+            servers['ours'] = start_ours(build_dir, workdir)
+            for mode in ('cached', 'parse'):
+                servers[mode] = start_peer(mode, workdir)
+            with open(servers['ours'].log_path) as f:
                 m = re.search(r'"choice":"([^"]*)"', f.read())
             ctx['backends'] = f'`{m.group(1)}`' if m else 'not logged'
+            half_names = {'ours': 'ours', 'cached': 'Node peer (cached)', 'parse': 'Node peer (parse)'}
             for label, flags, base, kind in workloads(peer=False):
-                row = runner.run(server, label, flags)
-                if row:
+                for name in (('ours', 'cached', 'parse') if kind == 'cold' else ('ours',)):
+                    row = runner.run(servers[name], label, flags)
+                    if row is None:
+                        continue
                     row.update(base=base, kind=kind)
-                    ctx['ours'][label] = row
-                if label == 'Verify cold' and row:
-                    cap = row['items_s']
-                    ctx['half']['ours'] = {'capacity': cap, 'rate': cap / 2, 'row': runner.run(
-                        server, 'Verify cold at half capacity', flags, rate=cap / 2)}
-        finally:
-            server.stop()
-
-        for mode in ('cached', 'parse'):
-            log(f'== Node.js peer, key objects {mode}')
-            server = start_peer(mode, workdir)
-            try:
-                for label, flags, base, kind in workloads(peer=True):
-                    row = runner.run(server, label, flags)
-                    if row:
-                        ctx['peers'][mode][label] = row
-                    if label == 'Verify cold' and row:
+                    (ctx['ours'] if name == 'ours' else ctx['peers'][name])[label] = row
+                    if label == 'Verify cold':  # the p99 at half the capacity just measured
                         cap = row['items_s']
-                        ctx['half'][f'Node peer ({mode})'] = {
+                        ctx['half'][half_names[name]] = {
                             'capacity': cap, 'rate': cap / 2, 'row': runner.run(
-                                server, 'Verify cold at half capacity', flags, rate=cap / 2)}
-            finally:
+                                servers[name], 'Verify cold at half capacity', flags, rate=cap / 2)}
+        finally:
+            for server in servers.values():
                 server.stop()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
