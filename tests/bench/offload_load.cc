@@ -20,6 +20,13 @@
 // Keys come from the KeyService (an X25519 key created, an XChaCha20-Poly1305 key imported so
 // that envelopes can be sealed locally without the server's Seal recording them) and are deleted
 // at the end. The last line of output is a markdown table row (see --print_header).
+// --rate=R (calls/s) makes the loop open: calls start on a fixed schedule (at most --inflight
+// outstanding) and latency counts from each call's scheduled start, so a server that falls
+// behind shows it in p99 (no coordinated omission).
+// --check recomputes every answer locally with libsodium and counts any difference as an error:
+// verify items then include invalid signatures (every 5th message altered after signing), the
+// X25519 key is imported from a secret the load generator knows, and opened plaintexts are
+// compared byte for byte. It costs client CPU: for correctness runs, not for figures.
 // Exit status: 0 if the window saw completed items and no unexpected error; 1 otherwise.
 #include <grpcpp/grpcpp.h>
 #include <sodium.h>
@@ -73,6 +80,12 @@ ABSL_FLAG(int64_t, server_open_bytes_per_key, 8 << 20,
           "The server's --memo_open_bytes_per_key, to size the cold open pool.");
 ABSL_FLAG(std::string, label, "", "First column of the markdown row (default: workload/mode).");
 ABSL_FLAG(bool, print_header, false, "Print the markdown table header before the row.");
+ABSL_FLAG(double, rate, 0,
+          "Calls/s on a fixed schedule (open loop, latency from the scheduled start); 0 = closed "
+          "loop with --inflight calls outstanding.");
+ABSL_FLAG(bool, check, false,
+          "Recompute every answer with libsodium and count differences as errors (adds invalid "
+          "signatures to verify items).");
 
 namespace offload::load {
 namespace {
@@ -138,7 +151,7 @@ class Workload {
 };
 
 // Starts one callback RPC. `call` is the stub's async() method, `fill` builds the request and
-// `count` turns the response into an Outcome.
+// `count` turns the request and response into an Outcome.
 template <typename Req, typename Resp, typename Call, typename Count>
 void StartRpc(Call call, std::function<void(Req*)> fill, Count count, OnDone done) {
   struct State {
@@ -152,7 +165,7 @@ void StartRpc(Call call, std::function<void(Req*)> fill, Count count, OnDone don
   call(&s->ctx, &s->req, &s->resp, [s, count, done = std::move(done)](grpc::Status status) {
     Outcome o;
     o.status = status;
-    if (status.ok()) count(s->resp, &o);
+    if (status.ok()) count(s->req, s->resp, &o);
     delete s;
     done(std::move(o));
   });
@@ -169,12 +182,13 @@ struct Signed {
   std::string public_key, signature, message;
 };
 
-std::vector<Signed> SignMany(int64_t n) {
+// With `corrupt`, every 5th message is altered after signing: an invalid signature.
+std::vector<Signed> SignMany(int64_t n, bool corrupt) {
   std::vector<Signed> out(n);
   const int threads = std::max(1u, std::thread::hardware_concurrency());
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) {
-    pool.emplace_back([&out, t, threads, n] {
+    pool.emplace_back([&out, t, threads, n, corrupt] {
       unsigned char pk[32], sk[64];
       crypto_sign_keypair(pk, sk);
       for (int64_t i = t; i < n; i += threads) {
@@ -185,6 +199,7 @@ std::vector<Signed> SignMany(int64_t n) {
         s.signature.resize(64);
         crypto_sign_detached(reinterpret_cast<unsigned char*>(s.signature.data()), nullptr,
                              reinterpret_cast<const unsigned char*>(s.message.data()), 64, sk);
+        if (corrupt && i % 5 == 2) s.message[0] ^= 1;
       }
       sodium_memzero(sk, sizeof(sk));
     });
@@ -193,10 +208,25 @@ std::vector<Signed> SignMany(int64_t n) {
   return out;
 }
 
+// libsodium's answer for one verify item: what --check expects.
+template <typename Req>
+bool ExpectedValid(const Req& r) {
+  return r.public_key().size() == 32 && r.signature().size() == 64 &&
+         crypto_sign_verify_detached(
+             reinterpret_cast<const unsigned char*>(r.signature().data()),
+             reinterpret_cast<const unsigned char*>(r.message().data()), r.message().size(),
+             reinterpret_cast<const unsigned char*>(r.public_key().data())) == 0;
+}
+
 class VerifyWorkload final : public Workload {
  public:
-  VerifyWorkload(const Channels& channels, bool batch, int batch_size, bool cold, int64_t items)
-      : batch_(batch), batch_size_(batch ? batch_size : 1), cold_(cold), items_(SignMany(items)) {
+  VerifyWorkload(const Channels& channels, bool batch, int batch_size, bool cold, int64_t items,
+                 bool check)
+      : batch_(batch),
+        batch_size_(batch ? batch_size : 1),
+        cold_(cold),
+        check_(check),
+        items_(SignMany(items, check)) {
     for (const auto& c : channels) stubs_.push_back(v1::Ed25519Service::NewStub(c));
   }
 
@@ -216,10 +246,13 @@ class VerifyWorkload final : public Workload {
             r->set_signature(s.signature);
             r->set_message(s.message);
           }),
-          [](const v1::VerifyResponse& resp, Outcome* o) {
+          [check = check_](const v1::VerifyRequest& req, const v1::VerifyResponse& resp,
+                           Outcome* o) {
             o->items = 1;
             o->hits = resp.memo_hit();
-            if (!resp.valid()) ItemError(o, "valid=false");
+            if (resp.valid() != (check ? ExpectedValid(req) : true)) {
+              ItemError(o, resp.valid() ? "valid=true for an invalid signature" : "valid=false");
+            }
           },
           std::move(done));
       return true;
@@ -236,13 +269,18 @@ class VerifyWorkload final : public Workload {
             it->set_message(s.message);
           }
         }),
-        [n](const v1::BatchVerifyResponse& resp, Outcome* o) {
-          if (resp.results_size() != n) ItemError(o, "wrong number of results");
-          for (const auto& r : resp.results()) {
+        [n, check = check_](const v1::BatchVerifyRequest& req,
+                            const v1::BatchVerifyResponse& resp, Outcome* o) {
+          if (resp.results_size() != n) return ItemError(o, "wrong number of results");
+          for (int j = 0; j < n; ++j) {
+            const auto& r = resp.results(j);
             ++o->items;
             o->hits += r.memo_hit();
-            if (r.status().code() != 0) ItemError(o, r.status().message());
-            else if (!r.valid()) ItemError(o, "valid=false");
+            if (r.status().code() != 0) {
+              ItemError(o, r.status().message());
+            } else if (r.valid() != (check ? ExpectedValid(req.items(j)) : true)) {
+              ItemError(o, r.valid() ? "valid=true for an invalid signature" : "valid=false");
+            }
           }
         },
         std::move(done));
@@ -253,6 +291,7 @@ class VerifyWorkload final : public Workload {
   const bool batch_;
   const int batch_size_;
   const bool cold_;
+  const bool check_;
   const std::vector<Signed> items_;
   std::vector<std::unique_ptr<v1::Ed25519Service::Stub>> stubs_;
 };
@@ -262,19 +301,33 @@ class VerifyWorkload final : public Workload {
 
 class DeriveWorkload final : public Workload {
  public:
-  DeriveWorkload(const Channels& channels, bool batch, int batch_size, bool cold, int warm_set)
+  // With `check`, the key is imported from a secret made here, so that every shared key can be
+  // recomputed; otherwise the server creates it.
+  DeriveWorkload(const Channels& channels, bool batch, int batch_size, bool cold, int warm_set,
+                 bool check)
       : channel_(channels[0]), batch_(batch), batch_size_(batch ? batch_size : 1), cold_(cold) {
     for (const auto& c : channels) stubs_.push_back(v1::X25519Service::NewStub(c));
     key_id_ = absl::StrCat("load-dh-", getpid(), "-", randombytes_uniform(1000000));
     auto keys = v1::KeyService::NewStub(channel_);
     grpc::ClientContext ctx;
-    v1::CreateKeyRequest req;
-    req.set_key_id(key_id_);
-    req.set_type(v1::KEY_TYPE_X25519);
     v1::KeyInfo info;
-    grpc::Status s = keys->CreateKey(&ctx, req, &info);
+    grpc::Status s;
+    if (check) {
+      secret_ = std::make_shared<std::string>(RandomString(32));
+      v1::ImportKeyRequest req;
+      req.set_key_id(key_id_);
+      req.set_type(v1::KEY_TYPE_X25519);
+      req.set_secret(*secret_);
+      s = keys->ImportKey(&ctx, req, &info);
+    } else {
+      v1::CreateKeyRequest req;
+      req.set_key_id(key_id_);
+      req.set_type(v1::KEY_TYPE_X25519);
+      s = keys->CreateKey(&ctx, req, &info);
+    }
     if (!s.ok()) {
-      std::fprintf(stderr, "CreateKey: %s\n", s.error_message().c_str());
+      std::fprintf(stderr, "%s: %s\n", check ? "ImportKey" : "CreateKey",
+                   s.error_message().c_str());
       std::exit(1);
     }
     for (int i = 0; i < warm_set; ++i) warm_.push_back(RandomString(32));
@@ -288,17 +341,27 @@ class DeriveWorkload final : public Workload {
       r->set_output(v1::DERIVE_OUTPUT_RAW);
       r->set_peer_public_key(cold_ ? RandomString(32) : warm_[(first + j) % warm_.size()]);
     };
-    auto check = [](const v1::DeriveResponse& resp, Outcome* o) {
+    auto check = [secret = secret_](const v1::DeriveRequest& req, const v1::DeriveResponse& resp,
+                                    Outcome* o) {
       o->hits += resp.memo_hit();
-      if (resp.shared_key().size() != 32) ItemError(o, "shared_key is not 32 bytes");
+      if (resp.shared_key().size() != 32) return ItemError(o, "shared_key is not 32 bytes");
+      if (secret == nullptr) return;
+      unsigned char expected[32];
+      if (crypto_scalarmult(expected, reinterpret_cast<const unsigned char*>(secret->data()),
+                            reinterpret_cast<const unsigned char*>(req.peer_public_key().data())) !=
+              0 ||
+          sodium_memcmp(expected, resp.shared_key().data(), 32) != 0) {
+        ItemError(o, "shared_key differs from libsodium's");
+      }
+      sodium_memzero(expected, sizeof(expected));
     };
     if (!batch_) {
       StartRpc<v1::DeriveRequest, v1::DeriveResponse>(
           [async](auto... a) { async->Derive(a...); },
           std::function<void(v1::DeriveRequest*)>([&](v1::DeriveRequest* r) { fill_one(0, r); }),
-          [check](const v1::DeriveResponse& resp, Outcome* o) {
+          [check](const v1::DeriveRequest& req, const v1::DeriveResponse& resp, Outcome* o) {
             o->items = 1;
-            check(resp, o);
+            check(req, resp, o);
           },
           std::move(done));
       return true;
@@ -309,12 +372,14 @@ class DeriveWorkload final : public Workload {
         std::function<void(v1::BatchDeriveRequest*)>([&](v1::BatchDeriveRequest* r) {
           for (int j = 0; j < n; ++j) fill_one(j, r->add_items());
         }),
-        [n, check](const v1::BatchDeriveResponse& resp, Outcome* o) {
-          if (resp.results_size() != n) ItemError(o, "wrong number of results");
-          for (const auto& r : resp.results()) {
+        [n, check](const v1::BatchDeriveRequest& req, const v1::BatchDeriveResponse& resp,
+                   Outcome* o) {
+          if (resp.results_size() != n) return ItemError(o, "wrong number of results");
+          for (int j = 0; j < n; ++j) {
+            const auto& r = resp.results(j);
             ++o->items;
             if (r.status().code() != 0) ItemError(o, r.status().message());
-            else check(r.response(), o);
+            else check(req.items(j), r.response(), o);
           }
         },
         std::move(done));
@@ -338,6 +403,7 @@ class DeriveWorkload final : public Workload {
   const int batch_size_;
   const bool cold_;
   std::string key_id_;
+  std::shared_ptr<const std::string> secret_;  // the imported X25519 secret (--check only)
   std::vector<std::string> warm_;
   std::vector<std::unique_ptr<v1::X25519Service::Stub>> stubs_;
 };
@@ -348,7 +414,7 @@ class DeriveWorkload final : public Workload {
 class OpenWorkload final : public Workload {
  public:
   OpenWorkload(const Channels& channels, bool batch, int batch_size, bool cold, int warm_set,
-               int size, bool xchacha, int64_t pool)
+               int size, bool xchacha, int64_t pool, bool check)
       : channel_(channels[0]), batch_(batch), batch_size_(batch ? batch_size : 1), size_(size) {
     for (const auto& c : channels) stubs_.push_back(v1::AeadService::NewStub(c));
     key_id_ = absl::StrCat("load-blobs-", getpid(), "-", randombytes_uniform(1000000));
@@ -368,6 +434,7 @@ class OpenWorkload final : public Workload {
     const int64_t count = cold ? pool : warm_set;
     const size_t nonce_size = xchacha ? 24 : 12;
     const std::string plaintext = RandomString(size);
+    if (check) plaintext_ = std::make_shared<std::string>(plaintext);
     aad_ = RandomString(16);
     const auto* key = reinterpret_cast<const unsigned char*>(secret.data());
     const auto* pt = reinterpret_cast<const unsigned char*>(plaintext.data());
@@ -403,15 +470,18 @@ class OpenWorkload final : public Workload {
       r->set_associated_data(aad_);
     };
     const size_t size = size_;
-    auto check = [size](const v1::AeadOpenResponse& resp, Outcome* o) {
+    auto check = [size, expected = plaintext_](const v1::AeadOpenResponse& resp, Outcome* o) {
       o->hits += resp.memo_hit();
-      if (resp.plaintext().size() != size) ItemError(o, "plaintext of the wrong size");
+      if (resp.plaintext().size() != size) return ItemError(o, "plaintext of the wrong size");
+      if (expected != nullptr && resp.plaintext() != *expected) {
+        ItemError(o, "plaintext differs from what was sealed");
+      }
     };
     if (!batch_) {
       StartRpc<v1::AeadOpenRequest, v1::AeadOpenResponse>(
           [async](auto... a) { async->Open(a...); },
           std::function<void(v1::AeadOpenRequest*)>([&](v1::AeadOpenRequest* r) { fill_one(0, r); }),
-          [check](const v1::AeadOpenResponse& resp, Outcome* o) {
+          [check](const v1::AeadOpenRequest&, const v1::AeadOpenResponse& resp, Outcome* o) {
             o->items = 1;
             check(resp, o);
           },
@@ -424,8 +494,9 @@ class OpenWorkload final : public Workload {
         std::function<void(v1::BatchAeadOpenRequest*)>([&](v1::BatchAeadOpenRequest* r) {
           for (int j = 0; j < n; ++j) fill_one(j, r->add_items());
         }),
-        [n, check](const v1::BatchAeadOpenResponse& resp, Outcome* o) {
-          if (resp.results_size() != n) ItemError(o, "wrong number of results");
+        [n, check](const v1::BatchAeadOpenRequest&, const v1::BatchAeadOpenResponse& resp,
+                   Outcome* o) {
+          if (resp.results_size() != n) return ItemError(o, "wrong number of results");
           for (const auto& r : resp.results()) {
             ++o->items;
             if (r.status().code() != 0) ItemError(o, r.status().message());
@@ -446,6 +517,7 @@ class OpenWorkload final : public Workload {
   const int size_;
   std::string key_id_;
   std::string aad_;
+  std::shared_ptr<const std::string> plaintext_;  // what every envelope holds (--check only)
   std::vector<std::string> envelopes_;
   std::vector<std::unique_ptr<v1::AeadService::Stub>> stubs_;
 };
@@ -467,11 +539,30 @@ class Runner {
     int64_t server_cpu_us = -1, client_cpu_us = 0;
   };
 
-  Result Run(int inflight, double warmup_s, double duration_s, int server_pid) {
+  // `rate` > 0: open loop, calls start every 1/rate s (at most `inflight` outstanding) and their
+  // latency counts from the scheduled start. Otherwise closed loop: `inflight` calls outstanding.
+  Result Run(int inflight, double rate, double warmup_s, double duration_s, int server_pid) {
     const int64_t start = NowNs();
     window_start_ = start + static_cast<int64_t>(warmup_s * 1e9);
     const int64_t planned_end = window_start_ + static_cast<int64_t>(duration_s * 1e9);
-    for (int i = 0; i < inflight; ++i) IssueNext();
+    open_loop_ = rate > 0;
+    std::thread pacer;
+    if (open_loop_) {
+      pacer = std::thread([this, start, rate, inflight] {
+        for (int64_t i = 0;; ++i) {
+          const int64_t due = start + static_cast<int64_t>(static_cast<double>(i) * 1e9 / rate);
+          std::unique_lock<std::mutex> lock(mu_);
+          cv_.wait_until(lock, Clock::time_point(std::chrono::nanoseconds(due)),
+                         [this] { return stopping_; });
+          cv_.wait(lock, [this, inflight] { return stopping_ || outstanding_ < inflight; });
+          if (stopping_) return;
+          lock.unlock();
+          IssueNext(due);
+        }
+      });
+    } else {
+      for (int i = 0; i < inflight; ++i) IssueNext(0);
+    }
 
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait_until(lock, Clock::time_point(std::chrono::nanoseconds(window_start_)),
@@ -487,7 +578,9 @@ class Runner {
     const int64_t t1 = NowNs();
     window_end_.store(t1);
     stopping_ = true;
+    cv_.notify_all();
     lock.unlock();
+    if (pacer.joinable()) pacer.join();
     const int64_t cpu1 = ProcessCpuMicros(server_pid);
     const int64_t self1 = SelfCpuMicros();
 
@@ -502,7 +595,8 @@ class Runner {
   }
 
  private:
-  void IssueNext() {
+  // Starts the next call; `scheduled` (open loop) is when it was due, else 0 (now).
+  void IssueNext(int64_t scheduled) {
     int64_t seq;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -516,10 +610,10 @@ class Runner {
       seq = next_seq_++;
       ++outstanding_;
     }
-    const int64_t started = NowNs();
+    const int64_t started = scheduled > 0 ? scheduled : NowNs();
     const bool ok = workload_->Start(seq % channels_, seq, [this, started](Outcome o) {
       Record(started, std::move(o));
-      IssueNext();
+      if (!open_loop_) IssueNext(0);
     });
     if (!ok) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -562,6 +656,7 @@ class Runner {
   const int64_t max_calls_;
   std::atomic<int64_t> window_start_{0};
   std::atomic<int64_t> window_end_{INT64_MAX};
+  bool open_loop_ = false;  // set before the first call
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;
@@ -603,6 +698,7 @@ int Main() {
   const int batch_size = batch ? absl::GetFlag(FLAGS_batch) : 1;
   const int size = absl::GetFlag(FLAGS_size);
   const int warm_set = absl::GetFlag(FLAGS_warm_set);
+  const bool check = absl::GetFlag(FLAGS_check);
 
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_channels)); ++i) {
@@ -624,11 +720,12 @@ int Main() {
   if (base == "verify") {
     const int64_t items = cold ? absl::GetFlag(FLAGS_cold_items) : warm_set;
     const int64_t t = NowNs();
-    workload = std::make_unique<VerifyWorkload>(channels, batch, batch_size, cold, items);
+    workload = std::make_unique<VerifyWorkload>(channels, batch, batch_size, cold, items, check);
     detail = absl::StrCat(items, " distinct signatures signed in ", (NowNs() - t) / 1000000,
                           " ms");
   } else if (base == "derive") {
-    workload = std::make_unique<DeriveWorkload>(channels, batch, batch_size, cold, warm_set);
+    workload =
+        std::make_unique<DeriveWorkload>(channels, batch, batch_size, cold, warm_set, check);
     detail = cold ? "a fresh random peer per item" : absl::StrCat(warm_set, " distinct peers");
   } else if (base == "open") {
     int64_t pool = absl::GetFlag(FLAGS_open_pool);
@@ -638,7 +735,7 @@ int Main() {
     }
     const bool xchacha = absl::GetFlag(FLAGS_aead) != "chacha20";
     auto open = std::make_unique<OpenWorkload>(channels, batch, batch_size, cold, warm_set,
-                                               size, xchacha, pool);
+                                               size, xchacha, pool, check);
     detail = absl::StrCat(open->pool_size(), " distinct envelopes of ", size, " B (",
                           xchacha ? "XChaCha20" : "ChaCha20", "-Poly1305)");
     workload = std::move(open);
@@ -649,7 +746,8 @@ int Main() {
 
   Runner runner(workload.get(), channels.size(), absl::GetFlag(FLAGS_max_calls));
   Runner::Result r =
-      runner.Run(std::max(1, absl::GetFlag(FLAGS_inflight)), absl::GetFlag(FLAGS_warmup),
+      runner.Run(std::max(1, absl::GetFlag(FLAGS_inflight)), absl::GetFlag(FLAGS_rate),
+                 absl::GetFlag(FLAGS_warmup),
                  absl::GetFlag(FLAGS_duration), absl::GetFlag(FLAGS_server_pid));
   workload->Cleanup();
 
@@ -664,8 +762,12 @@ int Main() {
       r.items > 0 ? static_cast<double>(r.client_cpu_us) / r.items : -1;
   const int64_t errors = r.rpc_errors + r.item_errors;
 
-  std::printf("workload %s mode=%s batch=%d size=%d inflight=%d: %s\n", workload_name.c_str(),
-              mode.c_str(), batch_size, size, absl::GetFlag(FLAGS_inflight), detail.c_str());
+  std::printf("workload %s mode=%s batch=%d size=%d inflight=%d%s%s: %s\n", workload_name.c_str(),
+              mode.c_str(), batch_size, size, absl::GetFlag(FLAGS_inflight),
+              absl::GetFlag(FLAGS_rate) > 0
+                  ? absl::StrCat(" rate=", absl::GetFlag(FLAGS_rate), " calls/s (open loop)").c_str()
+                  : "",
+              check ? " check" : "", detail.c_str());
   std::printf("window %.2f s%s: %lld calls, %lld items, %.0f items/s, %.0f calls/s\n", r.seconds,
               r.ran_out ? " (ended early: inputs or --max_calls ran out)" : "",
               static_cast<long long>(r.calls), static_cast<long long>(r.items), items_s, calls_s);

@@ -1,0 +1,474 @@
+#!/usr/bin/python3
+"""Issue 4's benchmark table in one run: raw library speed, our server, the Node.js peer.
+
+    tests/bench/run_all.sh                 # full: Release build, ~10 s per workload, ~12 min
+    tests/bench/run_all.sh --short         # 2.5 s per workload, ~4 min
+    tests/bench/run_all.sh --build_dir build-bench --skip_build --out /tmp/table.md
+
+One run measures, on this machine:
+  1. crypto_bench (in process): Ed25519 verify per backend, X25519 per backend, ChaCha20-Poly1305
+     open of 55 KB (and 1 KB) per backend - CPU time, median of the repetitions;
+  2. with offload_load, on three servers started side by side on loopback: offload_server (memo
+     on, fresh data dir) and the Node.js peer (tests/bench/peer, `npm ci` when needed) in its two
+     configurations, key objects cached and keys parsed per call: Verify, BatchVerify (1, 8, 64,
+     256), Derive, BatchDerive(64), AEAD Open and BatchOpen(16) of 1 KB and 55 KB
+     (ChaCha20-Poly1305 keys, the algorithm node:crypto also has). Each workload runs cold (fresh
+     inputs) on the three servers back to back, then warm (a repeated set: memo hits) on ours
+     (the peer has no memo). After Verify cold, each server also runs unary Verify at half the
+     capacity just measured, open loop, for its p99.
+It prints a markdown report (figures, ratios, each issue-4 target met or missed) to stdout and
+writes it to --out. Server CPU per item is utime+stime of the server process (/proc/<pid>/stat)
+over the measured window, so it holds although the load generator shares the 2 cores; items/s and
+latency are loopback figures that the load generator's own CPU use depresses. Timing is never
+asserted: the exit status is 1 only if a run failed or reported an error.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+PEER_DIR = os.path.join(HERE, 'peer')
+KB55 = 56320
+
+
+def log(*parts):
+    print(*parts, file=sys.stderr, flush=True)
+
+
+def run_cmd(cmd, **kw):
+    log('$ ' + ' '.join(cmd))
+    return subprocess.run(cmd, check=True, **kw)
+
+
+def build(build_dir):
+    cmake = ['cmake', '-S', ROOT, '-B', build_dir, '-G', 'Ninja', '-DCMAKE_BUILD_TYPE=Release',
+             '-DOFFLOAD_BUILD_BENCH=ON', '-DOFFLOAD_BUILD_TESTS=ON']
+    if shutil.which('ccache'):
+        cmake += ['-DCMAKE_CXX_COMPILER_LAUNCHER=ccache', '-DCMAKE_C_COMPILER_LAUNCHER=ccache']
+    run_cmd(cmake, stdout=subprocess.DEVNULL)
+    run_cmd(['cmake', '--build', build_dir, '-j', str(os.cpu_count() or 2), '--target',
+             'offload_server', 'offload_load', 'crypto_bench'], stdout=subprocess.DEVNULL)
+
+
+def npm_ci():
+    """`npm ci` in tests/bench/peer when node_modules is missing or older than the lock file."""
+    stamp = os.path.join(PEER_DIR, 'node_modules', '.package-lock.json')
+    lock = os.path.join(PEER_DIR, 'package-lock.json')
+    if not os.path.exists(stamp) or os.path.getmtime(lock) > os.path.getmtime(stamp):
+        run_cmd(['npm', 'ci', '--no-audit', '--no-fund', '--loglevel=error'], cwd=PEER_DIR)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------------------------------------
+# Raw in-process figures
+
+def crypto_bench(build_dir, short, workdir):
+    out = os.path.join(workdir, 'crypto_bench.json')
+    cmd = [os.path.join(build_dir, 'bin', 'crypto_bench'),
+           '--benchmark_filter=^BM_(Ed25519Verify|X25519Derive|ChaCha20Poly1305Open)/',
+           '--benchmark_out=' + out, '--benchmark_out_format=json']
+    if short:
+        cmd += ['--benchmark_min_time=0.2']
+    else:
+        cmd += ['--benchmark_repetitions=3', '--benchmark_report_aggregates_only=true']
+    run_cmd(cmd, stdout=subprocess.DEVNULL)
+    with open(out) as f:
+        data = json.load(f)
+    raw = {}
+    scale = {'ns': 1e-3, 'us': 1.0, 'ms': 1e3}
+    for b in data['benchmarks']:
+        if b.get('run_type') == 'aggregate' and b.get('aggregate_name') != 'median':
+            continue
+        name = b.get('run_name', b['name'])
+        raw[name] = b['cpu_time'] * scale[b['time_unit']]
+    return raw, data.get('context', {})
+
+
+# ------------------------------------------------------------------------------------------------
+# Servers
+
+class Server:
+    """A server process on a free loopback port: ours (offload_server) or the Node peer."""
+
+    def __init__(self, name, cmd, env, ready_pattern, workdir):
+        self.name = name
+        self.log_path = os.path.join(workdir, name + '.log')
+        self.log = open(self.log_path, 'w')
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+        deadline = time.time() + 60
+        self.port = None
+        while time.time() < deadline:
+            with open(self.log_path) as f:
+                m = re.search(ready_pattern, f.read())
+            if m:
+                self.port = int(m.group(1))
+                break
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        if self.port is None:
+            self.stop()
+            with open(self.log_path) as f:
+                raise RuntimeError(f'{name} did not start:\n{f.read()}')
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def start_ours(build_dir, workdir):
+    data = os.path.join(workdir, 'ours-data')
+    os.makedirs(data, exist_ok=True)
+    env = dict(os.environ, OFFLOAD_KEK=os.urandom(32).hex())
+    cmd = [os.path.join(build_dir, 'bin', 'offload_server'), '--grpc_address=127.0.0.1:0',
+           '--data_dir=' + data, f'--http_address=127.0.0.1:{free_port()}',
+           f'--metrics_address=127.0.0.1:{free_port()}']
+    return Server('ours', cmd, env, r'"grpc_port":(\d+)', workdir)
+
+
+def start_peer(mode, workdir):
+    cmd = ['node', os.path.join(PEER_DIR, 'server.js'), '--mode=' + mode,
+           '--address=127.0.0.1:0', '--proto_dir=' + os.path.join(ROOT, 'proto')]
+    return Server('peer-' + mode, cmd, dict(os.environ), r'"grpc_port":(\d+)', workdir)
+
+
+# ------------------------------------------------------------------------------------------------
+# Workloads
+
+def workloads(peer):
+    """(label, offload_load flags, kind) for each run; `peer` keeps only the cold ones."""
+    out = []
+
+    def add(label, flags, warm_flags=()):
+        out.append((label + ' cold', list(flags) + ['--mode=cold'], label, 'cold'))
+        if not peer:
+            out.append((label + ' warm', list(flags) + ['--mode=warm'] + list(warm_flags),
+                        label, 'warm'))
+
+    add('Verify', ['--workload=verify'])
+    for b in (1, 8, 64, 256):
+        add(f'BatchVerify({b})', ['--workload=batch_verify', f'--batch={b}'],
+            [f'--warm_set={max(b, 64)}'])
+    add('Derive', ['--workload=derive'])
+    add('BatchDerive(64)', ['--workload=batch_derive', '--batch=64'])
+    for size, name, warm_set in ((1024, '1 KB', 64), (KB55, '55 KB', 16)):
+        common = ['--aead=chacha20', f'--size={size}']
+        add(f'Open {name}', ['--workload=open'] + common, [f'--warm_set={warm_set}'])
+        add(f'BatchOpen(16) {name}', ['--workload=batch_open', '--batch=16'] + common,
+            [f'--warm_set={warm_set}'])
+    return out
+
+
+# Fastest plausible items/s per cold verify workload on this machine, to size the signatures
+# made beforehand (the run ends early, and says so, if they run out).
+COLD_VERIFY_RATE = {'verify': 15000, 'batch_verify': 45000}
+
+
+class Runner:
+    def __init__(self, build_dir, warmup, duration):
+        self.load = os.path.join(build_dir, 'bin', 'offload_load')
+        self.warmup = warmup
+        self.duration = duration
+        self.failed = []
+
+    def run(self, server, label, flags, rate=0.0):
+        flags = list(flags)
+        if '--mode=cold' in flags and any(f in flags for f in ('--workload=verify',
+                                                               '--workload=batch_verify')):
+            per_s = rate if rate > 0 else COLD_VERIFY_RATE[
+                'verify' if '--workload=verify' in flags else 'batch_verify']
+            flags.append(f'--cold_items={int(per_s * (self.warmup + self.duration) * 1.2) + 1000}')
+        cmd = [self.load, f'--server=127.0.0.1:{server.port}', f'--server_pid={server.pid}',
+               f'--warmup={self.warmup}', f'--duration={self.duration}',
+               f'--label={label}'] + flags
+        if rate > 0:
+            cmd += [f'--rate={rate:.0f}', '--inflight=64']
+        log(f'[{server.name}] {label}')
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for line in p.stdout.splitlines():
+            if not line.startswith('|'):
+                log('    ' + line)
+        row = parse_row(p.stdout)
+        if p.returncode != 0 or row is None or row['errors'] > 0:
+            self.failed.append(f'{server.name}: {label}')
+            log(f'    FAILED (exit {p.returncode})')
+        if row is not None:
+            row['ended_early'] = 'ended early' in p.stdout
+        return row
+
+
+def parse_row(output):
+    rows = [l for l in output.splitlines() if l.startswith('| ')]
+    if not rows:
+        return None
+    cells = [c.strip() for c in rows[-1].strip('|').split('|')]
+    if len(cells) != 9:
+        return None
+    label, items, calls, p50, p99, p999, hit, errors, cpu = cells
+    return {'label': label, 'items_s': float(items), 'calls_s': float(calls), 'p50': float(p50),
+            'p99': float(p99), 'p999': float(p999), 'hit': float(hit), 'errors': int(errors),
+            'cpu': float(cpu) if cpu != '-' else None}
+
+
+# ------------------------------------------------------------------------------------------------
+# The report
+
+def fmt(x, digits=0, unit=''):
+    if x is None:
+        return '-'
+    if digits == 0:
+        return f'{x:,.0f}{unit}'
+    return f'{x:.{digits}f}{unit}'
+
+
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def report(ctx):
+    raw, ours, peers, half = ctx['raw'], ctx['ours'], ctx['peers'], ctx['half']
+    lines = []
+    w = lines.append
+    w(f"Command: `{ctx['command']}`  ")
+    w(f"Date: {ctx['date']} (run took {ctx['elapsed']:.0f} s); {ctx['mode']} mode: warm-up "
+      f"{ctx['warmup']} s + {ctx['duration']} s measured per workload.  ")
+    w(f"Machine: {ctx['machine']}; load average {ctx['load_before']} before, "
+      f"{ctx['load_after']} after.  ")
+    w(f"Peer: node {ctx['node']} (OpenSSL {ctx['node_openssl']}), @grpc/grpc-js "
+      f"{ctx['grpc_js']}. Server backends: {ctx['backends']}.  ")
+    w('The machine is shared and noisy (other builds run on the same 2 cores): absolute figures '
+      'vary run to run; the ratios compare figures measured in this same run. Server CPU per item '
+      '(/proc/<pid>/stat of the server over the window) is the steadier figure: the load '
+      'generator runs on the same cores and takes CPU from the server, which lowers items/s.')
+    w('')
+    w('### Raw, in process (crypto_bench, CPU time per operation)')
+    w('')
+    w('| operation | libsodium | OpenSSL |')
+    w('| --- | ---: | ---: |')
+    for title, key in (('Ed25519 verify (64 B message)', 'BM_Ed25519Verify/backend:{}'),
+                       ('X25519', 'BM_X25519Derive/backend:{}'),
+                       ('ChaCha20-Poly1305 open 1 KB', 'BM_ChaCha20Poly1305Open/backend:{}/bytes:1024'),
+                       ('ChaCha20-Poly1305 open 55 KB', 'BM_ChaCha20Poly1305Open/backend:{}/bytes:56320')):
+        w(f'| {title} | {fmt(raw.get(key.format(0)), 2, " us")} | '
+          f'{fmt(raw.get(key.format(1)), 2, " us")} |')
+    w('')
+    w('### Our server and the Node.js peer (same workloads, same run)')
+    w('')
+    w('Items/s and server CPU us per item; p99 is per call (ms). The peer has no memo, so it runs '
+      'the cold workloads only; "vs peer" divides our items/s by the better peer configuration\'s '
+      'cold items/s for the same workload.')
+    w('')
+    w('| workload | ours items/s | ours CPU us/item | ours p99 ms | memo hit | '
+      'peer cached items/s | peer cached CPU us/item | peer parse items/s | '
+      'peer parse CPU us/item | vs peer |')
+    w('| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |')
+    for label, row in ours.items():
+        base, kind = row['base'], row['kind']
+        pc = peers['cached'].get(base + ' cold')
+        pp = peers['parse'].get(base + ' cold')
+        best = max([p['items_s'] for p in (pc, pp) if p] or [0]) or None
+        show_peer = kind == 'cold'
+        w(f"| {label}{' (ended early)' if row.get('ended_early') else ''} | "
+          f"{fmt(row['items_s'])} | {fmt(row['cpu'], 1)} | {fmt(row['p99'], 2)} | "
+          f"{row['hit']:.2f} | "
+          f"{fmt(pc['items_s']) if pc and show_peer else ''} | "
+          f"{fmt(pc['cpu'], 1) if pc and show_peer else ''} | "
+          f"{fmt(pp['items_s']) if pp and show_peer else ''} | "
+          f"{fmt(pp['cpu'], 1) if pp and show_peer else ''} | "
+          f"{fmt(ratio(row['items_s'], best), 2, 'x')} |")
+    w('')
+    w('### Unary Verify at half the measured capacity (open loop, fresh signatures)')
+    w('')
+    w('| server | capacity (closed loop) | offered calls/s | achieved | p50 ms | p99 ms | p999 ms |')
+    w('| --- | ---: | ---: | ---: | ---: | ---: | ---: |')
+    for name, h in half.items():
+        if h['row']:
+            w(f"| {name} | {fmt(h['capacity'])} | {fmt(h['rate'])} | {fmt(h['row']['calls_s'])} | "
+              f"{fmt(h['row']['p50'], 2)} | {fmt(h['row']['p99'], 2)} | {fmt(h['row']['p999'], 2)} |")
+    w('')
+    w('### Issue 4 targets')
+    w('')
+    w('| target | measured | limit | result |')
+    w('| --- | ---: | ---: | --- |')
+    for name, measured, limit, ok in targets(ctx):
+        w(f"| {name} | {measured} | {limit} | {'met' if ok else ('missed' if ok is False else 'n/a')} |")
+    if ctx['failed']:
+        w('')
+        w('Runs that failed or reported errors: ' + '; '.join(ctx['failed']))
+    return '\n'.join(lines) + '\n'
+
+
+def targets(ctx):
+    raw, ours, peers, half = ctx['raw'], ctx['ours'], ctx['peers'], ctx['half']
+    get = lambda label, key: ours.get(label, {}).get(key)
+    verify_raw = [raw.get(f'BM_Ed25519Verify/backend:{i}') for i in (0, 1)]
+    verify_raw = min([v for v in verify_raw if v] or [None]) if any(verify_raw) else None
+    chacha_raw = raw.get(f'BM_ChaCha20Poly1305Open/backend:1/bytes:{KB55}')
+
+    def peer_best(base):
+        vals = [p.get(base + ' cold', {}).get('items_s') for p in peers.values()]
+        vals = [v for v in vals if v]
+        return max(vals) if vals else None
+
+    out = []
+
+    def add(name, value, limit, ok, vfmt, lfmt, note=''):
+        out.append((name, (vfmt(value) + note) if value is not None else '-',
+                    lfmt(limit) if limit is not None else '-',
+                    None if value is None or limit is None else ok(value, limit)))
+
+    le = lambda v, l: v <= l
+    ge = lambda v, l: v >= l
+    x2 = lambda v: f'{v:.2f}x'
+    x1 = lambda v: f'{v:.1f}x'
+    us = lambda v: f'{v:.1f} us'
+    bv64 = get('BatchVerify(64) cold', 'cpu')
+    add('BatchVerify(64) fresh: server CPU per item / raw verify (fastest backend)',
+        ratio(bv64, verify_raw), 1.05, le, x2, x2)
+    v = get('Verify cold', 'cpu')
+    add('Unary Verify (fresh): server CPU per call <= raw verify + 15 us', v,
+        verify_raw + 15 if verify_raw else None, le, us, us)
+    add('BatchVerify(64) items/s vs the Node peer\'s best',
+        ratio(get('BatchVerify(64) cold', 'items_s'), peer_best('BatchVerify(64)')), 3.3, ge, x2, x2)
+    add('Unary Verify items/s vs the Node peer\'s best',
+        ratio(get('Verify cold', 'items_s'), peer_best('Verify')), 2.8, ge, x2, x2)
+
+    def warm_cold(name, base, limit):
+        cpu = ratio(get(base + ' cold', 'cpu'), get(base + ' warm', 'cpu'))
+        add(f'{name} warm / cold items/s', ratio(get(base + ' warm', 'items_s'),
+                                                 get(base + ' cold', 'items_s')),
+            limit, ge, x2, x1, f' (server CPU/item cold / warm: {cpu:.1f}x)' if cpu else '')
+
+    warm_cold('BatchVerify(64)', 'BatchVerify(64)', 20)
+    warm_cold('BatchDerive(64)', 'BatchDerive(64)', 20)
+    warm_cold('AEAD Open 55 KB (unary Open)', 'Open 55 KB', 10)
+    warm_cold('AEAD Open 55 KB (BatchOpen(16))', 'BatchOpen(16) 55 KB', 10)
+    add('AEAD Open 55 KB cold: server CPU per item / raw OpenSSL ChaCha20-Poly1305 (unary Open)',
+        ratio(get('Open 55 KB cold', 'cpu'), chacha_raw), 1.2, le, x2, x2)
+    add('AEAD Open 55 KB cold: server CPU per item / raw OpenSSL ChaCha20-Poly1305 (BatchOpen(16))',
+        ratio(get('BatchOpen(16) 55 KB cold', 'cpu'), chacha_raw), 1.2, le, x2, x2)
+    h = half.get('ours', {}).get('row')
+    add('Unary Verify p99 at half the measured capacity', h['p99'] if h else None, 2.0, le,
+        lambda v: f'{v:.2f} ms', lambda v: f'{v:.1f} ms',
+        f" (achieved {h['calls_s']:,.0f} of {half['ours']['rate']:,.0f} calls/s offered)" if h else '')
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument('--short', action='store_true', help='2.5 s per workload instead of 10')
+    ap.add_argument('--build_dir', default=os.path.join(ROOT, 'build-bench'))
+    ap.add_argument('--skip_build', action='store_true', help='use the binaries in --build_dir')
+    ap.add_argument('--out', default=None, help='report file (default <build_dir>/bench-table.md)')
+    ap.add_argument('--warmup', type=float, default=None)
+    ap.add_argument('--duration', type=float, default=None)
+    args = ap.parse_args()
+    build_dir = os.path.abspath(args.build_dir)
+    out_path = args.out or os.path.join(build_dir, 'bench-table.md')
+    warmup = args.warmup if args.warmup is not None else (0.5 if args.short else 1.5)
+    duration = args.duration if args.duration is not None else (2.0 if args.short else 8.0)
+
+    started = time.time()
+    ctx = {'command': 'tests/bench/run_all.sh ' + ' '.join(sys.argv[1:]),
+           'date': datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC'),
+           'mode': 'short' if args.short else 'full', 'warmup': warmup, 'duration': duration,
+           'load_before': ' / '.join(f'{x:.1f}' for x in os.getloadavg())}
+    cpu_model = ''
+    try:
+        with open('/proc/cpuinfo') as f:
+            cpu_model = re.search(r'model name\s*:\s*(.*)', f.read()).group(1)
+    except (OSError, AttributeError):
+        pass
+    ctx['machine'] = f'{os.cpu_count()} CPUs ({cpu_model}), {platform.system()} {platform.release()}'
+
+    if not args.skip_build:
+        build(build_dir)
+    npm_ci()
+    node_info = subprocess.run(['node', '-p', 'JSON.stringify(process.versions)'],
+                               stdout=subprocess.PIPE, text=True, check=True).stdout
+    ctx['node'] = 'v' + json.loads(node_info)['node']
+    ctx['node_openssl'] = json.loads(node_info)['openssl']
+    with open(os.path.join(PEER_DIR, 'node_modules', '@grpc', 'grpc-js', 'package.json')) as f:
+        ctx['grpc_js'] = json.load(f)['version']
+
+    workdir = tempfile.mkdtemp(prefix='offload-run-all-')
+    runner = Runner(build_dir, warmup, duration)
+    try:
+        log('== raw in-process figures (crypto_bench)')
+        ctx['raw'], _ = crypto_bench(build_dir, args.short, workdir)
+
+        # The three servers run side by side (an idle one costs nothing), and each workload runs
+        # on ours, then on both peer configurations, back to back: a change in the machine's load
+        # during the run then hits the figures that a ratio compares alike.
+        log('== servers: ours, the Node.js peer with key objects cached, and parsing per call')
+        ctx['ours'], ctx['half'], ctx['peers'] = {}, {}, {'cached': {}, 'parse': {}}
+        servers = {}
+        try:
+            servers['ours'] = start_ours(build_dir, workdir)
+            for mode in ('cached', 'parse'):
+                servers[mode] = start_peer(mode, workdir)
+            with open(servers['ours'].log_path) as f:
+                m = re.search(r'"choice":"([^"]*)"', f.read())
+            ctx['backends'] = f'`{m.group(1)}`' if m else 'not logged'
+            half_names = {'ours': 'ours', 'cached': 'Node peer (cached)', 'parse': 'Node peer (parse)'}
+            for label, flags, base, kind in workloads(peer=False):
+                for name in (('ours', 'cached', 'parse') if kind == 'cold' else ('ours',)):
+                    row = runner.run(servers[name], label, flags)
+                    if row is None:
+                        continue
+                    row.update(base=base, kind=kind)
+                    (ctx['ours'] if name == 'ours' else ctx['peers'][name])[label] = row
+                    if label == 'Verify cold':  # the p99 at half the capacity just measured
+                        cap = row['items_s']
+                        ctx['half'][half_names[name]] = {
+                            'capacity': cap, 'rate': cap / 2, 'row': runner.run(
+                                servers[name], 'Verify cold at half capacity', flags, rate=cap / 2)}
+        finally:
+            for server in servers.values():
+                server.stop()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    ctx['failed'] = runner.failed
+    ctx['elapsed'] = time.time() - started
+    ctx['load_after'] = ' / '.join(f'{x:.1f}' for x in os.getloadavg())
+    text = report(ctx)
+    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+    with open(out_path, 'w') as f:
+        f.write(text)
+    print(text, end='')
+    log(f'report written to {out_path}')
+    return 1 if runner.failed else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
