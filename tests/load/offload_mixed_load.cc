@@ -69,6 +69,7 @@ ABSL_FLAG(int, server_pid, 0, "Server process id, for its RSS (0: not reported).
 ABSL_FLAG(std::string, mode, "closed", "open (--rate calls/s offered) | closed (--inflight calls)");
 ABSL_FLAG(double, rate, 1000, "Open loop: calls per second offered, whatever the answers.");
 ABSL_FLAG(int, inflight, 16, "Closed loop: calls kept outstanding.");
+ABSL_FLAG(int, senders, 1, "Open loop: threads sending calls, each at --rate / --senders.");
 ABSL_FLAG(double, duration, 30, "Seconds of load after priming; 0 = until SIGINT or SIGTERM.");
 ABSL_FLAG(double, warmup, 0,
           "Seconds at the start whose ok calls are left out of the summary's throughput and "
@@ -494,7 +495,7 @@ class Traffic {
     StartUnary<BatchReq, BatchResp>(
         batch_call,
         [&shared](BatchReq* r) {
-          for (const auto& item : *shared) *r->add_items() = item.req;
+          for (auto& item : *shared) *r->add_items() = std::move(item.req);  // not read again
         },
         opt_.deadline,
         [this, op, shared, item_response, done = std::move(done)](const grpc::Status& status,
@@ -533,7 +534,7 @@ class Traffic {
         [this, async](Items shared, OnCall done) {
           StartUnary<v1::VerifyRequest, v1::VerifyResponse>(
               [async](auto... a) { async->Verify(a...); },
-              [&shared](v1::VerifyRequest* r) { *r = (*shared)[0].req; }, opt_.deadline,
+              [&shared](v1::VerifyRequest* r) { *r = std::move((*shared)[0].req); }, opt_.deadline,
               [this, shared, done = std::move(done)](const grpc::Status& status,
                                                      const v1::VerifyResponse& resp) {
                 done(status, {Judge(kVerify, (*shared)[0], status,
@@ -556,7 +557,7 @@ class Traffic {
         [this, async](Items shared, OnCall done) {
           StartUnary<v1::DeriveRequest, v1::DeriveResponse>(
               [async](auto... a) { async->Derive(a...); },
-              [&shared](v1::DeriveRequest* r) { *r = (*shared)[0].req; }, opt_.deadline,
+              [&shared](v1::DeriveRequest* r) { *r = std::move((*shared)[0].req); }, opt_.deadline,
               [this, shared, done = std::move(done)](const grpc::Status& status,
                                                      const v1::DeriveResponse& resp) {
                 done(status, {Judge(kDerive, (*shared)[0], status, resp)});
@@ -576,7 +577,8 @@ class Traffic {
         [this, async](Items shared, OnCall done) {
           StartUnary<v1::AeadOpenRequest, v1::AeadOpenResponse>(
               [async](auto... a) { async->Open(a...); },
-              [&shared](v1::AeadOpenRequest* r) { *r = (*shared)[0].req; }, opt_.deadline,
+              [&shared](v1::AeadOpenRequest* r) { *r = std::move((*shared)[0].req); },
+              opt_.deadline,
               [this, shared, done = std::move(done)](const grpc::Status& status,
                                                      const v1::AeadOpenResponse& resp) {
                 done(status, {Judge(kOpen, (*shared)[0], status, resp)});
@@ -924,6 +926,17 @@ class Driver {
 
   // Open loop on the calling thread: `rate` calls/s until `end_ns` or an interrupt; a call due
   // while `max_outstanding` are out is skipped. Returns the calls due (sent + skipped).
+  // The same with `senders` threads sharing the rate.
+  int64_t RunOpen(double rate, int64_t end_ns, int64_t max_outstanding, int senders) {
+    std::atomic<int64_t> due{0};
+    std::vector<std::thread> threads;
+    for (int i = 0; i < senders; ++i) {
+      threads.emplace_back([&] { due += RunOpen(rate / senders, end_ns, max_outstanding); });
+    }
+    for (auto& t : threads) t.join();
+    return due.load();
+  }
+
   int64_t RunOpen(double rate, int64_t end_ns, int64_t max_outstanding) {
     const int64_t start = NowNs();
     int64_t due_done = 0;
@@ -1135,7 +1148,8 @@ int Main() {
   int64_t due = 0;
   int64_t load_end = 0;
   if (open) {
-    due = driver.RunOpen(rate, end, absl::GetFlag(FLAGS_max_outstanding));
+    due = driver.RunOpen(rate, end, absl::GetFlag(FLAGS_max_outstanding),
+                         std::max(1, absl::GetFlag(FLAGS_senders)));
     load_end = NowNs();
   } else {
     driver.StartClosed(std::max(1, absl::GetFlag(FLAGS_inflight)));
