@@ -7,11 +7,12 @@
 //   # closed loop: 32 calls in flight for 20 s
 //   build/bin/offload_mixed_load --server=127.0.0.1:50051 --mode=closed --inflight=32 --duration=20
 //
-// Traffic: single Verify, Derive and AeadOpen calls in the proportions --verify_weight,
-// --derive_weight, --open_weight. A call uses a "warm" input (one of --warm_set per operation, sent
-// once before the run so that the memo holds it) with probability --warm_fraction, else a fresh one
-// the server has never seen (a signature made now, a new X25519 peer, an envelope sealed now). A
-// fraction --bad_fraction of calls carries bad input, each kind with the code the API promises:
+// Traffic: Verify, Derive and AeadOpen calls in the proportions --verify_weight, --derive_weight,
+// --open_weight; single calls, or with --batch=N batch calls of N items. An item uses a "warm"
+// input (one of --warm_set per operation, sent once before the run so that the memo holds it) with
+// probability --warm_fraction, else a fresh one the server has never seen (a signature made now, a
+// new X25519 peer, an envelope sealed now; or, with --fresh_pool, one of a pool made at start). A
+// fraction --bad_fraction of items carries bad input, each kind with the code the API promises:
 // wrong sizes (INVALID_ARGUMENT), unknown key ids (NOT_FOUND), tampered, truncated or wrong-AAD
 // envelopes (INVALID_ARGUMENT), an envelope naming a key version that does not exist (NOT_FOUND),
 // a small-order peer (INVALID_ARGUMENT), a key of the wrong type (FAILED_PRECONDITION).

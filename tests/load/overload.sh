@@ -112,6 +112,9 @@ if ! "$load_bin" "${common[@]}" --mode=open --rate="$rate" --duration="$seconds"
 fi
 sed 's/^/  /' "$work/overload.out"
 over="$(grep '^summary ' "$work/overload.out" || true)"
+echo "overload: server counters after the run (calls by code; drops, where the server counts them):"
+metrics_lines '^offload_dropped_total|^offload_requests_total\{.*code="(RESOURCE_EXHAUSTED|DEADLINE_EXCEEDED|CANCELLED)"' |
+  awk '$2 != 0 { print "  " $1 " " $2 }' | sort
 rec="$(grep '^recovery ' "$work/overload.out" || true)"
 hwm="$(field server_hwm_mib "$over")"
 stop_server
@@ -127,6 +130,8 @@ echo "| DEADLINE_EXCEEDED share (items) | $(field deadline_share "$over") (deadl
 echo "| p50 / p99 of accepted calls | $(field p50_ms "$over") / $(field p99_ms "$over") ms |"
 echo "| server RSS: start, highest 1 s sample, peak (VmHWM) | $(field rss_start_mib "$over") / $(field rss_max_mib "$over") / $hwm MiB |"
 echo "| calls outstanding when the load stopped | $(field backlog_at_stop "$rec") |"
-echo "| back to ${recovery_fraction} x normal after the load stopped | $(field recovered_after_s "$rec") s |"
+recovered="$(field recovered_after_s "$rec")"
+[[ "$recovered" == never ]] && recovered="not within the ${recovery_seconds}"
+echo "| back to ${recovery_fraction} x normal after the load stopped | $recovered s |"
 echo "| unexpected outcomes | $(field unexpected "$cap") + $(field unexpected "$over") |"
 exit $failed
