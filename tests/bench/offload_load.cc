@@ -30,8 +30,6 @@
 // Exit status: 0 if the window saw completed items and no unexpected error; 1 otherwise.
 #include <grpcpp/grpcpp.h>
 #include <sodium.h>
-#include <sys/resource.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -39,11 +37,9 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -57,6 +53,7 @@
 #include "offload/v1/ed25519.grpc.pb.h"
 #include "offload/v1/keys.grpc.pb.h"
 #include "offload/v1/x25519.grpc.pb.h"
+#include "tests/load/load_support.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "Server address; loopback only.");
 ABSL_FLAG(int, server_pid, 0, "Server process id, for its CPU time (0: not reported).");
@@ -90,44 +87,7 @@ ABSL_FLAG(bool, check, false,
 namespace offload::load {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 namespace v1 = ::offload::v1;
-
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
-      .count();
-}
-
-std::string RandomString(size_t n) {
-  std::string s(n, '\0');
-  randombytes_buf(s.data(), s.size());
-  return s;
-}
-
-// utime + stime of `pid` in microseconds, or -1.
-int64_t ProcessCpuMicros(int pid) {
-  if (pid <= 0) return -1;
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(in, line)) return -1;
-  const size_t close = line.rfind(')');
-  if (close == std::string::npos) return -1;
-  std::istringstream fields(line.substr(close + 2));
-  std::string field;
-  int64_t utime = 0, stime = 0;
-  for (int i = 3; i <= 15 && fields >> field; ++i) {  // field 3 is the state
-    if (i == 14) utime = std::stoll(field);
-    if (i == 15) stime = std::stoll(field);
-  }
-  return (utime + stime) * 1000000 / sysconf(_SC_CLK_TCK);
-}
-
-int64_t SelfCpuMicros() {
-  rusage u;
-  getrusage(RUSAGE_SELF, &u);
-  return (u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1000000LL + u.ru_utime.tv_usec +
-         u.ru_stime.tv_usec;
-}
 
 // What one completed call brought back.
 struct Outcome {
@@ -139,7 +99,6 @@ struct Outcome {
 };
 
 using OnDone = std::function<void(Outcome)>;
-using Channels = std::vector<std::shared_ptr<grpc::Channel>>;
 
 // A workload starts call number `seq` (the items seq*batch ... of its item sequence) and reports
 // its Outcome once. Start returns false when the workload has no more inputs.
@@ -386,16 +345,7 @@ class DeriveWorkload final : public Workload {
     return true;
   }
 
-  void Cleanup() override { DeleteKey(channel_, key_id_); }
-
-  static void DeleteKey(const std::shared_ptr<grpc::Channel>& channel, const std::string& id) {
-    auto keys = v1::KeyService::NewStub(channel);
-    grpc::ClientContext ctx;
-    v1::DeleteKeyRequest req;
-    req.set_key_id(id);
-    v1::DeleteKeyResponse resp;
-    keys->DeleteKey(&ctx, req, &resp);
-  }
+  void Cleanup() override { DeleteKey(channel_, key_id_).IgnoreError(); }
 
  private:
   std::shared_ptr<grpc::Channel> channel_;
@@ -417,48 +367,24 @@ class OpenWorkload final : public Workload {
                int size, bool xchacha, int64_t pool, bool check)
       : channel_(channels[0]), batch_(batch), batch_size_(batch ? batch_size : 1), size_(size) {
     for (const auto& c : channels) stubs_.push_back(v1::AeadService::NewStub(c));
-    key_id_ = absl::StrCat("load-blobs-", getpid(), "-", randombytes_uniform(1000000));
-    const std::string secret = RandomString(32);
-    auto keys = v1::KeyService::NewStub(channel_);
-    grpc::ClientContext ctx;
-    v1::ImportKeyRequest req;
-    req.set_key_id(key_id_);
-    req.set_type(xchacha ? v1::KEY_TYPE_XCHACHA20_POLY1305 : v1::KEY_TYPE_CHACHA20_POLY1305);
-    req.set_secret(secret);
-    v1::KeyInfo info;
-    grpc::Status s = keys->ImportKey(&ctx, req, &info);
-    if (!s.ok()) {
-      std::fprintf(stderr, "ImportKey: %s\n", s.error_message().c_str());
+    key_id_ = UniqueKeyId("load-blobs");
+    std::string secret = RandomString(32);
+    absl::StatusOr<v1::KeyInfo> info = ImportKey(
+        channel_, key_id_,
+        xchacha ? v1::KEY_TYPE_XCHACHA20_POLY1305 : v1::KEY_TYPE_CHACHA20_POLY1305, secret);
+    if (!info.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(info.status().message()).c_str());
       std::exit(1);
     }
     const int64_t count = cold ? pool : warm_set;
-    const size_t nonce_size = xchacha ? 24 : 12;
     const std::string plaintext = RandomString(size);
     if (check) plaintext_ = std::make_shared<std::string>(plaintext);
     aad_ = RandomString(16);
-    const auto* key = reinterpret_cast<const unsigned char*>(secret.data());
-    const auto* pt = reinterpret_cast<const unsigned char*>(plaintext.data());
-    const auto* ad = reinterpret_cast<const unsigned char*>(aad_.data());
     for (int64_t i = 0; i < count; ++i) {
-      std::string env(5 + nonce_size + size + 16, '\0');
-      env[0] = 1;
-      const uint32_t v = info.current_version();
-      env[1] = static_cast<char>(v >> 24);
-      env[2] = static_cast<char>(v >> 16);
-      env[3] = static_cast<char>(v >> 8);
-      env[4] = static_cast<char>(v);
-      auto* nonce = reinterpret_cast<unsigned char*>(env.data() + 5);
-      randombytes_buf(nonce, nonce_size);
-      auto* out = reinterpret_cast<unsigned char*>(env.data() + 5 + nonce_size);
-      if (xchacha) {
-        crypto_aead_xchacha20poly1305_ietf_encrypt(out, nullptr, pt, size, ad, aad_.size(),
-                                                   nullptr, nonce, key);
-      } else {
-        crypto_aead_chacha20poly1305_ietf_encrypt(out, nullptr, pt, size, ad, aad_.size(),
-                                                  nullptr, nonce, key);
-      }
-      envelopes_.push_back(std::move(env));
+      envelopes_.push_back(
+          SealEnvelope(secret, info->current_version(), xchacha, plaintext, aad_));
     }
+    sodium_memzero(secret.data(), secret.size());
   }
 
   bool Start(size_t channel, int64_t seq, OnDone done) override {
@@ -507,7 +433,7 @@ class OpenWorkload final : public Workload {
     return true;
   }
 
-  void Cleanup() override { DeriveWorkload::DeleteKey(channel_, key_id_); }
+  void Cleanup() override { DeleteKey(channel_, key_id_).IgnoreError(); }
   size_t pool_size() const { return envelopes_.size(); }
 
  private:
@@ -674,11 +600,6 @@ double Percentile(std::vector<int64_t>& v, double p) {
   return v[k] / 1e6;  // ms
 }
 
-bool IsLoopback(const std::string& address) {
-  return absl::StartsWith(address, "127.0.0.1:") || absl::StartsWith(address, "localhost:") ||
-         absl::StartsWith(address, "[::1]:");
-}
-
 int Main() {
   const std::string server = absl::GetFlag(FLAGS_server);
   if (!IsLoopback(server)) {
@@ -700,19 +621,13 @@ int Main() {
   const int warm_set = absl::GetFlag(FLAGS_warm_set);
   const bool check = absl::GetFlag(FLAGS_check);
 
-  std::vector<std::shared_ptr<grpc::Channel>> channels;
-  for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_channels)); ++i) {
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(-1);
-    args.SetMaxSendMessageSize(-1);
-    args.SetInt("offload_load.channel", i);  // distinct args: a connection of its own
-    channels.push_back(
-        grpc::CreateCustomChannel(server, grpc::InsecureChannelCredentials(), args));
-  }
-  if (!channels[0]->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(5))) {
-    std::fprintf(stderr, "cannot connect to %s\n", server.c_str());
+  absl::StatusOr<Channels> connected = ConnectChannels(
+      server, absl::GetFlag(FLAGS_channels), std::chrono::milliseconds(5000));
+  if (!connected.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(connected.status().message()).c_str());
     return 1;
   }
+  const Channels& channels = *connected;
 
   std::unique_ptr<Workload> workload;
   std::string detail;

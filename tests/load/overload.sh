@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# Overload: what a real Release offload_server does when offered 4x what it can serve.
+#   1. capacity: closed loop (--inflight calls outstanding) for --capacity_seconds; the accepted
+#      calls/s and ok items/s of that run are "normal";
+#   2. overload: open loop at --factor (4) x capacity calls/s for --seconds (30), whatever the
+#      answers; prints accepted throughput, the RESOURCE_EXHAUSTED and DEADLINE_EXCEEDED shares,
+#      p99 of accepted calls, server RSS (peak VmHWM and the highest 1 s sample);
+#   3. recovery: the offered load stops (its calls still out) and a closed-loop probe with the same
+#      --inflight measures how long until its throughput is back to --recovery_fraction (80%) of
+#      normal, in 1 s windows.
+# Traffic (tests/load/offload_mixed_load): BatchVerify/BatchDerive/BatchOpen calls of --batch (32)
+# items, 20% warm (memo hits), the rest fresh from a pool bigger than the server's (small) memo
+# bounds (misses), 1% bad items. Batches of mostly misses let one generator on the same machine
+# offer 4x what the server computes: the generator spends a few us per item, the server tens. The server runs at nice --server_nice (10)
+# in both phases, so that under contention the generator gets the CPU it needs to keep offering
+# the load, as remote callers would. Nothing is asserted but correctness: every answer is
+# checked, and any unexpected outcome fails the run (exit 1).
+#
+#   tests/load/overload.sh                                  # builds ./build (Release) if needed
+#   tests/load/overload.sh --build_dir build --seconds 30 --factor 4
+#   tests/load/overload.sh --server_arg=--max_queued_items=4096 --server_arg=--max_client_inflight=64
+#
+# Timing figures depend on the machine and on what else runs on it: they are printed, never
+# asserted.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+# shellcheck source=tests/load/lib.sh
+source "$here/lib.sh"
+
+build_dir=""
+factor=4
+seconds=30
+capacity_seconds=15
+recovery_seconds=30
+server_nice=10
+senders=2
+recovery_fraction=0.8
+inflight=16
+batch=32
+warm_fraction=0.2
+fresh_pool=30000
+deadline_ms=2000
+server_args=()
+load_args=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --build_dir) build_dir="$2"; shift 2 ;;
+    --factor) factor="$2"; shift 2 ;;
+    --seconds) seconds="$2"; shift 2 ;;
+    --capacity_seconds) capacity_seconds="$2"; shift 2 ;;
+    --recovery_seconds) recovery_seconds="$2"; shift 2 ;;
+    --recovery_fraction) recovery_fraction="$2"; shift 2 ;;
+    --inflight) inflight="$2"; shift 2 ;;
+    --batch) batch="$2"; shift 2 ;;
+    --warm_fraction) warm_fraction="$2"; shift 2 ;;
+    --fresh_pool) fresh_pool="$2"; shift 2 ;;
+    --deadline_ms) deadline_ms="$2"; shift 2 ;;
+    --server_nice) server_nice="$2"; shift 2 ;;
+    --senders) senders="$2"; shift 2 ;;
+    --server_arg=*) server_args+=("${1#--server_arg=}"); shift ;;
+    --server_arg) server_args+=("$2"); shift 2 ;;
+    --load_arg=*) load_args+=("${1#--load_arg=}"); shift ;;
+    --load_arg) load_args+=("$2"); shift 2 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    *) echo "unknown argument: $1" >&2; exit 2 ;;
+  esac
+done
+[[ -n "$build_dir" ]] || build_dir="$root/build"
+ensure_build "$build_dir"
+server_bin="$build_dir/bin/offload_server"
+load_bin="$build_dir/bin/offload_mixed_load"
+
+work="$(mktemp -d /tmp/offload-overload-XXXXXX)"
+cleanup() { stop_server; rm -rf "$work"; }
+trap cleanup EXIT
+
+echo "overload: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, load: $(cut -d' ' -f1-3 /proc/loadavg)"
+# Small memo bounds: the fresh pool (3 x $fresh_pool items) cycles through them and misses.
+start_server "$work/server" --memo_verify_bytes=1048576 --memo_derive_bytes=1048576 \
+  --memo_open_bytes_per_key=1048576 "${server_args[@]}"
+echo "overload: server pid $server_pid (nice $server_nice), gRPC 127.0.0.1:$grpc_port; server flags: ${server_args[*]:-(defaults)}"
+
+common=(--server="127.0.0.1:$grpc_port" --server_pid="$server_pid" --batch="$batch"
+        --warm_fraction="$warm_fraction" --fresh_pool="$fresh_pool" --deadline_ms="$deadline_ms"
+        "${load_args[@]}")
+failed=0
+
+echo "overload: 1. capacity: closed loop, $inflight calls of $batch items in flight, ${capacity_seconds} s"
+if ! "$load_bin" "${common[@]}" --mode=closed --inflight="$inflight" \
+     --duration="$capacity_seconds" --warmup=3 --report_every=5 >"$work/capacity.out"; then
+  failed=1
+fi
+sed 's/^/  /' "$work/capacity.out"
+cap="$(grep '^summary ' "$work/capacity.out" || true)"
+cap_calls="$(field calls_per_s "$cap")"
+cap_items="$(field ok_per_s "$cap")"
+if [[ -z "$cap_calls" ]] || ! awk -v c="$cap_calls" 'BEGIN { exit !(c > 0) }'; then
+  echo "overload: no capacity measured" >&2
+  exit 1
+fi
+rate="$(awk -v c="$cap_calls" -v f="$factor" 'BEGIN { printf "%.0f", c * f }')"
+
+echo "overload: 2. ${factor}x capacity: open loop, $rate calls/s for ${seconds} s; 3. recovery probe ${recovery_seconds} s"
+if ! "$load_bin" "${common[@]}" --mode=open --rate="$rate" --duration="$seconds" \
+     --report_every=2 --deadline_exceeded_ok --max_outstanding=1000000 --senders="$senders" \
+     --recovery_seconds="$recovery_seconds" --recovery_inflight="$inflight" \
+     --normal_ok_per_s="$cap_items" --recovery_fraction="$recovery_fraction" \
+     >"$work/overload.out"; then
+  failed=1
+fi
+sed 's/^/  /' "$work/overload.out"
+over="$(grep '^summary ' "$work/overload.out" || true)"
+echo "overload: server counters after the run (calls by code; drops, where the server counts them):"
+metrics_lines '^offload_dropped_total|^offload_requests_total\{.*code="(RESOURCE_EXHAUSTED|DEADLINE_EXCEEDED|CANCELLED)"' |
+  awk '$2 != 0 { print "  " $1 " " $2 }' | sort
+rec="$(grep '^recovery ' "$work/overload.out" || true)"
+hwm="$(field server_hwm_mib "$over")"
+stop_server
+
+echo
+echo "| figure | value |"
+echo "| --- | ---: |"
+echo "| capacity (closed loop, $inflight x $batch items in flight) | $cap_calls calls/s, $cap_items items/s, p99 $(field p99_ms "$cap") ms |"
+echo "| offered (${factor}x capacity) | $rate calls/s asked, $(field sent_per_s "$over") calls/s sent |"
+echo "| accepted during overload | $(field calls_per_s "$over") calls/s, $(field ok_per_s "$over") ok items/s |"
+echo "| RESOURCE_EXHAUSTED share (items) | $(field exhausted_share "$over") (p99 of those answers $(field exhausted_p99_ms "$over") ms) |"
+echo "| DEADLINE_EXCEEDED share (items) | $(field deadline_share "$over") (deadline ${deadline_ms} ms) |"
+echo "| p50 / p99 of accepted calls | $(field p50_ms "$over") / $(field p99_ms "$over") ms |"
+echo "| server RSS: start, highest 1 s sample, peak (VmHWM) | $(field rss_start_mib "$over") / $(field rss_max_mib "$over") / $hwm MiB |"
+echo "| calls outstanding when the load stopped | $(field backlog_at_stop "$rec") |"
+recovered="$(field recovered_after_s "$rec")"
+[[ "$recovered" == never ]] && recovered="not within the ${recovery_seconds}"
+echo "| back to ${recovery_fraction} x normal after the load stopped | $recovered s |"
+echo "| unexpected outcomes | $(field unexpected "$cap") + $(field unexpected "$over") |"
+exit $failed
