@@ -168,7 +168,8 @@ absl::Status Serve(const Request& r, std::string* out) {
                                              decoded.get());
   FUZZ_CHECK(d.ok(), "response does not decode: ", d.ToString());
   FUZZ_CHECK(decoded->SerializeAsString() == response->SerializeAsString(),
-             "response changed in encoding");
+             "response changed in encoding: ", response->ShortDebugString(), " became ",
+             decoded->ShortDebugString(), " through ", *out);
   return absl::OkStatus();
 }
 
