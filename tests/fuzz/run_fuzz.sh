@@ -10,7 +10,8 @@
 # plus the hand-written tests/fuzz/seeds/<target>. New inputs accumulate in
 # <build>/fuzz/corpus/<target> (kept between runs), crash inputs in <build>/fuzz/artifacts/<target>,
 # each run's output in <build>/fuzz/logs/<target>.log. FUZZ_JOBS targets run at once (default 2,
-# one per core), under nice. Prints per target: seconds, execs, execs/s, cov, ft, corpus, result.
+# one per core), under nice. Prints per target: seconds, execs, execs/s, cov, ft, corpus (inputs /
+# bytes libFuzzer holds at the end), result.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 targets_all=(keys ed25519 x25519 box aead aead_envelope key_store http)
@@ -95,7 +96,7 @@ done
 wait || true
 
 failed=0
-printf '%-14s %6s %10s %8s %6s %7s %7s %s\n' target seconds execs exec/s cov ft corpus result
+printf '%-14s %6s %10s %8s %6s %7s %12s %s\n' target seconds execs exec/s cov ft corpus result
 for t in "${targets[@]}"; do
   log=$work/logs/$t.log
   read -r rc took <"$work/logs/$t.result" || { rc=99; took=0; }
@@ -104,15 +105,15 @@ for t in "${targets[@]}"; do
   last=$(grep -E '^#[0-9]+.*cov: ' "$log" | tail -1 || true)
   cov=$(echo "$last" | sed -n 's/.* cov: \([0-9]*\).*/\1/p')
   ft=$(echo "$last" | sed -n 's/.* ft: \([0-9]*\).*/\1/p')
-  corpus=$(find "$work/corpus/$t" -type f | wc -l)
+  corpus=$(echo "$last" | sed -n 's/.* corp: \([0-9]*\/[0-9a-zA-Z]*\).*/\1/p')
   crashes=$(find "$work/artifacts/$t" -type f | wc -l)
   result=ok
   if [ "$rc" != 0 ] || [ "$crashes" != 0 ]; then
     result="FAILED (exit $rc, $crashes artifact(s) in $work/artifacts/$t, log $log)"
     failed=1
   fi
-  printf '%-14s %6s %10s %8s %6s %7s %7s %s\n' "$t" "$took" "${execs:-?}" "${rate:-?}" \
-    "${cov:-?}" "${ft:-?}" "$corpus" "$result"
+  printf '%-14s %6s %10s %8s %6s %7s %12s %s\n' "$t" "$took" "${execs:-?}" "${rate:-?}" \
+    "${cov:-?}" "${ft:-?}" "${corpus:-?}" "$result"
 done
 if [ "$failed" != 0 ]; then
   for t in "${targets[@]}"; do
