@@ -13,6 +13,8 @@ packages=(
   nanopb libnanopb-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev
+  # the ASan + UBSan build and its libFuzzer targets (tests/fuzz) are built with clang
+  clang libclang-rt-14-dev
   # third-party clients used by the end-to-end tests (run with /usr/bin/python3)
   python3 python3-grpcio python3-protobuf python3-nacl
   # the Connect / gRPC-Web end-to-end test (tests/e2e/connect: @connectrpc/connect-node)

@@ -4,7 +4,8 @@
 # (tests/sanitizers/README.md):
 #   build-tsan  ThreadSanitizer over the concurrency tests (memo, ops, keys) and its self-check
 #   build-asan  AddressSanitizer + UndefinedBehaviorSanitizer (+ LeakSanitizer) over every test,
-#               e2e included (the servers the e2e tests start are ASan builds too)
+#               e2e included (the servers the e2e tests start are ASan builds too), built with
+#               clang so that the libFuzzer targets (tests/fuzz) run there too, 30 s each
 # Any failure, or any sanitizer report from any process, fails the script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,9 +22,9 @@ cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Release -DOFFLOAD_SANITIZER
 cmake --build build-tsan -j "$jobs" --target offload_tsan_tests
 tests/sanitizers/run_sanitizer_ctest.sh build-tsan -L tsan -j "$jobs" --timeout 600
 
-echo "test.sh: AddressSanitizer + UndefinedBehaviorSanitizer (build-asan)" >&2
+echo "test.sh: AddressSanitizer + UndefinedBehaviorSanitizer + 30 s per fuzz target (build-asan, clang)" >&2
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Release -DOFFLOAD_SANITIZER=address \
-  -DOFFLOAD_BUILD_BENCH=OFF
+  -DOFFLOAD_BUILD_BENCH=OFF -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++
 cmake --build build-asan -j "$jobs"
 # Not run under ASan:
 #   offload_c_ctypes_test  python3 (uninstrumented) cannot dlopen an ASan-built .so without

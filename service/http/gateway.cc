@@ -18,11 +18,11 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "google/protobuf/util/json_util.h"
 #include "offload/v1/keys.pb.h"
 #include "service/common/log.h"
 #include "service/common/status_macros.h"
 #include "service/http/protocol.h"
+#include "service/http/rpc_codec.h"
 
 namespace offload::http {
 namespace {
@@ -84,12 +84,6 @@ int BatchSize(const Message& request) {
   return items == nullptr ? 0 : request.GetReflection()->FieldSize(request, items);
 }
 
-absl::Status FromProtobuf(const google::protobuf::util::Status& s) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("request: invalid JSON: ", std::string(s.message().data(), s.message().size())));
-}
-
 thread_local absl::InsecureBitGen bitgen;
 
 }  // namespace
@@ -132,31 +126,11 @@ class Gateway::Call {
     if (gateway_->draining_.load()) return absl::UnavailableError("server is draining");
     state_ = std::make_shared<State>();
     state_->admission = gateway_->options_.admission;
-    Encoding encoding = Encoding::kIdentity;
-    if (type_.protocol == Protocol::kConnect) {
-      if (absl::Status s = CheckConnectProtocolVersion(Header(conn_, "Connect-Protocol-Version"));
-          !s.ok()) {
-        return s;
-      }
-      if (auto t = Header(conn_, "Connect-Timeout-Ms")) {
-        absl::StatusOr<absl::Duration> timeout = ParseConnectTimeout(*t);
-        if (!timeout.ok()) return timeout.status();
-        state_->deadline = absl::Now() + *timeout;
-      }
-      absl::StatusOr<Encoding> e = ParseEncoding(Header(conn_, "Content-Encoding").value_or(""));
-      if (!e.ok()) return e.status();
-      encoding = *e;
-      gzip_response_ = AcceptsGzip(Header(conn_, "Accept-Encoding").value_or(""));
-    } else {
-      if (auto t = Header(conn_, "grpc-timeout")) {
-        absl::StatusOr<absl::Duration> timeout = ParseGrpcTimeout(*t);
-        if (!timeout.ok()) return timeout.status();
-        state_->deadline = absl::Now() + *timeout;
-      }
-      absl::StatusOr<Encoding> e = ParseEncoding(Header(conn_, "grpc-encoding").value_or(""));
-      if (!e.ok()) return e.status();
-      encoding = *e;
-    }
+    absl::StatusOr<CallOptions> options = ParseCallHeaders(
+        type_.protocol, [this](const char* name) { return Header(conn_, name); });
+    if (!options.ok()) return options.status();
+    if (options->timeout.has_value()) state_->deadline = absl::Now() + *options->timeout;
+    gzip_response_ = options->gzip_response;
 
     const int64_t max = gateway_->options_.max_message_bytes;
     const int64_t limit =
@@ -164,40 +138,11 @@ class Gateway::Call {
     std::string body;
     if (absl::Status s = ReadBody(limit, &body); !s.ok()) return s;
 
-    absl::string_view message = body;
-    bool compressed = encoding == Encoding::kGzip;
-    if (type_.protocol == Protocol::kGrpcWeb) {
-      absl::StatusOr<absl::string_view> frame = ParseUnaryRequestFrame(body, &compressed);
-      if (!frame.ok()) return frame.status();
-      message = *frame;
-      if (compressed && encoding != Encoding::kGzip) {
-        return absl::InternalError("grpc-web request: compressed frame without grpc-encoding");
-      }
-    }
-    std::string decompressed;
-    if (compressed) {
-      absl::StatusOr<std::string> plain = Gunzip(message, static_cast<size_t>(max));
-      if (!plain.ok()) return plain.status();
-      decompressed = *std::move(plain);
-      message = decompressed;
-    }
-
     state_->request.reset(method_->request_prototype->New());
     state_->response.reset(method_->response_prototype->New());
-    if (type_.codec == Codec::kJson) {
-      google::protobuf::util::JsonParseOptions options;
-      options.ignore_unknown_fields = false;
-      const absl::string_view json = message.empty() ? absl::string_view("{}") : message;
-      if (absl::Status s = FromProtobuf(google::protobuf::util::JsonStringToMessage(
-              google::protobuf::StringPiece(json.data(), json.size()), state_->request.get(),
-              options));
-          !s.ok()) {
-        return s;
-      }
-    } else if (!state_->request->ParseFromArray(message.data(), static_cast<int>(message.size()))) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "request: cannot parse ", message.size(), " bytes as ",
-          method_->request_prototype->GetDescriptor()->full_name()));
+    if (absl::Status s = DecodeRequest(type_, options->encoding, body, max, state_->request.get());
+        !s.ok()) {
+      return s;
     }
     batch_size_ = method_->batch ? BatchSize(*state_->request) : 0;
 
@@ -294,20 +239,8 @@ class Gateway::Call {
   }
 
   absl::Status Encode() {
-    const Message& response = *state_->response;
-    if (type_.codec == Codec::kJson) {
-      google::protobuf::util::JsonPrintOptions options;
-      const auto s = google::protobuf::util::MessageToJsonString(response, &out_, options);
-      if (!s.ok()) return absl::InternalError("response: cannot encode as JSON");
-    } else if (!response.SerializeToString(&out_)) {
-      return absl::InternalError("response: cannot serialize");
-    }
-    if (static_cast<int64_t>(out_.size()) > gateway_->options_.max_message_bytes) {
-      out_.clear();
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "response: expected at most ", gateway_->options_.max_message_bytes, " bytes"));
-    }
-    return absl::OkStatus();
+    return EncodeResponse(type_.codec, *state_->response, gateway_->options_.max_message_bytes,
+                          &out_);
   }
 
   void Record(const absl::Status& status) {

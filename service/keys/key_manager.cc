@@ -128,6 +128,15 @@ absl::StatusOr<std::shared_ptr<const ManagedKey>> PrepareKey(
   return std::shared_ptr<const ManagedKey>(std::move(key));
 }
 
+// The options of a new key without the fields this build does not know. A request may carry any
+// bytes as unknown fields; stored, they would be persisted, returned to every caller of GetKey
+// and ListKeys over gRPC (and dropped over JSON), and cost memory and file size for nothing.
+v1::KeyOptions KnownOptions(const v1::KeyOptions& given) {
+  v1::KeyOptions options = given;
+  options.DiscardUnknownFields();
+  return options;
+}
+
 absl::Status CheckTypeAndOptions(v1::KeyType type, const v1::KeyOptions& options) {
   if (!IsKnownKeyType(type)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -238,7 +247,7 @@ absl::StatusOr<v1::KeyInfo> KeyManager::CreateKey(const v1::CreateKeyRequest& re
   KeyRecord record;
   record.key_id = request.key_id();
   record.type = request.type();
-  record.options = request.options();
+  record.options = KnownOptions(request.options());
   record.current_version = 1;
   record.versions.push_back(NewVersion(1, RandomSecret()));
   return AddKey(std::move(record));
@@ -274,7 +283,7 @@ absl::StatusOr<v1::KeyInfo> KeyManager::ImportKey(const v1::ImportKeyRequest& re
   KeyRecord record;
   record.key_id = request.key_id();
   record.type = request.type();
-  record.options = request.options();
+  record.options = KnownOptions(request.options());
   record.current_version = 1;
   record.versions.push_back(NewVersion(1, std::move(secret)));
   return AddKey(std::move(record));

@@ -284,6 +284,42 @@ TEST_F(KeyManagerTest, AllowZeroSharedSecretOnlyForX25519) {
   EXPECT_TRUE(m->Find("k2")->Current()->x25519->Derive(zero_peer, true, absl::MakeSpan(shared)).ok());
 }
 
+// Found by tests/fuzz (http target): options with unknown fields were stored as given, persisted
+// and returned by GetKey / ListKeys over gRPC, while the JSON gateway dropped them.
+TEST_F(KeyManagerTest, UnknownOptionFieldsAreNotStored) {
+  auto m = Open();
+  auto add_unknown = [](v1::KeyOptions* options) {
+    auto* unknown = options->GetReflection()->MutableUnknownFields(options);
+    unknown->AddLengthDelimited(99, std::string(1000, 'x'));
+    unknown->AddVarint(100, 7);
+  };
+  auto create = CreateReq("created", v1::KEY_TYPE_X25519);
+  create.mutable_options()->set_allow_zero_shared_secret(true);
+  add_unknown(create.mutable_options());
+  ASSERT_FALSE(create.options().GetReflection()->GetUnknownFields(create.options()).empty());
+  v1::ImportKeyRequest import;
+  import.set_key_id("imported");
+  import.set_type(v1::KEY_TYPE_AES256_GCM);
+  import.set_secret(std::string(32, 's'));
+  add_unknown(import.mutable_options());
+  const auto no_unknown = [](const v1::KeyInfo& info) {
+    return info.options().GetReflection()->GetUnknownFields(info.options()).empty();
+  };
+  auto created = m->CreateKey(create);
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_TRUE(no_unknown(*created));
+  EXPECT_TRUE(created->options().allow_zero_shared_secret());
+  auto imported = m->ImportKey(import);
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  EXPECT_TRUE(no_unknown(*imported));
+  for (int reopen = 0; reopen < 2; ++reopen) {
+    for (const v1::KeyInfo& info : m->ListKeys()) EXPECT_TRUE(no_unknown(info)) << info.key_id();
+    EXPECT_TRUE(m->Find("created")->options.allow_zero_shared_secret());
+    m.reset();
+    m = Open();  // nor were they persisted
+  }
+}
+
 TEST_F(KeyManagerTest, ImportEd25519SeedAndNaclLayout) {
   auto m = Open();
   uint8_t pk[32], sk[64];

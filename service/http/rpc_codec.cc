@@ -1,0 +1,99 @@
+#include "service/http/rpc_codec.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace offload::http {
+namespace {
+
+absl::Status FromProtobuf(const google::protobuf::util::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("request: invalid JSON: ", std::string(s.message().data(), s.message().size())));
+}
+
+}  // namespace
+
+absl::StatusOr<CallOptions> ParseCallHeaders(Protocol protocol, HeaderLookup header) {
+  CallOptions options;
+  if (protocol == Protocol::kConnect) {
+    if (absl::Status s = CheckConnectProtocolVersion(header("Connect-Protocol-Version")); !s.ok()) {
+      return s;
+    }
+    if (auto t = header("Connect-Timeout-Ms")) {
+      absl::StatusOr<absl::Duration> timeout = ParseConnectTimeout(*t);
+      if (!timeout.ok()) return timeout.status();
+      options.timeout = *timeout;
+    }
+    absl::StatusOr<Encoding> e = ParseEncoding(header("Content-Encoding").value_or(""));
+    if (!e.ok()) return e.status();
+    options.encoding = *e;
+    options.gzip_response = AcceptsGzip(header("Accept-Encoding").value_or(""));
+  } else {
+    if (auto t = header("grpc-timeout")) {
+      absl::StatusOr<absl::Duration> timeout = ParseGrpcTimeout(*t);
+      if (!timeout.ok()) return timeout.status();
+      options.timeout = *timeout;
+    }
+    absl::StatusOr<Encoding> e = ParseEncoding(header("grpc-encoding").value_or(""));
+    if (!e.ok()) return e.status();
+    options.encoding = *e;
+  }
+  return options;
+}
+
+absl::Status DecodeRequest(ContentType type, Encoding encoding, absl::string_view body,
+                           int64_t max_message_bytes, google::protobuf::Message* request) {
+  absl::string_view message = body;
+  bool compressed = encoding == Encoding::kGzip;
+  if (type.protocol == Protocol::kGrpcWeb) {
+    absl::StatusOr<absl::string_view> frame = ParseUnaryRequestFrame(body, &compressed);
+    if (!frame.ok()) return frame.status();
+    message = *frame;
+    if (compressed && encoding != Encoding::kGzip) {
+      return absl::InternalError("grpc-web request: compressed frame without grpc-encoding");
+    }
+  }
+  std::string decompressed;
+  if (compressed) {
+    absl::StatusOr<std::string> plain = Gunzip(message, static_cast<size_t>(max_message_bytes));
+    if (!plain.ok()) return plain.status();
+    decompressed = *std::move(plain);
+    message = decompressed;
+  }
+  if (type.codec == Codec::kJson) {
+    google::protobuf::util::JsonParseOptions options;
+    options.ignore_unknown_fields = false;
+    const absl::string_view json = message.empty() ? absl::string_view("{}") : message;
+    return FromProtobuf(google::protobuf::util::JsonStringToMessage(
+        google::protobuf::StringPiece(json.data(), json.size()), request, options));
+  }
+  if (!request->ParseFromArray(message.data(), static_cast<int>(message.size()))) {
+    return absl::InvalidArgumentError(absl::StrCat("request: cannot parse ", message.size(),
+                                                   " bytes as ",
+                                                   request->GetDescriptor()->full_name()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EncodeResponse(Codec codec, const google::protobuf::Message& response,
+                            int64_t max_message_bytes, std::string* out) {
+  out->clear();
+  if (codec == Codec::kJson) {
+    google::protobuf::util::JsonPrintOptions options;
+    const auto s = google::protobuf::util::MessageToJsonString(response, out, options);
+    if (!s.ok()) return absl::InternalError("response: cannot encode as JSON");
+  } else if (!response.SerializeToString(out)) {
+    return absl::InternalError("response: cannot serialize");
+  }
+  if (static_cast<int64_t>(out->size()) > max_message_bytes) {
+    out->clear();
+    return absl::ResourceExhaustedError(
+        absl::StrCat("response: expected at most ", max_message_bytes, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace offload::http

@@ -1,0 +1,200 @@
+// The HTTP gateway's request path (service/http) without a socket: the same functions the
+// civetweb handler (Gateway::Handle / Call) calls, in its order. Input = a request in text form:
+//   line 1: the path ("/offload.v1.AeadService/Open")
+//   then "Name: value" header lines, an empty line, and the body (bytes to the end)
+// Steps: method table lookup, ParseContentType, ParseCallHeaders (Connect / gRPC-Web headers),
+// the body size limit, DecodeRequest (gRPC-Web frame, gzip, binary or JSON protobuf), the method
+// call over Operations and the KeyManager (a world with the fixed keys), EncodeResponse, and the
+// error or response encodings (Connect JSON error, gRPC-Web frame and trailers, gzip).
+// Invariants: no crash; only codes a gateway call may end with; an error body is JSON with the
+// code's Connect name and an HTTP status of 4xx/5xx; percent-encoded messages are printable
+// ASCII; frames and gzip round-trip.
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
+#include "service/http/method_table.h"
+#include "service/http/protocol.h"
+#include "service/http/rpc_codec.h"
+#include "tests/fuzz/fuzz_support.h"
+
+namespace offload::fuzz {
+namespace {
+
+using http::Codec;
+using http::Protocol;
+
+// Small, so that size limits and gzip bombs are reachable.
+constexpr int64_t kMaxMessageBytes = 64 << 10;
+constexpr size_t kGzipMinBytes = 1024;  // as gateway.cc
+constexpr size_t kMaxKeys = 32;
+
+struct Fixture {
+  World* world = NewWorld(crypto::BackendChoice{});
+  http::MethodTable table{world->ops.get(), world->keys.get()};
+};
+Fixture& F() {
+  static Fixture* f = new Fixture;
+  return *f;
+}
+
+struct Request {
+  std::string path;
+  std::vector<std::pair<std::string, std::string>> headers;
+  absl::string_view body;
+};
+
+Request ParseInput(absl::string_view text) {
+  Request r;
+  size_t line_end = text.find('\n');
+  r.path = std::string(text.substr(0, line_end));
+  if (line_end == absl::string_view::npos) return r;
+  text.remove_prefix(line_end + 1);
+  while (!text.empty()) {
+    line_end = text.find('\n');
+    absl::string_view line = text.substr(0, line_end);
+    text.remove_prefix(line_end == absl::string_view::npos ? text.size() : line_end + 1);
+    if (absl::EndsWith(line, "\r")) line.remove_suffix(1);
+    if (line.empty()) break;
+    const size_t colon = line.find(':');
+    if (colon == absl::string_view::npos) continue;
+    r.headers.emplace_back(std::string(line.substr(0, colon)),
+                           std::string(absl::StripAsciiWhitespace(line.substr(colon + 1))));
+  }
+  r.body = text;
+  return r;
+}
+
+// The error a client would see: checks the Connect JSON body and the gRPC-Web trailers.
+void CheckErrorEncodings(const absl::Status& status) {
+  const std::string body = http::ConnectErrorJson(status);
+  const nlohmann::json parsed = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  FUZZ_CHECK(!parsed.is_discarded() && parsed.is_object(), "error body is not JSON: ", body);
+  FUZZ_CHECK(parsed.value("code", "") == http::ConnectCodeName(status.code()), body);
+  const int http_status = http::ConnectHttpStatus(status.code());
+  FUZZ_CHECK(http_status >= 400 && http_status <= 599, http_status);
+  const std::string encoded = http::PercentEncode(status.message());
+  for (unsigned char c : encoded) FUZZ_CHECK(c >= 0x20 && c <= 0x7e, "grpc-message byte ", int{c});
+  const std::string trailers = http::GrpcWebTrailers(status);
+  FUZZ_CHECK(absl::StartsWith(trailers, absl::StrCat("grpc-status: ", static_cast<int>(status.code()),
+                                                     "\r\n")),
+             trailers);
+}
+
+bool IsFixedKey(const google::protobuf::Message& request) {
+  const auto* field = request.GetDescriptor()->FindFieldByName("key_id");
+  if (field == nullptr || field->type() != google::protobuf::FieldDescriptor::TYPE_STRING) {
+    return false;
+  }
+  const std::string id = request.GetReflection()->GetString(request, field);
+  for (size_t i = 0; i < 6; ++i) {
+    if (id == kKeyIdChoices[i]) return true;
+  }
+  return false;
+}
+
+absl::Status Serve(const Request& r, std::string* out) {
+  const auto header = [&r](const char* name) -> std::optional<absl::string_view> {
+    for (const auto& [n, v] : r.headers) {
+      if (absl::EqualsIgnoreCase(n, name)) return absl::string_view(v);
+    }
+    return std::nullopt;
+  };
+  const http::Method* method = F().table.Find(r.path);
+  if (method == nullptr) {
+    return absl::UnimplementedError(absl::StrCat("unknown method ", r.path.substr(0, 128)));
+  }
+  const absl::StatusOr<http::ContentType> type =
+      http::ParseContentType(header("Content-Type").value_or(""));
+  if (!type.ok()) return absl::UnimplementedError(type.status().message());
+  const absl::StatusOr<http::CallOptions> options = http::ParseCallHeaders(type->protocol, header);
+  if (!options.ok()) return options.status();
+  const int64_t limit =
+      kMaxMessageBytes + (type->protocol == Protocol::kGrpcWeb ? int64_t{http::kFrameHeaderBytes} : 0);
+  if (static_cast<int64_t>(r.body.size()) > limit) {
+    return absl::ResourceExhaustedError("request body: too large");
+  }
+  std::unique_ptr<google::protobuf::Message> request(method->request_prototype->New());
+  std::unique_ptr<google::protobuf::Message> response(method->response_prototype->New());
+  if (absl::Status s =
+          http::DecodeRequest(*type, options->encoding, r.body, kMaxMessageBytes, request.get());
+      !s.ok()) {
+    return s;
+  }
+  // Deleting or rotating the fixed keys would change what later inputs find.
+  if ((method->method == "DeleteKey" || method->method == "RotateKey") && IsFixedKey(*request)) {
+    return absl::FailedPreconditionError("fuzz: fixed key left alone");
+  }
+  const absl::Status status = WaitForBatch([&](ops::Operations::Done done) {
+    method->call(*request, response.get(), std::move(done));
+  });
+  if (!status.ok()) {
+    FUZZ_CHECK(method->batch ? IsOneOf(status.code(), kBatchCallCodes)
+                             : IsOneOf(status.code(), {absl::StatusCode::kInvalidArgument,
+                                                       absl::StatusCode::kNotFound,
+                                                       absl::StatusCode::kFailedPrecondition,
+                                                       absl::StatusCode::kAlreadyExists}),
+               method->path, ": ", status.ToString());
+    return status;
+  }
+  if (absl::Status s = http::EncodeResponse(type->codec, *response, kMaxMessageBytes, out);
+      !s.ok()) {
+    FUZZ_CHECK(s.code() == absl::StatusCode::kResourceExhausted, s.ToString());
+    return s;
+  }
+  if (type->protocol == Protocol::kGrpcWeb) {
+    const std::string frame = http::EncodeFrame(0, *out);
+    bool compressed = true;
+    const auto payload = http::ParseUnaryRequestFrame(frame, &compressed);
+    FUZZ_CHECK(payload.ok() && *payload == *out && !compressed, "frame round trip");
+  } else if (options->gzip_response && out->size() >= kGzipMinBytes) {
+    const absl::StatusOr<std::string> zipped = http::Gzip(*out);
+    FUZZ_CHECK(zipped.ok(), zipped.status().ToString());
+    const absl::StatusOr<std::string> back = http::Gunzip(*zipped, out->size());
+    FUZZ_CHECK(back.ok() && *back == *out, "gzip round trip");
+  }
+  // What we encoded decodes to the same response.
+  std::unique_ptr<google::protobuf::Message> decoded(method->response_prototype->New());
+  const absl::Status d = http::DecodeRequest(http::ContentType{Protocol::kConnect, type->codec},
+                                             http::Encoding::kIdentity, *out, kMaxMessageBytes,
+                                             decoded.get());
+  FUZZ_CHECK(d.ok(), "response does not decode: ", d.ToString());
+  FUZZ_CHECK(decoded->SerializeAsString() == response->SerializeAsString(),
+             "response changed in encoding: ", response->ShortDebugString(), " became ",
+             decoded->ShortDebugString(), " through ", *out);
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace offload::fuzz
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace offload;  // NOLINT
+  using namespace offload::fuzz;  // NOLINT
+  const Request request = ParseInput(absl::string_view(reinterpret_cast<const char*>(data), size));
+  std::string out;
+  const absl::Status status = Serve(request, &out);
+  if (!status.ok()) {
+    FUZZ_CHECK(status.code() != absl::StatusCode::kInternal ||
+                   absl::StartsWith(status.message(), "grpc-web request: compressed frame"),
+               status.ToString());
+    CheckErrorEncodings(status);
+  }
+  keys::KeyManager& keys = *F().world->keys;
+  if (keys.size() > kMaxKeys) {
+    for (const v1::KeyInfo& info : keys.ListKeys()) {
+      bool fixed = false;
+      for (size_t i = 0; i < 6; ++i) fixed |= info.key_id() == kKeyIdChoices[i];
+      if (!fixed) FUZZ_CHECK(keys.DeleteKey(info.key_id()).ok(), info.key_id());
+    }
+  }
+  return 0;
+}
