@@ -30,7 +30,7 @@ packages=(
 # runs its own process), docker-compose config, python3-yaml; and kubectl for `kubectl kustomize`:
 # Debian's kubernetes-client (1.20) only when no kubectl is on PATH, since it conflicts with
 # other kubectl installs.
-packages+=(nginx docker-compose python3-yaml)
+packages+=(docker-compose python3-yaml)  # nginx: above
 if ! command -v kubectl >/dev/null; then packages+=(kubernetes-client); fi
 
 # The npm packages of tests/e2e/connect, tests/deploy and the benchmark peer (tests/bench/peer),
