@@ -131,7 +131,7 @@ echo "| p50 / p99 of accepted calls | $(field p50_ms "$over") / $(field p99_ms "
 echo "| server RSS: start, highest 1 s sample, peak (VmHWM) | $(field rss_start_mib "$over") / $(field rss_max_mib "$over") / $hwm MiB |"
 echo "| calls outstanding when the load stopped | $(field backlog_at_stop "$rec") |"
 recovered="$(field recovered_after_s "$rec")"
-[[ "$recovered" == never ]] && recovered="not within the ${recovery_seconds}"
+[[ "$recovered" == never ]] && recovered="not within ${recovery_seconds}"
 echo "| back to ${recovery_fraction} x normal after the load stopped | $recovered s |"
 echo "| unexpected outcomes | $(field unexpected "$cap") + $(field unexpected "$over") |"
 exit $failed
