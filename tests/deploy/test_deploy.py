@@ -405,7 +405,8 @@ class DockerfileTest(unittest.TestCase):
         m = re.search(r"packages=\((.*?)\n\)", deps, re.S)
         listed = {t for line in m.group(1).splitlines()
                   for t in line.split("#", 1)[0].split()}
-        test_only = {"libgtest-dev", "libgmock-dev", "libbenchmark-dev"}
+        # libclang-rt-14-dev: the sanitizer and libFuzzer runtimes of the test build (clang ASan).
+        test_only = {"libgtest-dev", "libgmock-dev", "libbenchmark-dev", "libclang-rt-14-dev"}
         wanted = {p for p in listed if p.endswith("-dev")} - test_only
         wanted |= {"build-essential", "cmake", "ninja-build", "pkg-config", "protobuf-compiler",
                    "protobuf-compiler-grpc"}
