@@ -134,7 +134,7 @@ absl::Status Serve(const Request& r, std::string* out) {
     return absl::FailedPreconditionError("fuzz: fixed key left alone");
   }
   const absl::Status status = WaitForBatch([&](ops::Operations::Done done) {
-    method->call(*request, response.get(), std::move(done));
+    method->call(*request, response.get(), std::move(done), nullptr);
   });
   if (!status.ok()) {
     FUZZ_CHECK(method->batch ? IsOneOf(status.code(), kBatchCallCodes)
