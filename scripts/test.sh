@@ -29,5 +29,7 @@ cmake --build build-asan -j "$jobs"
 # Not run under ASan:
 #   offload_c_ctypes_test  python3 (uninstrumented) cannot dlopen an ASan-built .so without
 #                          LD_PRELOAD of libasan; offload_c_test covers the same library.
-asan_skip='^(offload_c_ctypes_test)$'
+#   bench.peer_smoke       checks the Node.js benchmark peer (a Node process, nothing of ours
+#                          to instrument); it runs in the Release stage.
+asan_skip='^(offload_c_ctypes_test|bench.peer_smoke)$'
 tests/sanitizers/run_sanitizer_ctest.sh build-asan -j "$jobs" --timeout 300 -E "$asan_skip"

@@ -45,8 +45,11 @@ void CollectKeyIds(const Message& message, int depth, absl::flat_hash_set<std::s
 int64_t FileStamp(const std::string& path) {
   struct stat st {};
   if (stat(path.c_str(), &st) != 0) return 0;
-  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec +
-         static_cast<int64_t>(st.st_size) * 7 + static_cast<int64_t>(st.st_ino) * 13;
+  // Unsigned: a fingerprint of mtime, size and inode that may wrap (signed overflow is UB).
+  const uint64_t v = static_cast<uint64_t>(st.st_mtim.tv_sec) * 1000000000u +
+                     static_cast<uint64_t>(st.st_mtim.tv_nsec) +
+                     static_cast<uint64_t>(st.st_size) * 7u + static_cast<uint64_t>(st.st_ino) * 13u;
+  return static_cast<int64_t>(v >> 1);
 }
 
 absl::StatusOr<std::shared_ptr<const Policy>> ReadPolicy(const std::string& path) {

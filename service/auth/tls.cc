@@ -55,8 +55,11 @@ STACK_OF(X509) * ReadCerts(absl::string_view pem) {
 int64_t FileStamp(const std::string& path) {
   struct stat st {};
   if (path.empty() || stat(path.c_str(), &st) != 0) return 0;
-  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec +
-         static_cast<int64_t>(st.st_size) * 7 + static_cast<int64_t>(st.st_ino) * 13;
+  // Unsigned: a fingerprint of mtime, size and inode that may wrap (signed overflow is UB).
+  const uint64_t v = static_cast<uint64_t>(st.st_mtim.tv_sec) * 1000000000u +
+                     static_cast<uint64_t>(st.st_mtim.tv_nsec) +
+                     static_cast<uint64_t>(st.st_size) * 7u + static_cast<uint64_t>(st.st_ino) * 13u;
+  return static_cast<int64_t>(v >> 1);
 }
 
 }  // namespace
@@ -102,8 +105,10 @@ TlsFiles::Material::~Material() {
 }
 
 int64_t TlsFiles::Stamp() const {
-  return FileStamp(paths_.cert_file) ^ (FileStamp(paths_.key_file) * 31) ^
-         (FileStamp(paths_.client_ca_file) * 1009);
+  const uint64_t stamp = static_cast<uint64_t>(FileStamp(paths_.cert_file)) ^
+                         (static_cast<uint64_t>(FileStamp(paths_.key_file)) * 31u) ^
+                         (static_cast<uint64_t>(FileStamp(paths_.client_ca_file)) * 1009u);
+  return static_cast<int64_t>(stamp >> 1);
 }
 
 absl::StatusOr<std::shared_ptr<const TlsFiles::Material>> TlsFiles::Read() const {

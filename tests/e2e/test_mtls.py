@@ -108,7 +108,9 @@ class MtlsTest(harness.ServerTestCase):
         cls.server = MtlsServer("mtls", cls, args=[
             "--tls_cert_file=" + cls.live_cert, "--tls_key_file=" + cls.live_key,
             "--tls_client_ca_file=" + pki.path("ca.crt"), "--policy_file=" + cls.policy,
-            "--audit_log_file=" + cls.audit])
+            "--audit_log_file=" + cls.audit,
+            # Under the harness's 15 s stop timeout even if a refused handshake lingers.
+            "--drain_timeout=5s"])
         cls.servers = [cls.server]
         cls.server.start()
         cls.http_port = int(cls.server.flag_value("http_address").rsplit(":", 1)[1])
