@@ -512,6 +512,9 @@ class Runner {
 
     lock.lock();  // wait for the calls still in flight (each has a 30 s deadline)
     cv_.wait(lock, [this] { return outstanding_ == 0; });
+    lock.unlock();
+    while (callbacks_.load() != 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    lock.lock();
     Result r = std::move(result_);
     r.seconds = (t1 - t0) / 1e9;
     r.ran_out = ran_out_;
@@ -538,8 +541,12 @@ class Runner {
     }
     const int64_t started = scheduled > 0 ? scheduled : NowNs();
     const bool ok = workload_->Start(seq % channels_, seq, [this, started](Outcome o) {
+      // Counted before Record, so that Run, once every call is recorded, also waits for this
+      // callback to stop touching the Runner (found by ASan: a use after scope at the end).
+      callbacks_.fetch_add(1);
       Record(started, std::move(o));
       if (!open_loop_) IssueNext(0);
+      callbacks_.fetch_sub(1);  // the callback's last touch
     });
     if (!ok) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -589,6 +596,7 @@ class Runner {
   bool ran_out_ = false;
   int64_t next_seq_ = 0;
   int64_t outstanding_ = 0;
+  std::atomic<int> callbacks_{0};  // completion callbacks running
   int64_t warmup_errors_ = 0;
   Result result_;
 };
