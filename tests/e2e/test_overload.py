@@ -104,9 +104,20 @@ class OverloadTest(harness.ServerTestCase):
         server = self.start("--max_queued_items=0", "--max_client_inflight=0",
                             "--max_batch_items=1024")
         before = metric(server, "offload_crypto_operations_total", 'op="ed25519_verify"') or 0
+        small_items = bad_signatures(30)
         big = server.ed.BatchVerify.future(pb.ed.BatchVerifyRequest(items=bad_signatures(1024)),
                                            timeout=60)
-        small = [server.ed.Verify.future(item, timeout=0.02) for item in bad_signatures(30)]
+        # Send the small calls only once the big batch holds the one worker (its 1024 items are
+        # admitted: tens of ms of verification), so that they wait behind it.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            text = urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+                "http://%s/metrics" % server.metrics_address, timeout=5).read().decode()
+            m = re.search(r"^offload_queued_items (\S+)$", text, re.M)
+            if m and float(m.group(1)) >= 1024:
+                break
+            time.sleep(0.002)
+        small = [server.ed.Verify.future(item, timeout=0.02) for item in small_items]
         codes = codes_of(small)
         self.assertEqual(len(big.result().results), 1024)
         self.assertGreater(codes.get(grpc.StatusCode.DEADLINE_EXCEEDED, 0), 0, codes)
