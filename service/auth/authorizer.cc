@@ -1,6 +1,5 @@
 #include "service/auth/authorizer.h"
 
-#include <sys/stat.h>
 
 #include <fstream>
 #include <sstream>
@@ -11,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/reflection.h"
+#include "service/auth/tls.h"
 #include "service/common/log.h"
 
 namespace offload::auth {
@@ -40,16 +40,6 @@ void CollectKeyIds(const Message& message, int depth, absl::flat_hash_set<std::s
       }
     }
   }
-}
-
-int64_t FileStamp(const std::string& path) {
-  struct stat st {};
-  if (stat(path.c_str(), &st) != 0) return 0;
-  // Unsigned: a fingerprint of mtime, size and inode that may wrap (signed overflow is UB).
-  const uint64_t v = static_cast<uint64_t>(st.st_mtim.tv_sec) * 1000000000u +
-                     static_cast<uint64_t>(st.st_mtim.tv_nsec) +
-                     static_cast<uint64_t>(st.st_size) * 7u + static_cast<uint64_t>(st.st_ino) * 13u;
-  return static_cast<int64_t>(v >> 1);
 }
 
 absl::StatusOr<std::shared_ptr<const Policy>> ReadPolicy(const std::string& path) {
@@ -99,7 +89,7 @@ absl::StatusOr<std::unique_ptr<Authorizer>> Authorizer::Create(Options options) 
   }
   std::unique_ptr<Authorizer> a(new Authorizer(std::move(options)));
   if (!a->options_.policy_file.empty()) {
-    const int64_t stamp = FileStamp(a->options_.policy_file);
+    const int64_t stamp = FileFingerprint(a->options_.policy_file);
     absl::StatusOr<std::shared_ptr<const Policy>> policy = ReadPolicy(a->options_.policy_file);
     if (!policy.ok()) return policy.status();
     absl::MutexLock lock(&a->policy_mu_);
@@ -127,7 +117,7 @@ std::shared_ptr<const Policy> Authorizer::CurrentPolicy() {
   const absl::Time now = absl::Now();
   if (now - policy_look_ < absl::Seconds(1)) return policy_;
   policy_look_ = now;
-  const int64_t stamp = FileStamp(options_.policy_file);
+  const int64_t stamp = FileFingerprint(options_.policy_file);
   if (stamp == policy_stamp_) return policy_;
   policy_stamp_ = stamp;
   absl::StatusOr<std::shared_ptr<const Policy>> policy = ReadPolicy(options_.policy_file);

@@ -52,7 +52,9 @@ STACK_OF(X509) * ReadCerts(absl::string_view pem) {
   return certs;
 }
 
-int64_t FileStamp(const std::string& path) {
+}  // namespace
+
+int64_t FileFingerprint(const std::string& path) {
   struct stat st {};
   if (path.empty() || stat(path.c_str(), &st) != 0) return 0;
   // Unsigned: a fingerprint of mtime, size and inode that may wrap (signed overflow is UB).
@@ -62,7 +64,6 @@ int64_t FileStamp(const std::string& path) {
   return static_cast<int64_t>(v >> 1);
 }
 
-}  // namespace
 
 std::string IdentityOf(X509* cert) {
   if (cert == nullptr) return "";
@@ -105,9 +106,9 @@ TlsFiles::Material::~Material() {
 }
 
 int64_t TlsFiles::Stamp() const {
-  const uint64_t stamp = static_cast<uint64_t>(FileStamp(paths_.cert_file)) ^
-                         (static_cast<uint64_t>(FileStamp(paths_.key_file)) * 31u) ^
-                         (static_cast<uint64_t>(FileStamp(paths_.client_ca_file)) * 1009u);
+  const uint64_t stamp = static_cast<uint64_t>(FileFingerprint(paths_.cert_file)) ^
+                         (static_cast<uint64_t>(FileFingerprint(paths_.key_file)) * 31u) ^
+                         (static_cast<uint64_t>(FileFingerprint(paths_.client_ca_file)) * 1009u);
   return static_cast<int64_t>(stamp >> 1);
 }
 

@@ -32,6 +32,10 @@ namespace offload::auth {
 // The identity a certificate names (see above); empty if it names none.
 std::string IdentityOf(X509* cert);
 
+// A number that changes when the file at `path` is replaced or rewritten (mtime, size, inode);
+// 0 if it cannot be read. Used to notice changed certificate and policy files.
+int64_t FileFingerprint(const std::string& path);
+
 class TlsFiles {
  public:
   struct Paths {
