@@ -1,6 +1,5 @@
 #include "service/auth/authorizer.h"
 
-
 #include <fstream>
 #include <sstream>
 
