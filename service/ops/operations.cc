@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <utility>
@@ -315,34 +316,71 @@ absl::Status Operations::CheckBatchSize(int items) const {
 
 template <typename ItemFn>
 void Operations::RunBatch(int n, ItemFn item, Done done, Alive alive) const {
+  // One worker starts the batch alone and claims items from a shared index. After each of its
+  // first items it estimates, at its own pace, what is left; once that exceeds kSplitAfter it
+  // calls in the other workers, which claim from the same index. A batch of memo hits (~0.6 us
+  // an item) so finishes on one worker after one wake-up, and fresh work spreads over every core
+  // after its first item.
+  using Clock = std::chrono::steady_clock;
+  static constexpr std::chrono::microseconds kSplitAfter{50};
   struct State {
-    std::atomic<int> remaining;
+    explicit State(int n) : n(n) {}
+    const int n;
+    std::atomic<int> next{0};      // the first unclaimed item
+    std::atomic<int> finished{0};  // items run or skipped, over every claim
     std::atomic<bool> expired{false};
     Done done;
     Alive alive;
-  };
-  const int chunks = std::min(n, pool_->size());
-  auto state = std::make_shared<State>();
-  state->remaining.store(chunks);
-  state->done = std::move(done);
-  state->alive = std::move(alive);
-  const int chunk_size = (n + chunks - 1) / chunks;
-  for (int begin = 0; begin < n; begin += chunk_size) {
-    const int end = std::min(n, begin + chunk_size);
-    pool_->Submit([state, item, begin, end]() {
-      if (state->expired.load(std::memory_order_relaxed) || (state->alive && !state->alive())) {
-        state->expired.store(true, std::memory_order_relaxed);  // the rest is skipped too
+
+    // Runs items [begin, end), or skips them once the call is gone (asked when `ask`); the
+    // claim that completes the batch calls `done`.
+    void Run(const ItemFn& item, int begin, int end, bool ask = true) {
+      if (expired.load(std::memory_order_relaxed) || (ask && alive && !alive())) {
+        expired.store(true, std::memory_order_relaxed);  // the rest is skipped too
       } else {
         for (int i = begin; i < end; ++i) item(i);
       }
-      if (state->remaining.fetch_sub(1) == 1) {
-        std::move(state->done)(state->expired.load()
-                                   ? absl::DeadlineExceededError(
-                                         "deadline passed or call cancelled while queued")
-                                   : absl::OkStatus());
+      const int count = end - begin;
+      if (finished.fetch_add(count, std::memory_order_acq_rel) + count == n) {
+        std::move(done)(expired.load() ? absl::DeadlineExceededError(
+                                             "deadline passed or call cancelled while queued")
+                                       : absl::OkStatus());
       }
-    });
-  }
+    }
+    // Claims and runs `stride` items at a time until none is left.
+    void Drain(const ItemFn& item, int stride) {
+      for (int begin = next.fetch_add(stride); begin < n; begin = next.fetch_add(stride)) {
+        Run(item, begin, std::min(n, begin + stride));
+      }
+    }
+  };
+  auto state = std::make_shared<State>(n);
+  state->done = std::move(done);
+  state->alive = std::move(alive);
+  const int helpers = std::min(n, pool_->size()) - 1;
+  // Once split, items are claimed a few at a time: fewer atomic operations on a shared line.
+  const int stride = std::clamp(n / (8 * pool_->size()), 1, 16);
+  WorkerPool* pool = pool_;
+  pool_->Submit([state, item, helpers, stride, pool] {
+    const Clock::time_point start = Clock::now();
+    for (int ran = 0; helpers > 0;) {
+      const int i = state->next.fetch_add(1);
+      if (i >= state->n) return;
+      state->Run(item, i, i + 1, /*ask=*/i % stride == 0);
+      ++ran;
+      const int left = state->n - state->next.load(std::memory_order_relaxed);
+      if (left <= 0) return;
+      const auto elapsed = Clock::now() - start;
+      // Two items make a pace, unless the first alone took long (fresh crypto).
+      if ((ran >= 2 || elapsed > kSplitAfter / 2) && elapsed / ran * left > kSplitAfter) {
+        for (int h = 0; h < helpers; ++h) {
+          pool->Submit([state, item, stride] { state->Drain(item, stride); });
+        }
+        break;
+      }
+    }
+    state->Drain(item, stride);
+  });
 }
 
 template <typename BatchRequest, typename BatchResponse, typename Request, typename Response>

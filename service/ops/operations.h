@@ -37,8 +37,8 @@ class Operations final {
     int max_batch_items = 1024;
   };
   using Done = absl::AnyInvocable<void(absl::Status) &&>;
-  // Asked before each chunk of a batch runs: false (the call was cancelled or its deadline passed
-  // while it waited) skips the chunk's items and the batch ends DEADLINE_EXCEEDED. Null = always.
+  // Asked before each few items of a batch run: false (the call was cancelled or its deadline
+  // passed) skips the items not yet run and the batch ends DEADLINE_EXCEEDED. Null = always.
   using Alive = std::function<bool()>;
 
   // `keys`, `memo` and `pool` must outlive this object.
@@ -85,7 +85,8 @@ class Operations final {
  private:
   // InvalidArgument for an empty batch or one over the limit.
   absl::Status CheckBatchSize(int items) const;
-  // Runs `item(i)` for every i in [0, n) on the pool, in contiguous chunks, then `done(OK)`.
+  // Runs `item(i)` for every i in [0, n) on the pool, then `done(OK)` from the worker that ran
+  // the last one. One worker starts; the others join only when the items prove slow (see .cc).
   template <typename ItemFn>
   void RunBatch(int n, ItemFn item, Done done, Alive alive) const;
   // A batch whose results hold (status, response of `single`) per item.
