@@ -11,7 +11,9 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/random/random.h"
 #include "absl/synchronization/mutex.h"
+#include "google/protobuf/arena.h"
 #include "grpcpp/security/auth_context.h"
+#include "grpcpp/support/message_allocator.h"
 #include "service/auth/tls.h"
 #include "service/common/log.h"
 
@@ -318,6 +320,36 @@ class Dispatcher {
 
 thread_local absl::InsecureBitGen Dispatcher::bitgen_;
 
+// Puts a batch call's request and response on one protobuf arena: the item messages (a
+// BatchVerify(64) call parses 64 requests and builds 64 results and 64 statuses) come from a few
+// arena blocks instead of one malloc and one free each, and all go at once when gRPC releases the
+// call. Strings still own heap buffers (protobuf 3.21), so plaintexts are freed as before.
+// Thread-safe: every call gets its own arena.
+template <typename Request, typename Response>
+class ArenaAllocator final : public grpc::MessageAllocator<Request, Response> {
+ public:
+  grpc::MessageHolder<Request, Response>* AllocateMessages() override { return new Holder; }
+
+ private:
+  class Holder final : public grpc::MessageHolder<Request, Response> {
+   public:
+    Holder() : arena_(Options()) {
+      this->set_request(google::protobuf::Arena::CreateMessage<Request>(&arena_));
+      this->set_response(google::protobuf::Arena::CreateMessage<Response>(&arena_));
+    }
+    void Release() override { delete this; }
+
+   private:
+    static google::protobuf::ArenaOptions Options() {
+      google::protobuf::ArenaOptions options;
+      options.start_block_size = 4096;  // a 64-item batch takes ~15 KB: 3 blocks
+      options.max_block_size = 64 * 1024;
+      return options;
+    }
+    google::protobuf::Arena arena_;
+  };
+};
+
 // Copies a StatusOr<KeyInfo> into `response`.
 absl::Status Store(absl::StatusOr<v1::KeyInfo> info, v1::KeyInfo* response) {
   if (!info.ok()) return info.status();
@@ -409,7 +441,10 @@ class Ed25519Service final : public v1::Ed25519Service::CallbackService {
         sign_(d->Method(kEd25519, "Sign", false)),
         batch_sign_(d->Method(kEd25519, "BatchSign", true)),
         verify_(d->Method(kEd25519, "Verify", false)),
-        batch_verify_(d->Method(kEd25519, "BatchVerify", true)) {}
+        batch_verify_(d->Method(kEd25519, "BatchVerify", true)) {
+    SetMessageAllocatorFor_BatchSign(&batch_sign_arena_);
+    SetMessageAllocatorFor_BatchVerify(&batch_verify_arena_);
+  }
   ServerUnaryReactor* Sign(CallbackServerContext* c, const v1::SignRequest* q,
                            v1::SignResponse* r) override {
     return d_->Unary(c, sign_, q, r, &Operations::Sign);
@@ -442,6 +477,8 @@ class Ed25519Service final : public v1::Ed25519Service::CallbackService {
   const MethodInfo* const batch_sign_;
   const MethodInfo* const verify_;
   const MethodInfo* const batch_verify_;
+  ArenaAllocator<v1::BatchSignRequest, v1::BatchSignResponse> batch_sign_arena_;
+  ArenaAllocator<v1::BatchVerifyRequest, v1::BatchVerifyResponse> batch_verify_arena_;
 };
 
 class X25519Service final : public v1::X25519Service::CallbackService {
@@ -449,7 +486,9 @@ class X25519Service final : public v1::X25519Service::CallbackService {
   explicit X25519Service(Dispatcher* d)
       : d_(d),
         derive_(d->Method(kX25519, "Derive", false)),
-        batch_derive_(d->Method(kX25519, "BatchDerive", true)) {}
+        batch_derive_(d->Method(kX25519, "BatchDerive", true)) {
+    SetMessageAllocatorFor_BatchDerive(&batch_derive_arena_);
+  }
   ServerUnaryReactor* Derive(CallbackServerContext* c, const v1::DeriveRequest* q,
                              v1::DeriveResponse* r) override {
     return d_->Unary(c, derive_, q, r, &Operations::Derive);
@@ -463,6 +502,7 @@ class X25519Service final : public v1::X25519Service::CallbackService {
   Dispatcher* const d_;
   const MethodInfo* const derive_;
   const MethodInfo* const batch_derive_;
+  ArenaAllocator<v1::BatchDeriveRequest, v1::BatchDeriveResponse> batch_derive_arena_;
 };
 
 class BoxService final : public v1::BoxService::CallbackService {
@@ -472,7 +512,10 @@ class BoxService final : public v1::BoxService::CallbackService {
         seal_(d->Method(kBox, "Seal", false)),
         batch_seal_(d->Method(kBox, "BatchSeal", true)),
         open_(d->Method(kBox, "Open", false)),
-        batch_open_(d->Method(kBox, "BatchOpen", true)) {}
+        batch_open_(d->Method(kBox, "BatchOpen", true)) {
+    SetMessageAllocatorFor_BatchSeal(&batch_seal_arena_);
+    SetMessageAllocatorFor_BatchOpen(&batch_open_arena_);
+  }
   ServerUnaryReactor* Seal(CallbackServerContext* c, const v1::BoxSealRequest* q,
                            v1::BoxSealResponse* r) override {
     return d_->Unary(c, seal_, q, r, &Operations::BoxSeal);
@@ -496,6 +539,8 @@ class BoxService final : public v1::BoxService::CallbackService {
   const MethodInfo* const batch_seal_;
   const MethodInfo* const open_;
   const MethodInfo* const batch_open_;
+  ArenaAllocator<v1::BatchBoxSealRequest, v1::BatchBoxSealResponse> batch_seal_arena_;
+  ArenaAllocator<v1::BatchBoxOpenRequest, v1::BatchBoxOpenResponse> batch_open_arena_;
 };
 
 class AeadService final : public v1::AeadService::CallbackService {
@@ -505,7 +550,10 @@ class AeadService final : public v1::AeadService::CallbackService {
         seal_(d->Method(kAead, "Seal", false)),
         batch_seal_(d->Method(kAead, "BatchSeal", true)),
         open_(d->Method(kAead, "Open", false)),
-        batch_open_(d->Method(kAead, "BatchOpen", true)) {}
+        batch_open_(d->Method(kAead, "BatchOpen", true)) {
+    SetMessageAllocatorFor_BatchSeal(&batch_seal_arena_);
+    SetMessageAllocatorFor_BatchOpen(&batch_open_arena_);
+  }
   ServerUnaryReactor* Seal(CallbackServerContext* c, const v1::AeadSealRequest* q,
                            v1::AeadSealResponse* r) override {
     return d_->Unary(c, seal_, q, r, &Operations::AeadSeal);
@@ -529,6 +577,8 @@ class AeadService final : public v1::AeadService::CallbackService {
   const MethodInfo* const batch_seal_;
   const MethodInfo* const open_;
   const MethodInfo* const batch_open_;
+  ArenaAllocator<v1::BatchAeadSealRequest, v1::BatchAeadSealResponse> batch_seal_arena_;
+  ArenaAllocator<v1::BatchAeadOpenRequest, v1::BatchAeadOpenResponse> batch_open_arena_;
 };
 
 }  // namespace
