@@ -175,21 +175,47 @@ absl::Status Operations::VerifyFresh(const v1::VerifyRequest& request, const mem
 
 absl::Status Operations::Derive(const v1::DeriveRequest& request,
                                 v1::DeriveResponse* response) const {
-  OFFLOAD_RETURN_IF_ERROR(
-      CheckSize("peer_public_key", request.peer_public_key(), crypto::kX25519KeySize));
-  if (!v1::DeriveOutput_IsValid(request.output())) {
-    return absl::InvalidArgumentError(absl::StrCat("output: unknown value ", request.output()));
+  DeriveProbe probe;
+  absl::Status status;
+  if (DeriveFromMemo(request, response, &probe, &status)) return status;
+  return DeriveFresh(request, probe, response);
+}
+
+bool Operations::DeriveFromMemo(const v1::DeriveRequest& request, v1::DeriveResponse* response,
+                                DeriveProbe* probe, absl::Status* status) const {
+  *status = [&]() -> absl::Status {
+    OFFLOAD_RETURN_IF_ERROR(
+        CheckSize("peer_public_key", request.peer_public_key(), crypto::kX25519KeySize));
+    if (!v1::DeriveOutput_IsValid(request.output())) {
+      return absl::InvalidArgumentError(absl::StrCat("output: unknown value ", request.output()));
+    }
+    OFFLOAD_ASSIGN_OR_RETURN(probe->key,
+                             FindKeyOfType(*keys_, request.key_id(), v1::KEY_TYPE_X25519));
+    OFFLOAD_ASSIGN_OR_RETURN(probe->version, FindVersion(*probe->key, request.key_version()));
+    return absl::OkStatus();
+  }();
+  if (!status->ok()) return true;
+  probe->output = request.output() == v1::DERIVE_OUTPUT_UNSPECIFIED ? v1::DERIVE_OUTPUT_RAW
+                                                                      : request.output();
+  probe->digest =
+      memo_->DeriveDigest(probe->version->instance, probe->output, Bytes(request.peer_public_key()));
+  if (!memo_->DeriveLookup(probe->digest,
+                           Resize(response->mutable_shared_key(), crypto::kX25519KeySize))) {
+    return false;
   }
-  OFFLOAD_ASSIGN_OR_RETURN(KeyPtr key, FindKeyOfType(*keys_, request.key_id(), v1::KEY_TYPE_X25519));
-  OFFLOAD_ASSIGN_OR_RETURN(const keys::ManagedKeyVersion* version,
-                           FindVersion(*key, request.key_version()));
-  bool hit = false;
-  OFFLOAD_RETURN_IF_ERROR(DeriveShared(*key, *version, Bytes(request.peer_public_key()),
-                                       request.output(),
-                                       Resize(response->mutable_shared_key(), crypto::kX25519KeySize),
-                                       &hit));
-  response->set_key_version(version->version);
-  response->set_memo_hit(hit);
+  response->set_key_version(probe->version->version);
+  response->set_memo_hit(true);
+  return true;
+}
+
+absl::Status Operations::DeriveFresh(const v1::DeriveRequest& request, const DeriveProbe& probe,
+                                     v1::DeriveResponse* response) const {
+  absl::Span<uint8_t> out = Resize(response->mutable_shared_key(), crypto::kX25519KeySize);
+  OFFLOAD_RETURN_IF_ERROR(DeriveInto(*probe.key, *probe.version,
+                                     Bytes(request.peer_public_key()), probe.output, out));
+  memo_->DeriveInsert(probe.digest, probe.key->key_id, out);
+  response->set_key_version(probe.version->version);
+  response->set_memo_hit(false);
   return absl::OkStatus();
 }
 
@@ -275,31 +301,52 @@ absl::Status Operations::AeadSeal(const v1::AeadSealRequest& request,
 
 absl::Status Operations::AeadOpen(const v1::AeadOpenRequest& request,
                                   v1::AeadOpenResponse* response) const {
-  OFFLOAD_ASSIGN_OR_RETURN(KeyPtr key, FindKey(*keys_, request.key_id(), IsAeadType, "an AEAD type"));
-  // Any version of one key has the same algorithm: the current one tells the nonce size.
-  const size_t nonce_size = crypto::AeadNonceSize(key->Current()->aead->algorithm());
-  OFFLOAD_ASSIGN_OR_RETURN(EnvelopeView view, ParseEnvelope(Bytes(request.envelope()), nonce_size));
-  if (view.key_version == 0) {
-    return absl::InvalidArgumentError("envelope: key version 0 does not exist");
-  }
-  OFFLOAD_ASSIGN_OR_RETURN(const keys::ManagedKeyVersion* version,
-                           FindVersion(*key, view.key_version));
-  response->set_key_version(version->version);
-  const memo::Digest digest = memo_->OpenDigest(
-      version->instance, view.nonce, view.ciphertext_and_tag, Bytes(request.associated_data()));
-  if (memo_->OpenLookup(key->key_id, digest, view.ciphertext_and_tag,
-                        response->mutable_plaintext())) {
-    response->set_memo_hit(true);
+  OpenProbe probe;
+  absl::Status status;
+  if (AeadOpenFromMemo(request, response, &probe, &status)) return status;
+  return AeadOpenFresh(request, probe, response);
+}
+
+bool Operations::AeadOpenFromMemo(const v1::AeadOpenRequest& request,
+                                  v1::AeadOpenResponse* response, OpenProbe* probe,
+                                  absl::Status* status) const {
+  *status = [&]() -> absl::Status {
+    OFFLOAD_ASSIGN_OR_RETURN(probe->key,
+                             FindKey(*keys_, request.key_id(), IsAeadType, "an AEAD type"));
+    // Any version of one key has the same algorithm: the current one tells the nonce size.
+    const size_t nonce_size = crypto::AeadNonceSize(probe->key->Current()->aead->algorithm());
+    OFFLOAD_ASSIGN_OR_RETURN(probe->view, ParseEnvelope(Bytes(request.envelope()), nonce_size));
+    if (probe->view.key_version == 0) {
+      return absl::InvalidArgumentError("envelope: key version 0 does not exist");
+    }
+    OFFLOAD_ASSIGN_OR_RETURN(probe->version, FindVersion(*probe->key, probe->view.key_version));
     return absl::OkStatus();
+  }();
+  if (!status->ok()) return true;
+  probe->digest = memo_->OpenDigest(probe->version->instance, probe->view.nonce,
+                                    probe->view.ciphertext_and_tag,
+                                    Bytes(request.associated_data()));
+  if (!memo_->OpenLookup(probe->key->key_id, probe->digest, probe->view.ciphertext_and_tag,
+                         response->mutable_plaintext())) {
+    return false;
   }
-  absl::Span<uint8_t> plaintext = Resize(response->mutable_plaintext(), view.plaintext_size());
-  absl::Status opened = version->aead->Open(view.nonce, Bytes(request.associated_data()),
-                                            view.ciphertext_and_tag, plaintext);
+  response->set_key_version(probe->version->version);
+  response->set_memo_hit(true);
+  return true;
+}
+
+absl::Status Operations::AeadOpenFresh(const v1::AeadOpenRequest& request, const OpenProbe& probe,
+                                       v1::AeadOpenResponse* response) const {
+  absl::Span<uint8_t> plaintext =
+      Resize(response->mutable_plaintext(), probe.view.plaintext_size());
+  absl::Status opened = probe.version->aead->Open(
+      probe.view.nonce, Bytes(request.associated_data()), probe.view.ciphertext_and_tag, plaintext);
   if (!opened.ok()) {
     response->Clear();
     return opened;  // failed opens are never cached: the next try fails afresh
   }
-  memo_->OpenInsert(key->key_id, digest, view.ciphertext_and_tag, plaintext);
+  memo_->OpenInsert(probe.key->key_id, probe.digest, probe.view.ciphertext_and_tag, plaintext);
+  response->set_key_version(probe.version->version);
   response->set_memo_hit(false);
   return absl::OkStatus();
 }

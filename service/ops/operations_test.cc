@@ -149,6 +149,56 @@ TEST_F(OperationsTest, FailedOpenFailsEveryTimeAndIsNeverCached) {
   EXPECT_EQ(CryptoOpCount(CryptoOp::kAeadOpen) - before, 5u);
 }
 
+// The gRPC Open handler answers hits with AeadOpenFromMemo alone and sends misses to a worker
+// for AeadOpenFresh: the two steps must give AeadOpen's answers and count one lookup per call.
+TEST_F(OperationsTest, OpenInTwoStepsAnswersAsOpenAndCountsOneLookup) {
+  CreateKey("k", v1::KEY_TYPE_XCHACHA20_POLY1305);
+  const std::string envelope = Seal("k", std::string(3000, 'p'), "aad");
+  std::string tampered = envelope;
+  tampered[60] ^= 1;
+  memo_->DropKey("k");  // as if sealed elsewhere: the first open decrypts
+  auto two_steps = [&](const std::string& env, const std::string& key_id, bool* hit_inline,
+                       v1::AeadOpenResponse* response) {
+    v1::AeadOpenRequest request;
+    request.set_key_id(key_id);
+    request.set_envelope(env);
+    request.set_associated_data("aad");
+    Operations::OpenProbe probe;
+    absl::Status status;
+    *hit_inline = ops_->AeadOpenFromMemo(request, response, &probe, &status);
+    return *hit_inline ? status : ops_->AeadOpenFresh(request, probe, response);
+  };
+  const memo::CacheStats start = memo_->open_stats();
+  const uint64_t before = CryptoOpCount(CryptoOp::kAeadOpen);
+  for (int i = 0; i < 3; ++i) {
+    v1::AeadOpenResponse split, whole;
+    bool complete = false;
+    ASSERT_TRUE(two_steps(envelope, "k", &complete, &split).ok());
+    EXPECT_EQ(complete, i > 0) << "round " << i;  // the first round decrypts on a worker
+    EXPECT_EQ(split.memo_hit(), i > 0);
+    ASSERT_TRUE(Open("k", envelope, &whole, "aad").ok());
+    EXPECT_TRUE(whole.memo_hit());  // the split call recorded it
+    whole.set_memo_hit(split.memo_hit());
+    EXPECT_EQ(split.SerializeAsString(), whole.SerializeAsString());
+  }
+  EXPECT_EQ(CryptoOpCount(CryptoOp::kAeadOpen) - before, 1u);
+  const memo::CacheStats after = memo_->open_stats();
+  EXPECT_EQ(after.hits - start.hits, 5u);
+  EXPECT_EQ(after.misses - start.misses, 1u);
+
+  // Errors come from the first step (unknown key) or the second (tampered body), never a hit.
+  v1::AeadOpenResponse r;
+  bool complete = false;
+  EXPECT_EQ(two_steps(envelope, "nope", &complete, &r).code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(complete);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(two_steps(tampered, "k", &complete, &r).code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_FALSE(complete);
+    EXPECT_TRUE(r.plaintext().empty());
+  }
+}
+
 TEST_F(OperationsTest, Derive15PeersOver100RoundsRuns15X25519) {
   CreateKey("dev", v1::KEY_TYPE_X25519);
   std::vector<std::string> peers;
@@ -175,6 +225,51 @@ TEST_F(OperationsTest, Derive15PeersOver100RoundsRuns15X25519) {
   }
   EXPECT_EQ(CryptoOpCount(CryptoOp::kX25519) - before, 15u);
   EXPECT_EQ(hits, 15 * 99);
+}
+
+// The gRPC Derive handler's two steps (hit on the transport thread, X25519 on a worker) give
+// Derive's answers, with one lookup per call; a small-order peer fails in the second step.
+TEST_F(OperationsTest, DeriveInTwoStepsAnswersAsDerive) {
+  CreateKey("dev", v1::KEY_TYPE_X25519);
+  std::string pk(32, '\0'), sk(32, '\0');
+  crypto_box_keypair(reinterpret_cast<uint8_t*>(pk.data()), reinterpret_cast<uint8_t*>(sk.data()));
+  auto two_steps = [&](const std::string& peer, bool* complete, v1::DeriveResponse* response) {
+    v1::DeriveRequest request;
+    request.set_key_id("dev");
+    request.set_peer_public_key(peer);
+    Operations::DeriveProbe probe;
+    absl::Status status;
+    *complete = ops_->DeriveFromMemo(request, response, &probe, &status);
+    return *complete ? status : ops_->DeriveFresh(request, probe, response);
+  };
+  const memo::CacheStats start = memo_->derive_stats();
+  const uint64_t before = CryptoOpCount(CryptoOp::kX25519);
+  for (int i = 0; i < 3; ++i) {
+    v1::DeriveResponse split, whole;
+    bool complete = false;
+    ASSERT_TRUE(two_steps(pk, &complete, &split).ok());
+    EXPECT_EQ(complete, i > 0);
+    EXPECT_EQ(split.memo_hit(), i > 0);
+    v1::DeriveRequest request;
+    request.set_key_id("dev");
+    request.set_peer_public_key(pk);
+    ASSERT_TRUE(ops_->Derive(request, &whole).ok());
+    EXPECT_TRUE(whole.memo_hit());  // the split call recorded it
+    whole.set_memo_hit(split.memo_hit());
+    EXPECT_EQ(split.SerializeAsString(), whole.SerializeAsString());
+  }
+  EXPECT_EQ(CryptoOpCount(CryptoOp::kX25519) - before, 1u);
+  EXPECT_EQ(memo_->derive_stats().hits - start.hits, 5u);
+  EXPECT_EQ(memo_->derive_stats().misses - start.misses, 1u);
+
+  v1::DeriveResponse r;
+  bool complete = false;
+  EXPECT_EQ(two_steps(std::string(32, '\0'), &complete, &r).code(),
+            absl::StatusCode::kInvalidArgument);  // all-zero secret, rejected by default
+  EXPECT_FALSE(complete);
+  EXPECT_EQ(two_steps(std::string(31, 'x'), &complete, &r).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(complete);
 }
 
 TEST_F(OperationsTest, RepeatedValidVerifiesOnceInvalidEveryTime) {

@@ -491,7 +491,17 @@ class X25519Service final : public v1::X25519Service::CallbackService {
   }
   ServerUnaryReactor* Derive(CallbackServerContext* c, const v1::DeriveRequest* q,
                              v1::DeriveResponse* r) override {
-    return d_->Unary(c, derive_, q, r, &Operations::Derive);
+    // As Verify: a memo hit is answered on this thread, a miss runs X25519 on the pool.
+    Operations* ops = d_->operations();
+    if (ServerUnaryReactor* refused = d_->Refuse(c, derive_, *q)) return refused;
+    Operations::DeriveProbe probe;
+    absl::Status status;
+    if (ops->DeriveFromMemo(*q, r, &probe, &status)) {
+      return d_->FinishInline(c, derive_, r, std::move(status));
+    }
+    return d_->Run(c, derive_, *q, r, [ops, q, r, probe = std::move(probe)] {
+      return ops->DeriveFresh(*q, probe, r);
+    });
   }
   ServerUnaryReactor* BatchDerive(CallbackServerContext* c, const v1::BatchDeriveRequest* q,
                                   v1::BatchDeriveResponse* r) override {
@@ -564,7 +574,18 @@ class AeadService final : public v1::AeadService::CallbackService {
   }
   ServerUnaryReactor* Open(CallbackServerContext* c, const v1::AeadOpenRequest* q,
                            v1::AeadOpenResponse* r) override {
-    return d_->Unary(c, open_, q, r, &Operations::AeadOpen);
+    // As Verify: a memo hit (a lookup, a compare and a copy, no cipher) is answered on this
+    // thread; a miss goes to the pool with what the lookup found.
+    Operations* ops = d_->operations();
+    if (ServerUnaryReactor* refused = d_->Refuse(c, open_, *q)) return refused;
+    Operations::OpenProbe probe;
+    absl::Status status;
+    if (ops->AeadOpenFromMemo(*q, r, &probe, &status)) {
+      return d_->FinishInline(c, open_, r, std::move(status));
+    }
+    return d_->Run(c, open_, *q, r, [ops, q, r, probe = std::move(probe)] {
+      return ops->AeadOpenFresh(*q, probe, r);
+    });
   }
   ServerUnaryReactor* BatchOpen(CallbackServerContext* c, const v1::BatchAeadOpenRequest* q,
                                 v1::BatchAeadOpenResponse* r) override {
