@@ -538,7 +538,9 @@ class Runner {
           std::unique_lock<std::mutex> lock(mu_);
           cv_.wait_until(lock, Clock::time_point(std::chrono::nanoseconds(due)),
                          [this] { return stopping_; });
+          waiting_for_slot_ = true;
           cv_.wait(lock, [this, inflight] { return stopping_ || outstanding_ < inflight; });
+          waiting_for_slot_ = false;
           if (stopping_) return;
           lock.unlock();
           IssueNext(due);
@@ -569,6 +571,7 @@ class Runner {
     const int64_t self1 = SelfCpuMicros();
 
     lock.lock();  // wait for the calls still in flight (each has a 30 s deadline)
+    draining_ = true;
     cv_.wait(lock, [this] { return outstanding_ == 0; });
     lock.unlock();
     while (callbacks_.load() != 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -639,7 +642,9 @@ class Runner {
     } else if (!o.status.ok() || o.item_errors > 0) {
       ++warmup_errors_;
     }
-    cv_.notify_all();
+    // Only when a thread waits for what this changed: a wake-up per call would cost the
+    // generator two futex round trips (the pacer and Run's timed waits) on the shared cores.
+    if (waiting_for_slot_ || (draining_ && outstanding_ == 0)) cv_.notify_all();
   }
 
   Workload* const workload_;
@@ -652,6 +657,8 @@ class Runner {
   std::condition_variable cv_;
   bool stopping_ = false;
   bool ran_out_ = false;
+  bool waiting_for_slot_ = false;  // the pacer waits for outstanding_ < inflight
+  bool draining_ = false;          // Run waits for outstanding_ == 0
   int64_t next_seq_ = 0;
   int64_t outstanding_ = 0;
   std::atomic<int> callbacks_{0};  // completion callbacks running
