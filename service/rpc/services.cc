@@ -228,6 +228,29 @@ class Dispatcher {
     return reactor;
   }
 
+  // A unary call whose memo hit needs no pool (Verify, Derive, AEAD Open): `from_memo` checks the
+  // request and looks it up (no crypto primitive) on this gRPC thread, and finishes the call on a
+  // hit or an error; a miss goes to the pool, where `fresh` gets what the lookup found, so the
+  // memo counts one lookup per call.
+  template <typename Request, typename Response, typename Probe>
+  ServerUnaryReactor* MemoFirst(
+      CallbackServerContext* context, const MethodInfo* method, const Request* request,
+      Response* response,
+      bool (Operations::*from_memo)(const Request&, Response*, Probe*, absl::Status*) const,
+      absl::Status (Operations::*fresh)(const Request&, const Probe&, Response*) const) {
+    if (ServerUnaryReactor* refused = Refuse(context, method, *request)) return refused;
+    Operations* operations = operations_;
+    Probe probe;
+    absl::Status status;
+    if ((operations->*from_memo)(*request, response, &probe, &status)) {
+      return FinishInline(context, method, response, std::move(status));
+    }
+    return Run(context, method, *request, response,
+               [operations, request, response, fresh, probe = std::move(probe)] {
+                 return (operations->*fresh)(*request, probe, response);
+               });
+  }
+
   template <typename Request, typename Response>
   ServerUnaryReactor* Unary(CallbackServerContext* context, const MethodInfo* method,
                             const Request* request, Response* response,
@@ -272,7 +295,6 @@ class Dispatcher {
   }
 
   keys::KeyManager* keys() const { return keys_; }
-  Operations* operations() const { return operations_; }
 
  private:
   static absl::Status Expired(CallbackServerContext* context) {
@@ -455,16 +477,7 @@ class Ed25519Service final : public v1::Ed25519Service::CallbackService {
   }
   ServerUnaryReactor* Verify(CallbackServerContext* c, const v1::VerifyRequest* q,
                              v1::VerifyResponse* r) override {
-    // A memo hit is a digest and a lookup (no crypto primitive): answered on this thread.
-    // A miss goes to the pool with its digest, so the memo counts a single lookup.
-    Operations* ops = d_->operations();
-    if (ServerUnaryReactor* refused = d_->Refuse(c, verify_, *q)) return refused;
-    memo::Digest digest;
-    absl::Status status;
-    if (ops->VerifyFromMemo(*q, r, &digest, &status)) {
-      return d_->FinishInline(c, verify_, r, std::move(status));
-    }
-    return d_->Run(c, verify_, *q, r, [=] { return ops->VerifyFresh(*q, digest, r); });
+    return d_->MemoFirst(c, verify_, q, r, &Operations::VerifyFromMemo, &Operations::VerifyFresh);
   }
   ServerUnaryReactor* BatchVerify(CallbackServerContext* c, const v1::BatchVerifyRequest* q,
                                   v1::BatchVerifyResponse* r) override {
@@ -491,17 +504,7 @@ class X25519Service final : public v1::X25519Service::CallbackService {
   }
   ServerUnaryReactor* Derive(CallbackServerContext* c, const v1::DeriveRequest* q,
                              v1::DeriveResponse* r) override {
-    // As Verify: a memo hit is answered on this thread, a miss runs X25519 on the pool.
-    Operations* ops = d_->operations();
-    if (ServerUnaryReactor* refused = d_->Refuse(c, derive_, *q)) return refused;
-    Operations::DeriveProbe probe;
-    absl::Status status;
-    if (ops->DeriveFromMemo(*q, r, &probe, &status)) {
-      return d_->FinishInline(c, derive_, r, std::move(status));
-    }
-    return d_->Run(c, derive_, *q, r, [ops, q, r, probe = std::move(probe)] {
-      return ops->DeriveFresh(*q, probe, r);
-    });
+    return d_->MemoFirst(c, derive_, q, r, &Operations::DeriveFromMemo, &Operations::DeriveFresh);
   }
   ServerUnaryReactor* BatchDerive(CallbackServerContext* c, const v1::BatchDeriveRequest* q,
                                   v1::BatchDeriveResponse* r) override {
@@ -574,18 +577,8 @@ class AeadService final : public v1::AeadService::CallbackService {
   }
   ServerUnaryReactor* Open(CallbackServerContext* c, const v1::AeadOpenRequest* q,
                            v1::AeadOpenResponse* r) override {
-    // As Verify: a memo hit (a lookup, a compare and a copy, no cipher) is answered on this
-    // thread; a miss goes to the pool with what the lookup found.
-    Operations* ops = d_->operations();
-    if (ServerUnaryReactor* refused = d_->Refuse(c, open_, *q)) return refused;
-    Operations::OpenProbe probe;
-    absl::Status status;
-    if (ops->AeadOpenFromMemo(*q, r, &probe, &status)) {
-      return d_->FinishInline(c, open_, r, std::move(status));
-    }
-    return d_->Run(c, open_, *q, r, [ops, q, r, probe = std::move(probe)] {
-      return ops->AeadOpenFresh(*q, probe, r);
-    });
+    return d_->MemoFirst(c, open_, q, r, &Operations::AeadOpenFromMemo,
+                         &Operations::AeadOpenFresh);
   }
   ServerUnaryReactor* BatchOpen(CallbackServerContext* c, const v1::BatchAeadOpenRequest* q,
                                 v1::BatchAeadOpenResponse* r) override {

@@ -1,11 +1,12 @@
 // The gRPC face of the service: one callback service per API concern (keys, Ed25519, X25519, box,
-// AEAD), all thin. A handler never computes on the gRPC thread: it hands the call to the worker
-// pool, whose task runs the operation and finishes the call with the mapped status. Every call
-// is authorized (mTLS identity and grants, when configured) and admitted (overload protection)
-// before it is queued; a call whose deadline passes while queued is dropped, not computed. Every
-// call is counted (code, latency, batch size, item results); a `log_sample_rate` fraction of calls is
-// logged (method, code, latency, items: never payloads). With `metrics` null nothing is counted
-// or logged (the baseline of the metrics-cost benchmark).
+// AEAD), all thin. A handler never runs a crypto primitive on the gRPC thread: it hands the call
+// to the worker pool, whose task runs the operation and finishes the call with the mapped status.
+// Only a memo hit of unary Verify, Derive or AEAD Open (a digest, a lookup, a copy) is answered
+// on the gRPC thread. Every call is authorized (mTLS identity and grants, when configured) and
+// admitted (overload protection) before it is queued; a call whose deadline passes while queued
+// is dropped, not computed. Every call is counted (code, latency, batch size, item results); a
+// `log_sample_rate` fraction of calls is logged (method, code, latency, items: never payloads).
+// With `metrics` null nothing is counted or logged (the baseline of the metrics-cost benchmark).
 //
 //   rpc::Services services(&operations, &key_manager, &pool, &metrics, /*log_sample_rate=*/0);
 //   services.RegisterAll(builder);   // before builder.BuildAndStart()
