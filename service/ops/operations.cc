@@ -475,18 +475,60 @@ void Operations::BatchAeadOpen(const v1::BatchAeadOpenRequest& request,
 
 void Operations::BatchVerify(const v1::BatchVerifyRequest& request,
                              v1::BatchVerifyResponse* response, Done done, Alive alive) const {
-  absl::Status size_ok = CheckBatchSize(request.items_size());
-  if (!size_ok.ok()) return std::move(done)(size_ok);
-  for (int i = 0; i < request.items_size(); ++i) response->add_results();
+  BatchVerifyProbe probe;
+  absl::Status status;
+  if (BatchVerifyFromMemo(request, response, &probe, &status)) return std::move(done)(status);
+  BatchVerifyFresh(request, probe, response, std::move(done), std::move(alive));
+}
+
+namespace {
+void SetVerifyResult(const absl::Status& status, const v1::VerifyResponse& single,
+                     v1::BatchVerifyResult* result) {
+  result->set_valid(single.valid());
+  result->set_memo_hit(single.memo_hit());
+  SetItemStatus(status, result->mutable_status());
+}
+}  // namespace
+
+bool Operations::BatchVerifyFromMemo(const v1::BatchVerifyRequest& request,
+                                     v1::BatchVerifyResponse* response, BatchVerifyProbe* probe,
+                                     absl::Status* status) const {
+  *status = CheckBatchSize(request.items_size());
+  if (!status->ok()) return true;
+  const int n = request.items_size();
+  for (int i = 0; i < n; ++i) response->add_results();
+  const int limit = std::min(n, kMaxInlineVerifyItems);
+  for (int i = 0; i < limit; ++i) {
+    v1::VerifyResponse single;
+    absl::Status item_status;
+    if (!VerifyFromMemo(request.items(i), &single, &probe->digest, &item_status)) {
+      probe->next = i;
+      probe->have_digest = true;
+      return false;
+    }
+    SetVerifyResult(item_status, single, response->mutable_results(i));
+  }
+  probe->next = limit;
+  probe->have_digest = false;
+  return limit == n;
+}
+
+void Operations::BatchVerifyFresh(const v1::BatchVerifyRequest& request,
+                                  const BatchVerifyProbe& probe,
+                                  v1::BatchVerifyResponse* response, Done done,
+                                  Alive alive) const {
+  const int first = probe.next;
+  const bool have_digest = probe.have_digest;
+  const memo::Digest digest = probe.digest;
   RunBatch(
-      request.items_size(),
-      [this, &request, response](int i) {
-        v1::BatchVerifyResult* result = response->mutable_results(i);
+      request.items_size() - first,
+      [this, &request, response, first, have_digest, digest](int j) {
+        const int i = first + j;
         v1::VerifyResponse single;
-        absl::Status s = Verify(request.items(i), &single);
-        result->set_valid(single.valid());
-        result->set_memo_hit(single.memo_hit());
-        SetItemStatus(s, result->mutable_status());
+        // The first item was looked up already (one memo lookup per item): only its check is left.
+        absl::Status s = (j == 0 && have_digest) ? VerifyFresh(request.items(i), digest, &single)
+                                                 : Verify(request.items(i), &single);
+        SetVerifyResult(s, single, response->mutable_results(i));
       },
       std::move(done), std::move(alive));
 }

@@ -268,35 +268,75 @@ class Dispatcher {
                                                    Operations::Alive) const) {
     ServerUnaryReactor* reactor = context->DefaultReactor();
     const Clock::time_point start = Clock::now();
-    if (absl::Status expired = Expired(context); !expired.ok()) {
-      Finish(reactor, method, start, expired, {}, request->items_size());
-      return reactor;
-    }
     ops::Admission::Ticket ticket;
-    if (!Enter(context, reactor, method, *request, std::max(1, request->items_size()), start,
-               &ticket)) {
-      return reactor;
+    if (!EnterBatch(context, reactor, method, *request, start, &ticket)) return reactor;
+    (operations_->*op)(*request, response,
+                       BatchDone(reactor, method, request, response, start, std::move(ticket)),
+                       [context] { return Expired(context).ok(); });
+    return reactor;
+  }
+
+  // A batch whose leading memo hits are answered on this gRPC thread (BatchVerify, see
+  // Operations::BatchVerifyFromMemo): when that answers every item the call finishes here,
+  // without the pool; otherwise the other items run on the pool as in Batch().
+  template <typename Request, typename Response, typename Probe>
+  ServerUnaryReactor* BatchMemoFirst(
+      CallbackServerContext* context, const MethodInfo* method, const Request* request,
+      Response* response,
+      bool (Operations::*from_memo)(const Request&, Response*, Probe*, absl::Status*) const,
+      void (Operations::*fresh)(const Request&, const Probe&, Response*, Operations::Done,
+                                Operations::Alive) const) {
+    ServerUnaryReactor* reactor = context->DefaultReactor();
+    const Clock::time_point start = Clock::now();
+    ops::Admission::Ticket ticket;
+    if (!EnterBatch(context, reactor, method, *request, start, &ticket)) return reactor;
+    Operations::Done done = BatchDone(reactor, method, request, response, start, std::move(ticket));
+    Probe probe;
+    absl::Status status;
+    if ((operations_->*from_memo)(*request, response, &probe, &status)) {
+      std::move(done)(status);
+    } else {
+      (operations_->*fresh)(*request, probe, response, std::move(done),
+                            [context] { return Expired(context).ok(); });
     }
-    (operations_->*op)(
-        *request, response,
-        [this, reactor, method, request, response, start,
-         ticket = std::move(ticket)](absl::Status status) mutable {
-          ticket.Release();
-          if (status.code() == absl::StatusCode::kDeadlineExceeded && admission_ != nullptr) {
-            admission_->CountDeadlineDrop();
-          }
-          const metrics::ItemCounts counts =
-              status.ok() ? CountBatch(*response) : metrics::ItemCounts{};
-          if (!status.ok()) response->Clear();
-          Finish(reactor, method, start, status, counts, request->items_size());
-        },
-        [context] { return Expired(context).ok(); });
     return reactor;
   }
 
   keys::KeyManager* keys() const { return keys_; }
 
  private:
+  // A batch call's deadline check, authorization and admission (one per item); on refusal the
+  // call is finished here and false returned.
+  template <typename Request>
+  bool EnterBatch(CallbackServerContext* context, ServerUnaryReactor* reactor,
+                  const MethodInfo* method, const Request& request, Clock::time_point start,
+                  ops::Admission::Ticket* ticket) {
+    if (absl::Status expired = Expired(context); !expired.ok()) {
+      Finish(reactor, method, start, expired, {}, request.items_size());
+      return false;
+    }
+    return Enter(context, reactor, method, request, std::max(1, request.items_size()), start,
+                 ticket);
+  }
+
+  // What finishes a batch call once its items have their results (or the call failed as a whole).
+  template <typename Request, typename Response>
+  Operations::Done BatchDone(ServerUnaryReactor* reactor, const MethodInfo* method,
+                             const Request* request, Response* response, Clock::time_point start,
+                             ops::Admission::Ticket ticket) {
+    return [this, reactor, method, request, response, start,
+            ticket = std::move(ticket)](absl::Status status) mutable {
+      ticket.Release();
+      if (status.code() == absl::StatusCode::kDeadlineExceeded && admission_ != nullptr) {
+        admission_->CountDeadlineDrop();
+      }
+      const metrics::ItemCounts counts =
+          status.ok() ? CountBatch(*response) : metrics::ItemCounts{};
+      if (!status.ok()) response->Clear();
+      Finish(reactor, method, start, status, counts, request->items_size());
+    };
+  }
+
   static absl::Status Expired(CallbackServerContext* context) {
     if (context->IsCancelled()) return absl::CancelledError("call cancelled");
     if (context->deadline() < std::chrono::system_clock::now()) {
@@ -481,7 +521,8 @@ class Ed25519Service final : public v1::Ed25519Service::CallbackService {
   }
   ServerUnaryReactor* BatchVerify(CallbackServerContext* c, const v1::BatchVerifyRequest* q,
                                   v1::BatchVerifyResponse* r) override {
-    return d_->Batch(c, batch_verify_, q, r, &Operations::BatchVerify);
+    return d_->BatchMemoFirst(c, batch_verify_, q, r, &Operations::BatchVerifyFromMemo,
+                              &Operations::BatchVerifyFresh);
   }
 
  private:

@@ -1,8 +1,8 @@
 // The gRPC face of the service: one callback service per API concern (keys, Ed25519, X25519, box,
 // AEAD), all thin. A handler never runs a crypto primitive on the gRPC thread: it hands the call
 // to the worker pool, whose task runs the operation and finishes the call with the mapped status.
-// Only a memo hit of unary Verify, Derive or AEAD Open (a digest, a lookup, a copy) is answered
-// on the gRPC thread. Every call is authorized (mTLS identity and grants, when configured) and
+// Only memo hits are answered on the gRPC thread (a digest, a lookup, a copy): those of unary
+// Verify, Derive and AEAD Open, and the leading ones of a BatchVerify (at most 64). Every call is authorized (mTLS identity and grants, when configured) and
 // admitted (overload protection) before it is queued; a call whose deadline passes while queued
 // is dropped, not computed. Every call is counted (code, latency, batch size, item results); a
 // `log_sample_rate` fraction of calls is logged (method, code, latency, items: never payloads).
