@@ -13,8 +13,11 @@ packages=(
   nanopb libnanopb-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev
-  # the ASan + UBSan build and its libFuzzer targets (tests/fuzz) are built with clang
-  clang libclang-rt-14-dev
+  # the ASan + UBSan build and its libFuzzer targets (tests/fuzz) are built with clang; llvm-14
+  # holds the llvm-symbolizer that the sanitizer runtimes and libFuzzer (NEW_FUNC lines) name
+  # stack frames with: clang only recommends it, and without it every fuzzer writes "invalid path
+  # to external symbolizer" into the sanitizer logs, which fails run_sanitizer_ctest.sh
+  clang libclang-rt-14-dev llvm-14
   # third-party clients used by the end-to-end tests (run with /usr/bin/python3)
   python3 python3-grpcio python3-protobuf python3-nacl
   # the Connect / gRPC-Web end-to-end test (tests/e2e/connect: @connectrpc/connect-node)
