@@ -9,8 +9,10 @@
 // Single-item operations run on the calling thread, which must be a worker, never a transport
 // thread. Batch operations check the item count, then spread the items over the worker pool and
 // call `done` once, from a worker, after every item has its result (or at once if the whole call
-// is refused). Every size is checked before use; errors name the field. Results come from the
-// memo caches when they hold them (`memo_hit`), and successful results are recorded there.
+// is refused). BatchVerify first answers its leading memo hits on the calling thread and calls
+// `done` there when they are all its items (see BatchVerifyFromMemo). Every size is checked
+// before use; errors name the field. Results come from the memo caches when they hold them
+// (`memo_hit`), and successful results are recorded there.
 // Thread-safety: all methods are const and may run concurrently.
 #ifndef SERVICE_OPS_OPERATIONS_H_
 #define SERVICE_OPS_OPERATIONS_H_
