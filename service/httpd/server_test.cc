@@ -1,0 +1,351 @@
+// The H2O server over real loopback sockets, with a plain blocking socket as the client: keep-alive,
+// answers from another thread, clients that leave, the connection bound, the read and idle
+// timeouts, header and body limits, drain and stop.
+#include "service/httpd/server.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace offload::httpd {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Echoes method, path, query and body; "/later" answers from another thread after a signal;
+// "/hold" never answers until released.
+class TestHandler final : public Handler {
+ public:
+  void Handle(std::shared_ptr<Exchange> exchange) override {
+    if (exchange->path() == "/later" || exchange->path() == "/hold") {
+      absl::MutexLock lock(&mu_);
+      held_.push_back(exchange);
+      return;
+    }
+    Response r;
+    r.headers = {{"content-type", "text/plain"}, {"x-version", absl::StrCat(exchange->http_version())}};
+    r.body = absl::StrCat(exchange->method(), " ", exchange->path(), " ", exchange->query(), " ",
+                          exchange->body().size(), " ", exchange->header("x-test").value_or("-"));
+    r.shared_body = {absl::string_view(kTail)};
+    r.owner = std::make_shared<int>(0);
+    exchange->Respond(std::move(r));
+  }
+
+  // Answers every held request from this (non-loop) thread.
+  int ReleaseAll() {
+    std::vector<std::shared_ptr<Exchange>> held;
+    {
+      absl::MutexLock lock(&mu_);
+      held.swap(held_);
+    }
+    for (auto& e : held) e->Respond({200, {{"content-type", "text/plain"}}, "later\n"});
+    return static_cast<int>(held.size());
+  }
+  size_t held() {
+    absl::MutexLock lock(&mu_);
+    return held_.size();
+  }
+  std::shared_ptr<Exchange> first_held() {
+    absl::MutexLock lock(&mu_);
+    return held_.empty() ? nullptr : held_.front();
+  }
+
+  static constexpr absl::string_view kTail = " tail\n";
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::shared_ptr<Exchange>> held_ ABSL_GUARDED_BY(mu_);
+};
+
+int Connect(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+void SendAll(int fd, absl::string_view data) {
+  while (!data.empty()) {
+    const ssize_t n = send(fd, data.data(), data.size(), MSG_NOSIGNAL);
+    if (n <= 0) return;
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+}
+
+// Waits up to `timeout` for readable data or end-of-file; true if the peer closed.
+bool ClosedWithin(int fd, std::chrono::milliseconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  char buf[4096];
+  while (std::chrono::steady_clock::now() < end) {
+    pollfd p{fd, POLLIN, 0};
+    const int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                          end - std::chrono::steady_clock::now())
+                                          .count());
+    if (poll(&p, 1, std::max(1, left)) <= 0) continue;
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) return true;
+  }
+  return false;
+}
+
+struct HttpResponse {
+  int status = 0;
+  std::string head;
+  std::string body;
+};
+
+// Reads one response (Content-Length framed).
+HttpResponse ReadResponse(int fd) {
+  HttpResponse r;
+  std::string data;
+  char buf[65536];
+  size_t header_end = std::string::npos;
+  size_t length = 0;
+  while (true) {
+    if (header_end == std::string::npos) {
+      header_end = data.find("\r\n\r\n");
+      if (header_end != std::string::npos) {
+        r.head = data.substr(0, header_end);
+        const std::string lower = absl::AsciiStrToLower(r.head);
+        const size_t cl = lower.find("content-length: ");
+        if (cl != std::string::npos) {
+          (void)absl::SimpleAtoi(lower.substr(cl + 16, lower.find("\r\n", cl) - cl - 16), &length);
+        }
+        (void)absl::SimpleAtoi(r.head.substr(9, 3), &r.status);
+      }
+    }
+    if (header_end != std::string::npos && data.size() >= header_end + 4 + length) {
+      r.body = data.substr(header_end + 4, length);
+      return r;
+    }
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 10000) <= 0) return r;
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) return r;
+    data.append(buf, static_cast<size_t>(n));
+  }
+}
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void Start(Server::Options options) {
+    options.address = "127.0.0.1:0";
+    server_ = std::make_unique<Server>(std::move(options), &handler_);
+    ASSERT_TRUE(server_->Start().ok());
+    ASSERT_GT(server_->port(), 0);
+  }
+  void TearDown() override {
+    handler_.ReleaseAll();
+    if (server_ != nullptr) server_->Stop(absl::Now() + absl::Seconds(5));
+  }
+
+  TestHandler handler_;
+  std::unique_ptr<Server> server_;
+};
+
+TEST_F(ServerTest, KeepAliveRequestsOnOneConnection) {
+  Start({});
+  const int fd = Connect(server_->port());
+  ASSERT_GE(fd, 0);
+  for (int i = 0; i < 3; ++i) {
+    SendAll(fd, absl::StrCat("POST /echo?a=", i, " HTTP/1.1\r\nHost: x\r\nX-Test: yes\r\n"
+                             "Content-Length: 5\r\n\r\nhello"));
+    const HttpResponse r = ReadResponse(fd);
+    EXPECT_EQ(r.status, 200);
+    EXPECT_EQ(r.body, absl::StrCat("POST /echo a=", i, " 5 yes", TestHandler::kTail));
+    EXPECT_THAT(absl::AsciiStrToLower(r.head), HasSubstr("server: crypto-offload"));
+    EXPECT_THAT(r.head, HasSubstr("x-version: 257"));
+  }
+  int nodelay = 0;
+  socklen_t len = sizeof(nodelay);
+  ASSERT_EQ(getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &nodelay, &len), 0);
+  close(fd);
+  EXPECT_EQ(server_->stats().requests, 3u);
+}
+
+TEST_F(ServerTest, AnswersFromAnotherThread) {
+  Start({});
+  const int fd = Connect(server_->port());
+  SendAll(fd, "GET /later HTTP/1.1\r\nHost: x\r\n\r\n");
+  for (int i = 0; i < 500 && handler_.held() == 0; ++i) absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_EQ(handler_.held(), 1u);
+  std::thread([&] { EXPECT_EQ(handler_.ReleaseAll(), 1); }).join();
+  const HttpResponse r = ReadResponse(fd);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, "later\n");
+  close(fd);
+}
+
+TEST_F(ServerTest, ClientThatLeavesAbandonsItsExchange) {
+  Start({});
+  const int fd = Connect(server_->port());
+  SendAll(fd, "GET /hold HTTP/1.1\r\nHost: x\r\n\r\n");
+  for (int i = 0; i < 500 && handler_.held() == 0; ++i) absl::SleepFor(absl::Milliseconds(10));
+  std::shared_ptr<Exchange> held = handler_.first_held();
+  ASSERT_NE(held, nullptr);
+  EXPECT_FALSE(held->abandoned());
+  close(fd);
+  for (int i = 0; i < 500 && !held->abandoned(); ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_TRUE(held->abandoned());
+  EXPECT_EQ(handler_.ReleaseAll(), 1);  // answering a gone client is harmless
+  for (int i = 0; i < 500 && server_->stats().open != 0; ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(server_->stats().open, 0);
+}
+
+TEST_F(ServerTest, ConnectionsOverTheBoundAreClosedAtAccept) {
+  Server::Options options;
+  options.max_connections = 3;
+  options.threads = 1;
+  Start(options);
+  std::vector<int> fds;
+  for (int i = 0; i < 3; ++i) fds.push_back(Connect(server_->port()));
+  for (int i = 0; i < 500 && server_->stats().open < 3; ++i) absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_EQ(server_->stats().open, 3);
+  const int extra = Connect(server_->port());
+  EXPECT_TRUE(ClosedWithin(extra, std::chrono::seconds(10)));
+  EXPECT_EQ(server_->stats().refused, 1u);
+  // The three still work.
+  SendAll(fds[0], "GET /echo HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(ReadResponse(fds[0]).status, 200);
+  for (int fd : fds) close(fd);
+  close(extra);
+}
+
+TEST_F(ServerTest, SlowHeadersAreCutButIdleConnectionsStay) {
+  Server::Options options;
+  options.read_timeout = absl::Seconds(1);
+  options.idle_timeout = absl::Seconds(30);
+  Start(options);
+  const int idle = Connect(server_->port());
+  const int slow = Connect(server_->port());
+  SendAll(slow, "GET /echo HTTP/1.1\r\nHost: x\r\n");  // no end of headers
+  // Trickling bytes does not keep it: the headers must be whole within the read timeout.
+  bool cut = false;
+  for (int i = 0; i < 40 && !cut; ++i) {
+    SendAll(slow, "X: y\r\n");
+    cut = ClosedWithin(slow, std::chrono::milliseconds(250));
+  }
+  EXPECT_TRUE(cut) << "a trickling sender kept its connection for 10 s";
+  EXPECT_GE(server_->stats().read_timeouts, 1u);
+  // The idle keep-alive connection is still served.
+  EXPECT_FALSE(ClosedWithin(idle, std::chrono::milliseconds(100)));
+  SendAll(idle, "GET /echo HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(ReadResponse(idle).status, 200);
+  close(idle);
+  close(slow);
+}
+
+TEST_F(ServerTest, IdleConnectionsCloseAfterTheIdleTimeout) {
+  Server::Options options;
+  options.idle_timeout = absl::Seconds(1);
+  Start(options);
+  const int fd = Connect(server_->port());
+  SendAll(fd, "GET /echo HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(ReadResponse(fd).status, 200);
+  EXPECT_TRUE(ClosedWithin(fd, std::chrono::seconds(15)));
+  close(fd);
+}
+
+TEST_F(ServerTest, HeaderAndBodyLimits) {
+  Server::Options options;
+  options.max_header_bytes = 1024;
+  options.max_body_bytes = 2048;
+  Start(options);
+  int fd = Connect(server_->port());
+  SendAll(fd, absl::StrCat("GET /echo HTTP/1.1\r\nHost: x\r\nX-Big: ", std::string(2000, 'a'),
+                           "\r\n\r\n"));
+  EXPECT_EQ(ReadResponse(fd).status, 431);
+  close(fd);
+  fd = Connect(server_->port());
+  SendAll(fd, absl::StrCat("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 4096\r\n\r\n",
+                           std::string(4096, 'b')));
+  EXPECT_EQ(ReadResponse(fd).status, 413);
+  close(fd);
+  // Within the limits: fine.
+  fd = Connect(server_->port());
+  SendAll(fd, absl::StrCat("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2000\r\n\r\n",
+                           std::string(2000, 'c')));
+  const HttpResponse r = ReadResponse(fd);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_THAT(r.body, HasSubstr(" 2000 "));
+  close(fd);
+}
+
+TEST_F(ServerTest, HeadHasHeadersOnly) {
+  Start({});
+  const int fd = Connect(server_->port());
+  SendAll(fd, "HEAD /echo HTTP/1.1\r\nHost: x\r\n\r\n");
+  HttpResponse r;
+  std::string data;
+  char buf[4096];
+  while (data.find("\r\n\r\n") == std::string::npos) {
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    ASSERT_GT(n, 0);
+    data.append(buf, static_cast<size_t>(n));
+  }
+  EXPECT_THAT(data, HasSubstr("200"));
+  // Nothing after the headers, and the connection still serves the next request.
+  EXPECT_EQ(data.substr(data.find("\r\n\r\n") + 4), "");
+  SendAll(fd, "GET /echo HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(ReadResponse(fd).status, 200);
+  close(fd);
+}
+
+TEST_F(ServerTest, StopWithIdleConnectionsIsQuickAndAnswersInFlight) {
+  Start({});
+  std::vector<int> idle;
+  for (int i = 0; i < 50; ++i) idle.push_back(Connect(server_->port()));
+  const int busy = Connect(server_->port());
+  SendAll(busy, "GET /later HTTP/1.1\r\nHost: x\r\n\r\n");
+  for (int i = 0; i < 500 && handler_.held() == 0; ++i) absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_EQ(handler_.held(), 1u);
+  server_->Drain();
+  // Idle connections are closed by the drain; the request in flight still gets its answer.
+  for (int fd : idle) EXPECT_TRUE(ClosedWithin(fd, std::chrono::seconds(10)));
+  std::thread answer([&] {
+    absl::SleepFor(absl::Milliseconds(200));
+    handler_.ReleaseAll();
+  });
+  server_->Stop(absl::Now() + absl::Seconds(20));
+  answer.join();
+  const HttpResponse r = ReadResponse(busy);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, "later\n");
+  for (int fd : idle) close(fd);
+  close(busy);
+  EXPECT_EQ(server_->stats().open, 0);
+}
+
+TEST_F(ServerTest, BadAddressIsRefused) {
+  Server::Options options;
+  options.address = "nonsense";
+  Server server(options, &handler_);
+  EXPECT_EQ(server.Start().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace offload::httpd
