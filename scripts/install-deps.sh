@@ -6,9 +6,13 @@ set -euo pipefail
 packages=(
   # build
   build-essential cmake ninja-build pkg-config git
+  # the openssl command: throwaway certificates in the TLS tests (e2e, integration)
+  openssl
   # libraries (Debian 12: gRPC 1.51, Protobuf 3.21, libsodium 1.0.18, OpenSSL 3.0, Abseil 20220623)
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libsodium-dev libssl-dev libabsl-dev nlohmann-json3-dev prometheus-cpp-dev
+  # the HTTP gateway and /metrics: H2O's event loop (HTTP/1.1, HTTP/2), built against OpenSSL 3
+  libh2o-evloop-dev
   # the embedded client (client/embedded): nanopb generator (protoc-gen-nanopb) and runtime
   nanopb libnanopb-dev
   # tests and benchmarks

@@ -3,25 +3,20 @@
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
 
-#include <civetweb.h>
-
 #include <algorithm>
 #include <chrono>
 #include <optional>
 #include <string>
-#include <thread>
 #include <utility>
 
 #include "absl/random/random.h"
-#include "absl/strings/numbers.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "absl/time/time.h"
 #include "offload/v1/keys.pb.h"
 #include "service/common/log.h"
 #include "service/common/status_macros.h"
-#include "service/http/protocol.h"
 #include "service/http/rpc_codec.h"
 
 namespace offload::http {
@@ -31,14 +26,8 @@ using google::protobuf::FieldDescriptor;
 using google::protobuf::Message;
 using Clock = std::chrono::steady_clock;
 
-// Responses at least this large are gzipped when the caller accepts gzip (Connect only).
+// Connect responses at least this large are gzipped when the caller accepts gzip.
 constexpr size_t kGzipMinBytes = 1024;
-
-std::optional<absl::string_view> Header(mg_connection* conn, const char* name) {
-  const char* value = mg_get_header(conn, name);
-  if (value == nullptr) return std::nullopt;
-  return absl::string_view(value);
-}
 
 // How the items of a finished call ended (as the gRPC path counts them): OK with `valid` false
 // and INVALID_ARGUMENT are the caller's input; other errors are errors.
@@ -86,311 +75,417 @@ int BatchSize(const Message& request) {
 
 thread_local absl::InsecureBitGen bitgen;
 
+httpd::Response Plain(int status, absl::string_view text, HeaderList headers = {}) {
+  headers.emplace_back("content-type", "text/plain; charset=utf-8");
+  return httpd::Response(status, std::move(headers), std::string(text));
+}
+
+// The largest body a request may have: the message, a gRPC-Web frame header, base64 for
+// gRPC-Web text (with room for line breaks).
+int64_t MaxBody(int64_t max_message) {
+  return ((max_message + int64_t{kFrameHeaderBytes} + 2) / 3) * 4 + 4096;
+}
+
 }  // namespace
 
-// One RPC request: protocol negotiation, body, decode, run on the pool, encode, respond.
-class Gateway::Call {
- public:
-  Call(Gateway* gateway, mg_connection* conn, const Method* method)
-      : gateway_(gateway), conn_(conn), method_(method), start_(Clock::now()) {}
+struct Gateway::Shared {
+  const MethodTable* table = nullptr;
+  ops::WorkerPool* pool = nullptr;
+  int64_t max_message_bytes = 0;
+  CorsPolicy cors;
+  double log_sample_rate = 0;
+  bool mtls = false;
+  auth::Authorizer* authorizer = nullptr;
+  ops::Admission* admission = nullptr;
+  absl::flat_hash_map<const Method*, metrics::MethodMetrics*> method_metrics;
+  std::atomic<bool> draining{false};
 
-  int Serve() {
-    absl::StatusOr<ContentType> type = ParseContentType(Header(conn_, "Content-Type").value_or(""));
+  // The HTTP server, for its counters at scrape time; null once stopped.
+  absl::Mutex server_mu;
+  const httpd::Server* server ABSL_GUARDED_BY(server_mu) = nullptr;
+};
+
+namespace {
+
+// One RPC over HTTP: headers and body read on the loop thread, the call run (on the loop for a
+// memo hit, else on the pool), the answer encoded where the call finished and handed back.
+class Call final : public std::enable_shared_from_this<Call> {
+ public:
+  Call(std::shared_ptr<Gateway::Shared> shared, std::shared_ptr<httpd::Exchange> exchange,
+       const Method* method)
+      : shared_(std::move(shared)),
+        exchange_(std::move(exchange)),
+        method_(method),
+        start_(Clock::now()) {}
+
+  // A POST (Connect, gRPC-Web binary or text).
+  void StartPost() {
+    absl::StatusOr<ContentType> type =
+        ParseContentType(exchange_->header("content-type").value_or(""));
     if (!type.ok()) {
       // Neither protocol: Connect says 415, and tells what it accepts.
-      return SendConnectError(415, absl::UnimplementedError(type.status().message()),
-                              {{"Accept-Post",
-                                "application/proto, application/json, application/grpc-web, "
-                                "application/grpc-web+proto"}});
+      HeaderList headers = {{"accept-post",
+                             "application/proto, application/json, application/grpc-web, "
+                             "application/grpc-web+proto, application/grpc-web-text"}};
+      Finish(absl::UnimplementedError(type.status().message()), 415, std::move(headers));
+      return;
     }
     type_ = *type;
-    absl::Status status = Run();
-    Record(status);
-    if (!status.ok()) return SendError(status);
-    return SendResponse();
+    absl::StatusOr<CallOptions> options = ParseCallHeaders(
+        type_.protocol, [this](const char* name) { return exchange_->header(Lower(name)); });
+    if (!options.ok()) return Finish(options.status());
+    options_ = *options;
+    const int64_t max = shared_->max_message_bytes;
+    int64_t limit = max;
+    if (type_.protocol == Protocol::kGrpcWeb) limit += kFrameHeaderBytes;
+    if (type_.text) limit = MaxBody(max);
+    const absl::string_view body = exchange_->body();
+    if (static_cast<int64_t>(body.size()) > limit) {
+      return Finish(absl::ResourceExhaustedError(
+          absl::StrCat("request body: expected at most ", limit, " bytes, got ", body.size())));
+    }
+    Decode(options_.encoding, body);
+  }
+
+  // A Connect GET of a side-effect-free method.
+  void StartGet() {
+    get_ = true;
+    type_ = ContentType{Protocol::kConnect, Codec::kProto, false};
+    absl::StatusOr<ConnectGetQuery> query =
+        ParseConnectGetQuery(exchange_->query(), static_cast<size_t>(shared_->max_message_bytes));
+    if (!query.ok()) return Finish(query.status());
+    type_.codec = query->codec;
+    if (absl::Status s = CheckConnectProtocolVersion(exchange_->header("connect-protocol-version"));
+        !s.ok()) {
+      return Finish(s);
+    }
+    if (auto t = exchange_->header("connect-timeout-ms")) {
+      absl::StatusOr<absl::Duration> timeout = ParseConnectTimeout(*t);
+      if (!timeout.ok()) return Finish(timeout.status());
+      options_.timeout = *timeout;
+    }
+    options_.gzip_response = AcceptsGzip(exchange_->header("accept-encoding").value_or(""));
+    Decode(query->compression, query->message);
   }
 
  private:
-  struct State {
-    std::unique_ptr<Message> request;
-    std::unique_ptr<Message> response;
-    absl::Status status;
-    absl::Notification done;
-    std::atomic<bool> abandoned{false};
-    absl::Time deadline = absl::InfiniteFuture();
-    ops::Admission* admission = nullptr;  // counts deadline drops
-  };
-
-  // Everything up to a response message (or an error).
-  absl::Status Run() {
-    if (gateway_->draining_.load()) return absl::UnavailableError("server is draining");
-    state_ = std::make_shared<State>();
-    state_->admission = gateway_->options_.admission;
-    absl::StatusOr<CallOptions> options = ParseCallHeaders(
-        type_.protocol, [this](const char* name) { return Header(conn_, name); });
-    if (!options.ok()) return options.status();
-    if (options->timeout.has_value()) state_->deadline = absl::Now() + *options->timeout;
-    gzip_response_ = options->gzip_response;
-
-    const int64_t max = gateway_->options_.max_message_bytes;
-    const int64_t limit =
-        max + (type_.protocol == Protocol::kGrpcWeb ? int64_t{kFrameHeaderBytes} : 0);
-    std::string body;
-    if (absl::Status s = ReadBody(limit, &body); !s.ok()) return s;
-
-    state_->request.reset(method_->request_prototype->New());
-    state_->response.reset(method_->response_prototype->New());
-    if (absl::Status s = DecodeRequest(type_, options->encoding, body, max, state_->request.get());
-        !s.ok()) {
-      return s;
-    }
-    batch_size_ = method_->batch ? BatchSize(*state_->request) : 0;
-
-    const auth::Peer peer = gateway_->PeerOf(conn_);
-    if (auth::Authorizer* authorizer = gateway_->options_.authorizer) {
-      OFFLOAD_RETURN_IF_ERROR(
-          authorizer->Authorize(peer, method_->path, *state_->request, TransportName()));
-    }
-    ops::Admission::Ticket ticket;
-    if (ops::Admission* admission = gateway_->options_.admission) {
-      OFFLOAD_ASSIGN_OR_RETURN(ticket,
-                               admission->Admit(peer.ClientName(), std::max(1, batch_size_)));
-    }
-    absl::Status status = Execute();
-    ticket.Release();
-    if (auth::Authorizer* authorizer = gateway_->options_.authorizer) {
-      const auto* info = dynamic_cast<const v1::KeyInfo*>(state_->response.get());
-      authorizer->AuditKeyCall(peer, method_->path, *state_->request, status,
-                               status.ok() && info != nullptr ? info->current_version() : 0,
-                               TransportName());
-    }
-    if (!status.ok()) {
-      if (method_->batch) state_->response->Clear();
-      return status;
-    }
-    counts_ = method_->batch ? CountBatch(*state_->response)
-                             : CountOne(absl::StatusCode::kOk, state_->response.get());
-    return Encode();
-  }
-
-  // Reads the whole body, refusing one over `limit` bytes: by its Content-Length before
-  // reading anything, or (chunked) once the limit is passed.
-  absl::Status ReadBody(int64_t limit, std::string* body) {
-    const mg_request_info* info = mg_get_request_info(conn_);
-    const auto too_large = [&] {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("request body: expected at most ", limit, " bytes"));
-    };
-    if (info->content_length > limit) return too_large();
-    if (info->content_length > 0) body->reserve(static_cast<size_t>(info->content_length));
-    char buffer[16384];
-    while (true) {
-      const int n = mg_read(conn_, buffer, sizeof(buffer));
-      if (n < 0) return absl::InvalidArgumentError("request body: read failed (truncated?)");
-      if (n == 0) break;
-      body->append(buffer, static_cast<size_t>(n));
-      if (static_cast<int64_t>(body->size()) > limit) return too_large();
-    }
-    if (info->content_length >= 0 && static_cast<int64_t>(body->size()) != info->content_length) {
-      return absl::InvalidArgumentError(absl::StrCat("request body: expected ",
-                                                     info->content_length, " bytes, got ",
-                                                     body->size(), " (truncated)"));
-    }
-    return absl::OkStatus();
+  static std::string Lower(const char* name) {
+    std::string s(name);
+    for (char& c : s) c = static_cast<char>(absl::ascii_tolower(static_cast<unsigned char>(c)));
+    return s;
   }
 
   const char* TransportName() const {
     return type_.protocol == Protocol::kConnect ? "connect" : "grpc-web";
   }
 
-  // Runs the call on the worker pool and waits for it (at most until the deadline).
-  absl::Status Execute() {
-    std::shared_ptr<State> state = state_;
-    const Method* method = method_;
-    auto finish = [state](absl::Status s) {
-      state->status = std::move(s);
-      state->done.Notify();
+  // The body (or GET message) into the request message, then the call.
+  void Decode(Encoding encoding, absl::string_view bytes) {
+    if (shared_->draining.load()) return Finish(absl::UnavailableError("server is draining"));
+    if (options_.timeout.has_value()) deadline_ = absl::Now() + *options_.timeout;
+    if (auto origin = exchange_->header("origin")) origin_ = std::string(*origin);
+    request_.reset(method_->request_prototype->New());
+    response_.reset(method_->response_prototype->New());
+    if (absl::Status s = DecodeRequest(type_, encoding, bytes, shared_->max_message_bytes,
+                                       request_.get());
+        !s.ok()) {
+      return Finish(s);
+    }
+    batch_size_ = method_->batch ? BatchSize(*request_) : 0;
+    peer_.identity = exchange_->peer_identity();
+    peer_.address = exchange_->peer_address();
+    if (auth::Authorizer* authorizer = shared_->authorizer) {
+      if (absl::Status s = authorizer->Authorize(peer_, method_->path, *request_, TransportName());
+          !s.ok()) {
+        return Finish(s);
+      }
+    }
+    Run();
+  }
+
+  absl::Status Admit() {
+    ops::Admission* admission = shared_->admission;
+    if (admission == nullptr) return absl::OkStatus();
+    absl::StatusOr<ops::Admission::Ticket> ticket =
+        admission->Admit(peer_.ClientName(), std::max(1, batch_size_));
+    if (!ticket.ok()) return ticket.status();
+    ticket_ = *std::move(ticket);
+    return absl::OkStatus();
+  }
+
+  ops::Operations::Alive AliveFn() {
+    std::weak_ptr<httpd::Exchange> exchange = exchange_;
+    const absl::Time deadline = deadline_;
+    return [exchange, deadline] {
+      std::shared_ptr<httpd::Exchange> e = exchange.lock();
+      return e != nullptr && !e->abandoned() && absl::Now() <= deadline;
     };
-    if (absl::Now() > state->deadline) {
-      return absl::DeadlineExceededError("deadline passed before the call started");
+  }
+
+  ops::Operations::Done DoneFn() {
+    return [self = shared_from_this()](absl::Status status) { self->Finish(std::move(status)); };
+  }
+
+  void Run() {
+    if (absl::Now() > deadline_) {
+      return Finish(absl::DeadlineExceededError("deadline passed before the call started"));
     }
-    if (method->batch) {
-      // Checks the size here, then spreads the items over the pool.
-      method->call(*state->request, state->response.get(), std::move(finish), [state] {
-        return !state->abandoned.load() && absl::Now() <= state->deadline;
-      });
+    const Method* m = method_;
+    if (m->batch) {
+      if (absl::Status s = Admit(); !s.ok()) return Finish(s);
+      if (m->from_memo) {
+        Method::Probe probe;
+        absl::Status status;
+        if (m->from_memo(*request_, response_.get(), &probe, &status)) return Finish(status);
+        m->fresh(*request_, response_.get(), std::move(probe), DoneFn(), AliveFn());
+      } else {
+        m->call(*request_, response_.get(), DoneFn(), AliveFn());
+      }
+      return;
+    }
+    Method::Probe probe;
+    if (m->from_memo) {
+      // A hit (or a malformed request) is answered here, on the loop: no crypto, no queue.
+      absl::Status status;
+      if (m->from_memo(*request_, response_.get(), &probe, &status)) return Finish(status);
+    }
+    if (absl::Status s = Admit(); !s.ok()) return Finish(s);
+    shared_->pool->Submit([self = shared_from_this(), probe = std::move(probe)]() mutable {
+      self->RunOnWorker(std::move(probe));
+    });
+  }
+
+  void RunOnWorker(Method::Probe probe) {
+    if (exchange_->abandoned()) return Finish(absl::CancelledError("client went away"));
+    if (absl::Now() > deadline_) {
+      if (shared_->admission != nullptr) shared_->admission->CountDeadlineDrop();
+      return Finish(absl::DeadlineExceededError("deadline passed while queued"));
+    }
+    if (probe != nullptr) {
+      method_->fresh(*request_, response_.get(), std::move(probe), DoneFn(), nullptr);
     } else {
-      gateway_->pool_->Submit([state, method, finish = std::move(finish)]() mutable {
-        if (state->abandoned.load()) {
-          return finish(absl::CancelledError("call abandoned"));
-        }
-        if (absl::Now() > state->deadline) {
-          if (state->admission != nullptr) state->admission->CountDeadlineDrop();
-          return finish(absl::DeadlineExceededError("deadline passed while queued"));
-        }
-        method->call(*state->request, state->response.get(), std::move(finish), nullptr);
-      });
+      method_->call(*request_, response_.get(), DoneFn(), nullptr);
     }
-    if (!state->done.WaitForNotificationWithDeadline(state->deadline)) {
-      state->abandoned.store(true);  // the task, if still queued, will not run
-      return absl::DeadlineExceededError("deadline exceeded");
-    }
-    return state->status;
   }
 
-  absl::Status Encode() {
-    return EncodeResponse(type_.codec, *state_->response, gateway_->options_.max_message_bytes,
-                          &out_);
+  // Ends the call with `status` (and the response message when OK): audit, metrics, encoding,
+  // the answer to the loop. Any thread, once.
+  void Finish(absl::Status status, int http_status = 0, HeaderList extra = {}) {
+    ticket_.Release();
+    if (status.ok() && absl::Now() > deadline_) {
+      status = absl::DeadlineExceededError("deadline exceeded");
+    }
+    if (method_->batch && status.code() == absl::StatusCode::kDeadlineExceeded &&
+        shared_->admission != nullptr && request_ != nullptr) {
+      shared_->admission->CountDeadlineDrop();
+    }
+    if (method_->key_lifecycle && shared_->authorizer != nullptr && request_ != nullptr) {
+      const auto* info = dynamic_cast<const v1::KeyInfo*>(response_.get());
+      shared_->authorizer->AuditKeyCall(
+          peer_, method_->path, *request_, status,
+          status.ok() && info != nullptr ? info->current_version() : 0, TransportName());
+    }
+    metrics::ItemCounts counts;
+    httpd::Response out;
+    if (status.ok()) {
+      counts = method_->batch ? CountBatch(*response_) : CountOne(absl::StatusCode::kOk,
+                                                                   response_.get());
+      absl::Status encoded = EncodeSuccess(&out);
+      if (!encoded.ok()) status = encoded;
+    }
+    if (!status.ok()) {
+      if (response_ != nullptr && method_->batch) response_->Clear();
+      counts = method_->batch ? metrics::ItemCounts{} : CountOne(status.code(), nullptr);
+      out = EncodeError(status, http_status);
+    }
+    for (auto& h : extra) out.headers.push_back(std::move(h));
+    shared_->cors.AddResponseHeaders(
+        origin_.has_value() ? std::optional<absl::string_view>(*origin_) : std::nullopt,
+        &out.headers);
+    Record(status, counts);
+    exchange_->Respond(std::move(out));
   }
 
-  void Record(const absl::Status& status) {
+  absl::Status EncodeSuccess(httpd::Response* out) {
+    std::string message;
+    OFFLOAD_RETURN_IF_ERROR(
+        EncodeResponse(type_.codec, *response_, shared_->max_message_bytes, &message));
+    out->status = 200;
+    if (type_.protocol == Protocol::kGrpcWeb) {
+      std::string body = EncodeFrame(0, message);
+      body += EncodeFrame(kFrameTrailer, GrpcWebTrailers(absl::OkStatus()));
+      out->headers.emplace_back("content-type", std::string(GrpcWebContentType(type_)));
+      out->body = type_.text ? EncodeGrpcWebText(body) : std::move(body);
+      return absl::OkStatus();
+    }
+    out->headers.emplace_back("content-type", std::string(ConnectContentType(type_.codec)));
+    if (options_.gzip_response && message.size() >= kGzipMinBytes) {
+      if (absl::StatusOr<std::string> zipped = Gzip(message); zipped.ok()) {
+        message = *std::move(zipped);
+        out->headers.emplace_back("content-encoding", "gzip");
+      }
+    }
+    if (get_) {
+      // A verify answer depends only on its request; keys change. Behind mTLS the answer is
+      // for the authenticated caller only.
+      const bool immutable = method_->service == "offload.v1.Ed25519Service";
+      out->headers.emplace_back(
+          "cache-control", immutable ? absl::StrCat(shared_->mtls ? "private" : "public",
+                                                    ", max-age=31536000, immutable")
+                                     : std::string("private, no-cache"));
+      out->headers.emplace_back("vary", "Accept-Encoding");
+    }
+    out->body = std::move(message);
+    return absl::OkStatus();
+  }
+
+  httpd::Response EncodeError(const absl::Status& status, int http_status) {
+    httpd::Response out;
+    if (type_.protocol == Protocol::kGrpcWeb) {
+      // gRPC-Web "trailers-only": HTTP 200, the status in the headers, no body.
+      out.status = 200;
+      out.headers = {{"content-type", std::string(GrpcWebContentType(type_))},
+                     {"grpc-status", absl::StrCat(static_cast<int>(status.code()))}};
+      if (!status.message().empty()) {
+        out.headers.emplace_back("grpc-message", PercentEncode(status.message()));
+      }
+      return out;
+    }
+    out.status = http_status != 0 ? http_status : ConnectHttpStatus(status.code());
+    out.headers = {{"content-type", "application/json"}};
+    if (get_) out.headers.emplace_back("cache-control", "no-store");
+    out.body = ConnectErrorJson(status);
+    return out;
+  }
+
+  void Record(const absl::Status& status, const metrics::ItemCounts& counts) {
     const double seconds = std::chrono::duration<double>(Clock::now() - start_).count();
-    auto it = gateway_->method_metrics_.find(method_->path);
-    if (it == gateway_->method_metrics_.end()) return;
-    const metrics::ItemCounts counts =
-        status.ok() ? counts_
-                    : (method_->batch ? metrics::ItemCounts{} : CountOne(status.code(), nullptr));
-    it->second->Record(status.code(), seconds, counts, batch_size_);
-    const double rate = gateway_->options_.log_sample_rate;
+    auto it = shared_->method_metrics.find(method_);
+    if (it != shared_->method_metrics.end()) {
+      it->second->Record(status.code(), seconds, counts, batch_size_);
+    }
+    const double rate = shared_->log_sample_rate;
     if (rate > 0 && absl::Bernoulli(bitgen, rate)) {
       // Names, codes and sizes only: never key material, messages or plaintexts.
       Log(LogLevel::kInfo, "request",
-          {{"method", it->second->name()},
-           {"transport", type_.protocol == Protocol::kConnect ? "connect" : "grpc-web"},
+          {{"method", method_->path},
+           {"transport", TransportName()},
+           {"http_method", get_ ? "GET" : "POST"},
+           {"http_version", exchange_->http_version() >= 0x200 ? "2" : "1.1"},
            {"code", absl::StatusCodeToString(status.code())},
            {"seconds", seconds},
            {"items", batch_size_}});
     }
   }
 
-  void Send(int http_status, const std::vector<std::pair<std::string, std::string>>& headers,
-            absl::string_view body) {
-    mg_response_header_start(conn_, http_status);
-    for (const auto& [name, value] : headers) {
-      mg_response_header_add(conn_, name.c_str(), value.c_str(), static_cast<int>(value.size()));
-    }
-    mg_response_header_add(conn_, "Content-Length", std::to_string(body.size()).c_str(), -1);
-    gateway_->SendCors(conn_);
-    mg_response_header_send(conn_);
-    if (!body.empty()) mg_write(conn_, body.data(), body.size());
-  }
-
-  int SendConnectError(int http_status, const absl::Status& status,
-                       std::vector<std::pair<std::string, std::string>> headers = {}) {
-    headers.emplace_back("Content-Type", "application/json");
-    Send(http_status, headers, ConnectErrorJson(status));
-    return http_status;
-  }
-
-  int SendError(const absl::Status& status) {
-    if (type_.protocol == Protocol::kConnect) {
-      return SendConnectError(ConnectHttpStatus(status.code()), status);
-    }
-    // gRPC-Web "trailers-only": HTTP 200, the status in the headers, no body.
-    std::vector<std::pair<std::string, std::string>> headers = {
-        {"Content-Type", "application/grpc-web+proto"},
-        {"grpc-status", std::to_string(static_cast<int>(status.code()))}};
-    if (!status.message().empty()) {
-      headers.emplace_back("grpc-message", PercentEncode(status.message()));
-    }
-    Send(200, headers, "");
-    return 200;
-  }
-
-  int SendResponse() {
-    if (type_.protocol == Protocol::kGrpcWeb) {
-      std::string body = EncodeFrame(0, out_);
-      body += EncodeFrame(kFrameTrailer, GrpcWebTrailers(absl::OkStatus()));
-      Send(200, {{"Content-Type", "application/grpc-web+proto"}}, body);
-      return 200;
-    }
-    std::vector<std::pair<std::string, std::string>> headers = {
-        {"Content-Type", std::string(ConnectContentType(type_.codec))}};
-    if (gzip_response_ && out_.size() >= kGzipMinBytes) {
-      if (absl::StatusOr<std::string> zipped = Gzip(out_); zipped.ok()) {
-        out_ = *std::move(zipped);
-        headers.emplace_back("Content-Encoding", "gzip");
-      }
-    }
-    Send(200, headers, out_);
-    return 200;
-  }
-
-  Gateway* const gateway_;
-  mg_connection* const conn_;
+  const std::shared_ptr<Gateway::Shared> shared_;
+  const std::shared_ptr<httpd::Exchange> exchange_;
   const Method* const method_;
   const Clock::time_point start_;
   ContentType type_;
-  std::shared_ptr<State> state_;
-  bool gzip_response_ = false;
+  bool get_ = false;
+  CallOptions options_;
+  absl::Time deadline_ = absl::InfiniteFuture();
+  std::optional<std::string> origin_;  // the request's Origin header, for CORS
+  std::unique_ptr<Message> request_;
+  std::unique_ptr<Message> response_;
   int batch_size_ = 0;
-  metrics::ItemCounts counts_;
-  std::string out_;
+  auth::Peer peer_;
+  ops::Admission::Ticket ticket_;
 };
+
+}  // namespace
 
 Gateway::Gateway(const MethodTable* table, ops::WorkerPool* pool, metrics::Metrics* metrics,
                  Options options)
-    : table_(table), pool_(pool), options_(std::move(options)) {
-  if (metrics != nullptr) {
-    for (const Method& m : table_->methods()) {
-      method_metrics_[m.path] = metrics->Method(m.service, m.method, m.batch);
-    }
+    : table_(table), options_(std::move(options)), shared_(std::make_shared<Shared>()) {
+  shared_->table = table;
+  shared_->pool = pool;
+  shared_->max_message_bytes = options_.max_message_bytes;
+  shared_->cors = options_.cors;
+  shared_->log_sample_rate = options_.log_sample_rate;
+  shared_->mtls = options_.tls != nullptr && options_.tls->mtls();
+  shared_->authorizer = options_.authorizer;
+  shared_->admission = options_.admission;
+  if (metrics == nullptr) return;
+  for (const Method& m : table_->methods()) {
+    shared_->method_metrics[&m] = metrics->Method(m.service, m.method, m.batch);
   }
+  // Connection counters of the HTTP port, read at scrape time.
+  std::weak_ptr<Shared> weak = shared_;
+  const auto read = [weak](auto field) {
+    return [weak, field] {
+      std::shared_ptr<Shared> s = weak.lock();
+      if (s == nullptr) return 0.0;
+      absl::MutexLock lock(&s->server_mu);
+      return s->server == nullptr ? 0.0 : static_cast<double>(s->server->stats().*field);
+    };
+  };
+  using Stats = httpd::Server::Stats;
+  metrics->AddPullGauge("offload_http_connections", "Open connections on the HTTP port", {},
+                        read(&Stats::open));
+  metrics->AddPullCounter("offload_http_connections_total",
+                          "Connections to the HTTP port: accepted, or refused at accept "
+                          "(--http_max_connections reached)",
+                          {{"result", "accepted"}}, read(&Stats::accepted));
+  metrics->AddPullCounter("offload_http_connections_total",
+                          "Connections to the HTTP port: accepted, or refused at accept "
+                          "(--http_max_connections reached)",
+                          {{"result", "refused"}}, read(&Stats::refused));
+  metrics->AddPullCounter("offload_http_read_timeouts_total",
+                          "HTTP connections cut for a request that did not arrive in time "
+                          "(--http_read_timeout)",
+                          {}, read(&Stats::read_timeouts));
 }
 
-Gateway::~Gateway() { Stop(); }
+Gateway::~Gateway() { Stop(absl::Now()); }
 
 absl::Status Gateway::Start() {
-  const bool https = options_.tls != nullptr;
-  mg_init_library(https ? MG_FEATURES_TLS : 0);
-  int threads = options_.threads;
-  if (threads <= 0) {
-    threads = std::max(16, 4 * static_cast<int>(std::thread::hardware_concurrency()));
+  httpd::Server::Options o;
+  o.address = options_.address;
+  o.threads = options_.threads;
+  o.max_connections = options_.max_connections;
+  o.idle_timeout = options_.idle_timeout;
+  o.read_timeout = options_.read_timeout;
+  o.max_header_bytes = options_.max_header_bytes;
+  o.max_body_bytes = MaxBody(options_.max_message_bytes);
+  o.http2_max_streams = options_.http2_max_streams;
+  o.tcp_nodelay = options_.tcp_nodelay;
+  if (options_.tls != nullptr) {
+    o.configure_tls = [this](SSL_CTX* ctx) { return ConfigureTls(ctx); };
+    if (options_.tls->mtls()) {
+      o.peer_identity = [](X509* cert) {
+        return cert == nullptr ? std::string() : auth::IdentityOf(cert);
+      };
+    }
   }
-  const std::string threads_text = std::to_string(threads);
-  // civetweb marks an HTTPS port with a trailing "s".
-  const std::string listen = https ? options_.address + "s" : options_.address;
-  const char* civet_options[] = {"listening_ports", listen.c_str(),
-                                 "num_threads", threads_text.c_str(),
-                                 "request_timeout_ms", "30000",
-                                 "enable_keep_alive", "yes",
-                                 "keep_alive_timeout_ms", "30000",
-                                 nullptr};
-  mg_callbacks callbacks{};
-  // civetweb's own messages (bind failures, bad requests) go to our log, without payloads.
-  callbacks.log_message = [](const mg_connection*, const char* message) {
-    Log(LogLevel::kWarning, "http_server", {{"message", std::string(message)}});
-    return 1;
-  };
-  if (https) {
-    // The certificate and the client check are ours (auth::TlsFiles): files re-read when they
-    // change, the same client check and audit as the gRPC port.
-    callbacks.init_ssl = [](void* ssl_ctx, void* self) -> int {
-      static_cast<Gateway*>(self)->ConfigureTls(static_cast<SSL_CTX*>(ssl_ctx));
-      return 1;  // configured: civetweb loads no certificate files itself
-    };
+  server_ = std::make_unique<httpd::Server>(std::move(o), this);
+  if (absl::Status s = server_->Start(); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("http_address: ", s.message()));
   }
-  context_ = mg_start(&callbacks, this, civet_options);
-  if (context_ == nullptr) {
-    mg_exit_library();
-    return absl::UnavailableError(
-        absl::StrCat("http_address: cannot listen on ", options_.address));
+  {
+    absl::MutexLock lock(&shared_->server_mu);
+    shared_->server = server_.get();
   }
-  mg_set_request_handler(context_, "/", &Gateway::HandleRequest, this);
-  mg_server_port ports[4] = {};
-  if (mg_get_server_ports(context_, 4, ports) > 0) port_ = ports[0].port;
   Log(LogLevel::kInfo, "http_started",
-      {{"http_address", options_.address}, {"http_port", port_}, {"threads", threads},
+      {{"http_address", options_.address},
+       {"http_port", server_->port()},
+       {"tls", options_.tls == nullptr ? "off" : (options_.tls->mtls() ? "mtls" : "tls")},
+       {"protocols", options_.tls == nullptr ? "http/1.1, h2c" : "http/1.1, h2 (ALPN)"},
+       {"cors_origins", shared_->cors.origins()},
+       {"max_connections", options_.max_connections},
        {"methods", table_->methods().size()}});
   return absl::OkStatus();
 }
 
-void Gateway::ConfigureTls(SSL_CTX* ctx) {
-  SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+absl::Status Gateway::ConfigureTls(SSL_CTX* ctx) {
+  auth::TlsFiles* tls = options_.tls;
+  // The certificate and the client check are ours (auth::TlsFiles): files re-read when they
+  // change, the same client check and audit as the gRPC port.
   SSL_CTX_set_cert_cb(
-      ctx, [](SSL* ssl, void* self) { return static_cast<Gateway*>(self)->options_.tls->UseOn(ssl) ? 1 : 0; },
-      this);
-  if (!options_.tls->mtls()) return;
+      ctx, [](SSL* ssl, void* files) { return static_cast<auth::TlsFiles*>(files)->UseOn(ssl) ? 1 : 0; },
+      tls);
+  if (!tls->mtls()) return absl::OkStatus();
   // Ask for a client certificate; none passes the handshake (the authorizer then answers
   // UNAUTHENTICATED, audited), a bad one fails it (audited here).
   SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, nullptr);
@@ -410,120 +505,85 @@ void Gateway::ConfigureTls(SSL_CTX* ctx) {
         return 0;
       },
       this);
-}
-
-auth::Peer Gateway::PeerOf(mg_connection* conn) const {
-  const mg_request_info* info = mg_get_request_info(conn);
-  auth::Peer peer;
-  peer.address = info->remote_addr;
-  if (options_.tls != nullptr && options_.tls->mtls() && info->client_cert != nullptr &&
-      info->client_cert->peer_cert != nullptr) {
-    // Verified in the handshake (ConfigureTls).
-    peer.identity = auth::IdentityOf(static_cast<X509*>(info->client_cert->peer_cert));
-  }
-  return peer;
+  return absl::OkStatus();
 }
 
 void Gateway::Drain() {
   ready_.store(false);
-  draining_.store(true);
-  if (context_ == nullptr || stopper_.joinable()) return;
-  // mg_stop returns once every civetweb thread has finished its request.
-  stopper_ = std::thread([context = context_] { mg_stop(context); });
+  shared_->draining.store(true);
+  if (server_ != nullptr) server_->Drain();
 }
 
-void Gateway::Stop() {
+void Gateway::Stop(absl::Time deadline) {
   Drain();
-  if (!stopper_.joinable()) return;
-  stopper_.join();
-  context_ = nullptr;
-  mg_exit_library();
+  if (server_ == nullptr) return;
+  server_->Stop(deadline);
+  {
+    absl::MutexLock lock(&shared_->server_mu);
+    shared_->server = nullptr;
+  }
+  server_.reset();
   Log(LogLevel::kInfo, "http_stopped");
 }
 
-int Gateway::HandleRequest(mg_connection* conn, void* self) {
-  return static_cast<Gateway*>(self)->Handle(conn);
+httpd::Server::Stats Gateway::server_stats() const {
+  return server_ != nullptr ? server_->stats() : httpd::Server::Stats{};
 }
 
-void Gateway::SendCors(mg_connection* conn) const {
-  if (options_.cors_origin.empty()) return;
-  const std::optional<absl::string_view> origin = Header(conn, "Origin");
-  if (!origin.has_value()) return;
-  if (options_.cors_origin == "*") {
-    mg_response_header_add(conn, "Access-Control-Allow-Origin", "*", -1);
-  } else if (*origin == options_.cors_origin) {
-    mg_response_header_add(conn, "Access-Control-Allow-Origin", options_.cors_origin.c_str(), -1);
-    mg_response_header_add(conn, "Vary", "Origin", -1);
-  } else {
-    return;
-  }
-  mg_response_header_add(conn, "Access-Control-Expose-Headers",
-                         "grpc-status, grpc-message, grpc-status-details-bin, "
-                         "Content-Encoding, Connect-Content-Encoding",
-                         -1);
-}
-
-int Gateway::Handle(mg_connection* conn) {
-  const mg_request_info* info = mg_get_request_info(conn);
-  const absl::string_view method = info->request_method;
-  const absl::string_view path = info->local_uri != nullptr ? info->local_uri : "";
-  const auto plain = [&](int status, absl::string_view text,
-                         std::vector<std::pair<const char*, std::string>> headers = {}) {
-    mg_response_header_start(conn, status);
-    mg_response_header_add(conn, "Content-Type", "text/plain; charset=utf-8", -1);
-    mg_response_header_add(conn, "Content-Length", std::to_string(text.size()).c_str(), -1);
-    for (const auto& [name, value] : headers) {
-      mg_response_header_add(conn, name, value.c_str(), -1);
-    }
-    mg_response_header_send(conn);
-    if (method != "HEAD") mg_write(conn, text.data(), text.size());
-    return status;
+void Gateway::Handle(std::shared_ptr<httpd::Exchange> exchange) {
+  const absl::string_view method = exchange->method();
+  const absl::string_view path = exchange->path();
+  const std::optional<absl::string_view> origin = exchange->header("origin");
+  const auto respond = [&](httpd::Response r) {
+    shared_->cors.AddResponseHeaders(origin, &r.headers);
+    exchange->Respond(std::move(r));
   };
 
   if (path == "/healthz" || path == "/readyz") {
     if (method != "GET" && method != "HEAD") {
-      return plain(405, "method not allowed\n", {{"Allow", "GET, HEAD"}});
+      return respond(Plain(405, "method not allowed\n", {{"allow", "GET, HEAD"}}));
     }
-    if (path == "/healthz") return plain(200, "ok\n");
-    return ready_.load() ? plain(200, "ready\n") : plain(503, "not ready\n");
+    if (path == "/healthz") return respond(Plain(200, "ok\n", {{"cache-control", "no-store"}}));
+    return respond(ready_.load() ? Plain(200, "ready\n", {{"cache-control", "no-store"}})
+                                 : Plain(503, "not ready\n", {{"cache-control", "no-store"}}));
   }
 
   const Method* rpc = table_->Find(path);
   if (method == "OPTIONS") {
-    // CORS preflight (headers only when a CORS origin is configured).
-    mg_response_header_start(conn, 204);
-    mg_response_header_add(conn, "Allow", "POST, OPTIONS", -1);
-    SendCors(conn);
-    if (!options_.cors_origin.empty() && Header(conn, "Origin").has_value()) {
-      mg_response_header_add(conn, "Access-Control-Allow-Methods", "POST, OPTIONS", -1);
-      mg_response_header_add(conn, "Access-Control-Allow-Headers",
-                             "Content-Type, Connect-Protocol-Version, Connect-Timeout-Ms, "
-                             "Content-Encoding, Accept-Encoding, Grpc-Timeout, X-Grpc-Web, "
-                             "X-User-Agent, X-Offload-Key",
-                             -1);
-      mg_response_header_add(conn, "Access-Control-Max-Age", "7200", -1);
+    const std::optional<absl::string_view> request_method =
+        exchange->header("access-control-request-method");
+    if (origin.has_value() && request_method.has_value()) {
+      // A CORS preflight: answered here, and only for a listed origin.
+      CorsPolicy::Answer answer = shared_->cors.Preflight(*origin, *request_method);
+      httpd::Response r(answer.status, std::move(answer.headers),
+                        answer.status == 204 ? "" : "CORS: origin or method not allowed\n");
+      return exchange->Respond(std::move(r));
     }
-    mg_response_header_add(conn, "Content-Length", "0", -1);
-    mg_response_header_send(conn);
-    return 204;
+    return respond(httpd::Response(
+        204, {{"allow", rpc != nullptr && rpc->no_side_effects ? "GET, POST, OPTIONS" : "POST, OPTIONS"}},
+        ""));
   }
   if (rpc == nullptr) {
-    if (method != "POST") return plain(404, "not found\n");
+    if (method != "POST") return respond(Plain(404, "not found\n"));
     // An RPC to a method we do not have: Connect's 404, with its error body.
-    const std::string body = ConnectErrorJson(
-        absl::UnimplementedError(absl::StrCat("unknown method ", path.substr(0, 128))));
-    mg_response_header_start(conn, 404);
-    mg_response_header_add(conn, "Content-Type", "application/json", -1);
-    mg_response_header_add(conn, "Content-Length", std::to_string(body.size()).c_str(), -1);
-    SendCors(conn);
-    mg_response_header_send(conn);
-    mg_write(conn, body.data(), body.size());
-    return 404;
+    return respond(httpd::Response(
+        404, {{"content-type", "application/json"}},
+        ConnectErrorJson(absl::UnimplementedError(
+            absl::StrCat("unknown method ", path.substr(0, 128))))));
+  }
+  if (method == "GET" && rpc->no_side_effects) {
+    return std::make_shared<Call>(shared_, std::move(exchange), rpc)->StartGet();
   }
   if (method != "POST") {
-    return plain(405, "method not allowed: RPCs are POST\n", {{"Allow", "POST"}});
+    const std::string allow = rpc->no_side_effects ? "GET, POST" : "POST";
+    return respond(Plain(
+        405,
+        absl::StrCat("method not allowed: ", rpc->path,
+                     rpc->no_side_effects ? " takes POST, or a Connect GET\n"
+                                          : " has side effects: POST only\n"),
+        {{"allow", allow}}));
   }
-  return Call(this, conn, rpc).Serve();
+  std::make_shared<Call>(shared_, std::move(exchange), rpc)->StartPost();
 }
 
 }  // namespace offload::http

@@ -1,8 +1,10 @@
 // The HTTP face of the service: every unary RPC of offload.v1 over the Connect protocol
-// (application/proto and application/json) and gRPC-Web (binary), plus GET /healthz and
-// GET /readyz, on a civetweb server. Requests are decoded on civetweb's threads; the calls run on
-// the worker pool (never on an HTTP thread), with the same operations, limits and metrics as the
-// gRPC path.
+// (application/proto and application/json, POST, and GET for side-effect-free methods) and
+// gRPC-Web (binary and text), over HTTP/1.1 and HTTP/2 (h2c, and TLS with ALPN), plus
+// GET /healthz and GET /readyz, on the event-driven httpd::Server (H2O). Requests are decoded on
+// a loop thread; memo hits of Verify, BatchVerify, Derive and AEAD Open are answered there (no
+// crypto primitive), every other call runs on the worker pool and its answer is handed back to
+// the loop. Same operations, limits, admission, grants, audit and metrics as the gRPC path.
 //
 //   MethodTable table(&operations, &key_manager);
 //   Gateway::Options options;
@@ -11,12 +13,13 @@
 //   OFFLOAD_RETURN_IF_ERROR(gateway.Start());
 //   gateway.SetReady(true);            // /readyz 200
 //   ...
-//   gateway.Drain();                   // /readyz 503, new RPCs UNAVAILABLE, stopping in background
+//   gateway.Drain();                   // /readyz 503, new RPCs UNAVAILABLE, idle connections closed
 //   ...                                // e.g. drain the gRPC server meanwhile
-//   gateway.Stop();                    // waits until the requests in flight are answered
+//   gateway.Stop(deadline);            // answers in flight (until `deadline`), then closes all
 //
-// Thread-safety: Start, Drain and Stop from one thread; SetReady from any. The table, pool and metrics
-// must outlive the gateway (or its Stop).
+// Thread-safety: Start, Drain and Stop from one thread; SetReady from any. The table, pool,
+// metrics, authorizer and admission must outlive the gateway, and the pool must still run when
+// Stop() is called.
 #ifndef SERVICE_HTTP_GATEWAY_H_
 #define SERVICE_HTTP_GATEWAY_H_
 
@@ -24,35 +27,40 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "service/auth/authorizer.h"
 #include "service/auth/tls.h"
 #include "service/http/method_table.h"
+#include "service/http/protocol.h"
+#include "service/httpd/server.h"
 #include "service/metrics/metrics.h"
 #include "service/ops/admission.h"
 #include "service/ops/worker_pool.h"
 
-struct mg_context;
-struct mg_connection;
-
 namespace offload::http {
 
-class Gateway final {
+class Gateway final : public httpd::Handler {
  public:
   struct Options {
     // host:port (port 0 picks a free one; see port()). IPv6 as [::1]:8080.
     std::string address = "127.0.0.1:8080";
-    // Largest request body or response message (as the gRPC server's limit).
+    // Largest request or response message (as the gRPC server's limit).
     int64_t max_message_bytes = 16 << 20;
-    // Access-Control-Allow-Origin for browsers: empty sends no CORS headers; "*" any origin;
-    // otherwise only requests whose Origin equals it.
-    std::string cors_origin;
-    // civetweb threads (each holds one request while its call runs); 0 = max(16, 4 * cores).
+    // Browser origins allowed by CORS (exact); empty: no CORS headers at all.
+    CorsPolicy cors;
+    // Event loop threads (0: one per core, at most 4), connection bound, timeouts and header
+    // limit: see httpd::Server::Options.
     int threads = 0;
+    int max_connections = 10000;
+    absl::Duration idle_timeout = absl::Seconds(60);
+    absl::Duration read_timeout = absl::Seconds(10);
+    int64_t max_header_bytes = 16 << 10;
+    int http2_max_streams = 100;
+    bool tcp_nodelay = true;
     // Fraction of calls logged (method, code, latency, items; never payloads).
     double log_sample_rate = 0;
     // HTTPS when set (mTLS when it has client CAs; see auth::TlsFiles). Not owned.
@@ -65,42 +73,43 @@ class Gateway final {
   // `metrics` may be null (nothing counted).
   Gateway(const MethodTable* table, ops::WorkerPool* pool, metrics::Metrics* metrics,
           Options options);
-  ~Gateway();  // Stop()
+  ~Gateway() override;  // Stop(now)
   Gateway(const Gateway&) = delete;
   Gateway& operator=(const Gateway&) = delete;
 
   // Listens and serves. Unavailable if the address cannot be bound. REQUIRES: called once.
   absl::Status Start();
   // The bound port, after Start.
-  int port() const { return port_; }
+  int port() const { return server_ != nullptr ? server_->port() : 0; }
 
   // /readyz answers 200 when true, 503 when false (the initial state).
   void SetReady(bool ready) { ready_.store(ready); }
 
-  // /readyz 503 and new calls UNAVAILABLE at once; stops listening in the background (civetweb
-  // takes up to 2 s to notice) while the requests being served finish. Idempotent.
+  // /readyz 503 and new calls UNAVAILABLE at once; stops accepting, sends HTTP/2 GOAWAY,
+  // closes idle connections; calls in flight finish. Idempotent.
   void Drain();
-  // Drain(), then waits until civetweb has stopped (every request answered). Idempotent.
-  void Stop();
+  // Drain(), then waits until every call in flight is answered (or `deadline`) and closes
+  // every connection. Idempotent.
+  void Stop(absl::Time deadline);
+
+  // The HTTP server's counters (connections, timeouts).
+  httpd::Server::Stats server_stats() const;
+
+  // httpd::Handler: one request, on a loop thread.
+  void Handle(std::shared_ptr<httpd::Exchange> exchange) override;
+
+  // What calls need after the gateway's own methods have returned: shared with every call in
+  // flight, so that a call finishing on a worker never touches a destroyed gateway.
+  struct Shared;
 
  private:
-  class Call;
-  static int HandleRequest(mg_connection* conn, void* self);
-  void ConfigureTls(SSL_CTX* ctx);
-  auth::Peer PeerOf(mg_connection* conn) const;
-  int Handle(mg_connection* conn);
-  void SendCors(mg_connection* conn) const;
+  absl::Status ConfigureTls(SSL_CTX* ctx);
 
   const MethodTable* const table_;
-  ops::WorkerPool* const pool_;
   const Options options_;
-  // Metrics handles by path (same series as the gRPC path's); empty without metrics.
-  absl::flat_hash_map<std::string, metrics::MethodMetrics*> method_metrics_;
+  std::shared_ptr<Shared> shared_;
+  std::unique_ptr<httpd::Server> server_;
   std::atomic<bool> ready_{false};
-  std::atomic<bool> draining_{false};
-  mg_context* context_ = nullptr;
-  std::thread stopper_;  // runs mg_stop(context_) after Drain()
-  int port_ = 0;
 };
 
 }  // namespace offload::http

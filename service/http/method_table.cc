@@ -1,8 +1,12 @@
 #include "service/http/method_table.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/descriptor.pb.h"
 #include "offload/v1/aead.pb.h"
 #include "offload/v1/box.pb.h"
 #include "offload/v1/ed25519.pb.h"
@@ -36,6 +40,77 @@ Method Make(absl::string_view service, absl::string_view name, bool batch,
                                 Operations::Done done, Operations::Alive alive) {
     fn(static_cast<const Request&>(request), static_cast<Response*>(response), std::move(done),
        std::move(alive));
+  };
+  return m;
+}
+
+// A single-item operation split in two (see Method::from_memo): `from_memo` may answer on a
+// transport thread; `fresh` runs on a worker with the lookup's probe.
+template <typename Request, typename Response, typename ProbeT>
+Method MemoFirst(const Operations* ops, absl::string_view service, absl::string_view name,
+                 bool (Operations::*from_memo)(const Request&, Response*, ProbeT*,
+                                               absl::Status*) const,
+                 absl::Status (Operations::*fresh)(const Request&, const ProbeT&,
+                                                   Response*) const) {
+  Method m = Make<Request, Response>(
+      service, name, false,
+      [ops, from_memo, fresh](const Request& q, Response* r, Operations::Done done,
+                              Operations::Alive) {
+        ProbeT probe;
+        absl::Status status;
+        if ((ops->*from_memo)(q, r, &probe, &status)) return std::move(done)(std::move(status));
+        std::move(done)((ops->*fresh)(q, probe, r));
+      });
+  m.from_memo = [ops, from_memo](const Message& q, Message* r, Method::Probe* probe,
+                                 absl::Status* status) {
+    auto p = std::make_shared<ProbeT>();
+    if ((ops->*from_memo)(static_cast<const Request&>(q), static_cast<Response*>(r), p.get(),
+                          status)) {
+      return true;
+    }
+    *probe = std::move(p);
+    return false;
+  };
+  m.fresh = [ops, fresh](const Message& q, Message* r, Method::Probe probe, Operations::Done done,
+                         Operations::Alive) {
+    std::move(done)((ops->*fresh)(static_cast<const Request&>(q),
+                                  *static_cast<const ProbeT*>(probe.get()),
+                                  static_cast<Response*>(r)));
+  };
+  return m;
+}
+
+// A batch split in two (BatchVerify): leading memo hits on the calling thread, the rest on the
+// pool.
+template <typename Request, typename Response, typename ProbeT>
+Method BatchMemoFirst(const Operations* ops, absl::string_view service, absl::string_view name,
+                      bool (Operations::*from_memo)(const Request&, Response*, ProbeT*,
+                                                    absl::Status*) const,
+                      void (Operations::*fresh)(const Request&, const ProbeT&, Response*,
+                                                Operations::Done, Operations::Alive) const) {
+  Method m = Make<Request, Response>(
+      service, name, true,
+      [ops, from_memo, fresh](const Request& q, Response* r, Operations::Done done,
+                              Operations::Alive alive) {
+        ProbeT probe;
+        absl::Status status;
+        if ((ops->*from_memo)(q, r, &probe, &status)) return std::move(done)(std::move(status));
+        (ops->*fresh)(q, probe, r, std::move(done), std::move(alive));
+      });
+  m.from_memo = [ops, from_memo](const Message& q, Message* r, Method::Probe* probe,
+                                 absl::Status* status) {
+    auto p = std::make_shared<ProbeT>();
+    if ((ops->*from_memo)(static_cast<const Request&>(q), static_cast<Response*>(r), p.get(),
+                          status)) {
+      return true;
+    }
+    *probe = std::move(p);
+    return false;
+  };
+  m.fresh = [ops, fresh](const Message& q, Message* r, Method::Probe probe, Operations::Done done,
+                         Operations::Alive alive) {
+    (ops->*fresh)(static_cast<const Request&>(q), *static_cast<const ProbeT*>(probe.get()),
+                  static_cast<Response*>(r), std::move(done), std::move(alive));
   };
   return m;
 }
@@ -102,10 +177,14 @@ MethodTable::MethodTable(const Operations* ops, keys::KeyManager* keys) {
 
   methods_.push_back(Unary(ops, kEd25519, "Sign", &Operations::Sign));
   methods_.push_back(Batch(ops, kEd25519, "BatchSign", &Operations::BatchSign));
-  methods_.push_back(Unary(ops, kEd25519, "Verify", &Operations::Verify));
-  methods_.push_back(Batch(ops, kEd25519, "BatchVerify", &Operations::BatchVerify));
+  methods_.push_back(MemoFirst(ops, kEd25519, "Verify", &Operations::VerifyFromMemo,
+                               &Operations::VerifyFresh));
+  methods_.push_back(BatchMemoFirst(ops, kEd25519, "BatchVerify",
+                                    &Operations::BatchVerifyFromMemo,
+                                    &Operations::BatchVerifyFresh));
 
-  methods_.push_back(Unary(ops, kX25519, "Derive", &Operations::Derive));
+  methods_.push_back(MemoFirst(ops, kX25519, "Derive", &Operations::DeriveFromMemo,
+                               &Operations::DeriveFresh));
   methods_.push_back(Batch(ops, kX25519, "BatchDerive", &Operations::BatchDerive));
 
   methods_.push_back(Unary(ops, kBox, "Seal", &Operations::BoxSeal));
@@ -115,9 +194,28 @@ MethodTable::MethodTable(const Operations* ops, keys::KeyManager* keys) {
 
   methods_.push_back(Unary(ops, kAead, "Seal", &Operations::AeadSeal));
   methods_.push_back(Batch(ops, kAead, "BatchSeal", &Operations::BatchAeadSeal));
-  methods_.push_back(Unary(ops, kAead, "Open", &Operations::AeadOpen));
+  methods_.push_back(MemoFirst(ops, kAead, "Open", &Operations::AeadOpenFromMemo,
+                               &Operations::AeadOpenFresh));
   methods_.push_back(Batch(ops, kAead, "BatchOpen", &Operations::BatchAeadOpen));
 
+  // The proto is the contract: every entry names one of its methods, with its types, and says
+  // what its options say.
+  const auto* pool = google::protobuf::DescriptorPool::generated_pool();
+  for (Method& m : methods_) {
+    const google::protobuf::MethodDescriptor* d =
+        pool->FindMethodByName(absl::StrCat(m.service, ".", m.method));
+    if (d == nullptr || d->input_type() != m.request_prototype->GetDescriptor() ||
+        d->output_type() != m.response_prototype->GetDescriptor()) {
+      // Our own invariant (a programming error), caught by every test that builds a table.
+      std::fprintf(stderr, "method table: %s is not in the proto with these types\n",
+                   m.path.c_str());
+      std::abort();
+    }
+    m.no_side_effects =
+        d->options().idempotency_level() == google::protobuf::MethodOptions::NO_SIDE_EFFECTS;
+    m.key_lifecycle = m.service == kKeys && (m.method == "CreateKey" || m.method == "ImportKey" ||
+                                             m.method == "RotateKey" || m.method == "DeleteKey");
+  }
   for (const Method& m : methods_) by_path_[m.path] = &m;
 }
 

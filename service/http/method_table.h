@@ -11,6 +11,9 @@
 //
 // Single-item calls run on the calling thread (it must be a worker) and call `done` before they
 // return; batch calls spread their items over the worker pool and call `done` from a worker.
+// Methods whose memo hits need no crypto (Verify, BatchVerify, Derive, AEAD Open) also have
+// `from_memo` / `fresh`, the two halves of `call`: the first may run on a transport thread.
+// Whether a method may be sent by HTTP GET comes from the proto (idempotency_level).
 // Thread-safety: immutable after construction; `call` may run concurrently.
 #ifndef SERVICE_HTTP_METHOD_TABLE_H_
 #define SERVICE_HTTP_METHOD_TABLE_H_
@@ -33,6 +36,10 @@ struct Method {
   std::string method;   // "Verify"
   std::string path;     // "/offload.v1.Ed25519Service/Verify"
   bool batch = false;   // a batch twin: `items` in, `results` out
+  // The proto's `option idempotency_level = NO_SIDE_EFFECTS`: Connect may send it by GET.
+  bool no_side_effects = false;
+  // A key lifecycle call (create, import, rotate, delete): audited.
+  bool key_lifecycle = false;
   const google::protobuf::Message* request_prototype = nullptr;
   const google::protobuf::Message* response_prototype = nullptr;
   // Runs the call: `request` and `response` are of the prototypes' types and stay alive until
@@ -42,6 +49,19 @@ struct Method {
                      google::protobuf::Message* response, ops::Operations::Done done,
                      ops::Operations::Alive alive)>
       call;
+  // Optional, as a pair. `from_memo` checks the request and answers from the memo without a
+  // crypto primitive (any thread, ~0.5 us plus a copy): true when the call is complete
+  // (`*status`, and `*response` when OK). Otherwise `*probe` holds what the lookup found and
+  // `fresh` finishes the call as `call` would (a single call on a worker, calling `done` before
+  // it returns; a batch spreading its other items over the pool). `call` is exactly the two.
+  using Probe = std::shared_ptr<void>;
+  std::function<bool(const google::protobuf::Message& request,
+                     google::protobuf::Message* response, Probe* probe, absl::Status* status)>
+      from_memo;
+  std::function<void(const google::protobuf::Message& request,
+                     google::protobuf::Message* response, Probe probe,
+                     ops::Operations::Done done, ops::Operations::Alive alive)>
+      fresh;
 };
 
 class MethodTable final {

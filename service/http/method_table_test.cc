@@ -4,6 +4,7 @@
 #include <string>
 
 #include "google/protobuf/descriptor.h"
+#include "google/protobuf/descriptor.pb.h"
 #include "gtest/gtest.h"
 
 namespace offload::http {
@@ -34,9 +35,27 @@ TEST(MethodTable, CoversEveryMethodWithTheProtoTypes) {
       EXPECT_EQ(m->batch, method->name().rfind("Batch", 0) == 0) << path;
       EXPECT_FALSE(method->client_streaming() || method->server_streaming()) << path;
       EXPECT_TRUE(static_cast<bool>(m->call)) << path;
+      EXPECT_EQ(m->no_side_effects, method->options().idempotency_level() ==
+                                        google::protobuf::MethodOptions::NO_SIDE_EFFECTS)
+          << path;
+      EXPECT_EQ(static_cast<bool>(m->from_memo), static_cast<bool>(m->fresh)) << path;
     }
   }
   EXPECT_EQ(table.methods().size(), expected.size());
+  // The side-effect-free methods (Connect GET) are exactly these, as the proto says.
+  std::set<std::string> get_methods, memo_first;
+  for (const Method& m : table.methods()) {
+    if (m.no_side_effects) get_methods.insert(m.path);
+    if (m.from_memo) memo_first.insert(m.path);
+  }
+  EXPECT_EQ(get_methods, (std::set<std::string>{"/offload.v1.Ed25519Service/Verify",
+                                                "/offload.v1.Ed25519Service/BatchVerify",
+                                                "/offload.v1.KeyService/GetKey",
+                                                "/offload.v1.KeyService/ListKeys"}));
+  EXPECT_EQ(memo_first, (std::set<std::string>{"/offload.v1.Ed25519Service/Verify",
+                                               "/offload.v1.Ed25519Service/BatchVerify",
+                                               "/offload.v1.X25519Service/Derive",
+                                               "/offload.v1.AeadService/Open"}));
   EXPECT_EQ(table.Find("/offload.v1.KeyService/Nope"), nullptr);
   EXPECT_EQ(table.Find("offload.v1.KeyService/GetKey"), nullptr);
 }

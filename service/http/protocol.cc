@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -42,12 +44,239 @@ absl::StatusOr<ContentType> ParseContentType(absl::string_view content_type) {
   if (lower == "application/proto") return ContentType{Protocol::kConnect, Codec::kProto};
   if (lower == "application/json") return ContentType{Protocol::kConnect, Codec::kJson};
   if (lower == "application/grpc-web" || lower == "application/grpc-web+proto") {
-    return ContentType{Protocol::kGrpcWeb, Codec::kProto};
+    return ContentType{Protocol::kGrpcWeb, Codec::kProto, false};
+  }
+  if (lower == "application/grpc-web-text" || lower == "application/grpc-web-text+proto") {
+    return ContentType{Protocol::kGrpcWeb, Codec::kProto, true};
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      "content-type: expected application/proto, application/json, application/grpc-web or "
-      "application/grpc-web+proto, got ",
+      "content-type: expected application/proto, application/json, application/grpc-web, "
+      "application/grpc-web+proto, application/grpc-web-text or application/grpc-web-text+proto, "
+      "got ",
       Quote(content_type)));
+}
+
+absl::string_view GrpcWebContentType(const ContentType& type) {
+  return type.text ? "application/grpc-web-text+proto" : "application/grpc-web+proto";
+}
+
+absl::StatusOr<std::string> DecodeGrpcWebText(absl::string_view body) {
+  // Each chunk ends at its padding (or at the end): decode them one by one.
+  std::string out;
+  std::string chunk;
+  const auto flush = [&]() -> absl::Status {
+    if (chunk.empty()) return absl::OkStatus();
+    std::string bytes;
+    if (chunk.size() % 4 == 1 || !absl::Base64Unescape(chunk, &bytes)) {
+      return absl::InvalidArgumentError("grpc-web-text request: the body is not base64");
+    }
+    out += bytes;
+    chunk.clear();
+    return absl::OkStatus();
+  };
+  for (size_t i = 0; i < body.size(); ++i) {
+    const char c = body[i];
+    if (c == ' ' || c == '\r' || c == '\n' || c == '\t') continue;
+    chunk.push_back(c);
+    if (c == '=' && (i + 1 == body.size() || body[i + 1] != '=')) {
+      if (absl::Status s = flush(); !s.ok()) return s;
+    }
+  }
+  if (absl::Status s = flush(); !s.ok()) return s;
+  return out;
+}
+
+std::string EncodeGrpcWebText(absl::string_view bytes) { return absl::Base64Escape(bytes); }
+
+absl::StatusOr<std::string> PercentDecode(absl::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '+') {
+      out.push_back(' ');
+    } else if (c == '%') {
+      int value = 0;
+      if (i + 2 >= text.size()) {
+        return absl::InvalidArgumentError("query: a '%' escape is cut short");
+      }
+      for (int k = 1; k <= 2; ++k) {
+        const char h = text[i + k];
+        value <<= 4;
+        if (h >= '0' && h <= '9') {
+          value |= h - '0';
+        } else if (h >= 'a' && h <= 'f') {
+          value |= h - 'a' + 10;
+        } else if (h >= 'A' && h <= 'F') {
+          value |= h - 'A' + 10;
+        } else {
+          return absl::InvalidArgumentError("query: a '%' escape is not two hex digits");
+        }
+      }
+      out.push_back(static_cast<char>(value));
+      i += 2;
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<ConnectGetQuery> ParseConnectGetQuery(absl::string_view query, size_t max_bytes) {
+  ConnectGetQuery out;
+  std::optional<std::string> encoding, message, compression, base64, connect;
+  for (absl::string_view pair : absl::StrSplit(query, '&', absl::SkipEmpty())) {
+    const size_t eq = pair.find('=');
+    const absl::string_view key = pair.substr(0, eq);
+    const absl::string_view raw = eq == absl::string_view::npos ? "" : pair.substr(eq + 1);
+    std::optional<std::string>* slot = nullptr;
+    if (key == "encoding") slot = &encoding;
+    else if (key == "message") slot = &message;
+    else if (key == "compression") slot = &compression;
+    else if (key == "base64") slot = &base64;
+    else if (key == "connect") slot = &connect;
+    if (slot == nullptr) continue;  // e.g. a cache buster
+    if (raw.size() > 4 * max_bytes + 64) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "query: ", key, ": expected at most ", max_bytes, " bytes once decoded"));
+    }
+    absl::StatusOr<std::string> value = PercentDecode(raw);
+    if (!value.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("query: ", key, ": ", value.status().message()));
+    }
+    *slot = *std::move(value);
+  }
+  if (connect.has_value() && *connect != "v1") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("query: connect: expected v1, got ", Quote(*connect)));
+  }
+  if (!encoding.has_value()) {
+    return absl::InvalidArgumentError("query: encoding: expected proto or json, got none");
+  }
+  if (*encoding == "proto") {
+    out.codec = Codec::kProto;
+  } else if (*encoding == "json") {
+    out.codec = Codec::kJson;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("query: encoding: expected proto or json, got ", Quote(*encoding)));
+  }
+  if (compression.has_value()) {
+    absl::StatusOr<Encoding> c = ParseEncoding(*compression);
+    if (!c.ok()) return c.status();
+    out.compression = *c;
+  }
+  if (!message.has_value()) {
+    return absl::InvalidArgumentError("query: message: expected the request message, got none");
+  }
+  if (base64.has_value() && *base64 == "1") {
+    std::string bytes;
+    std::string text = *message;
+    // URL-safe base64, padding optional (some clients send the standard alphabet: accepted).
+    for (char& c : text) {
+      if (c == '+') c = '-';
+      if (c == '/') c = '_';
+    }
+    while (!text.empty() && text.back() == '=') text.pop_back();
+    if (text.size() % 4 == 1 || !absl::WebSafeBase64Unescape(text, &bytes)) {
+      return absl::InvalidArgumentError("query: message: expected URL-safe base64 (base64=1)");
+    }
+    out.message = std::move(bytes);
+  } else if (base64.has_value() && *base64 != "0") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("query: base64: expected 1 or 0, got ", Quote(*base64)));
+  } else {
+    out.message = *std::move(message);
+  }
+  if (out.message.size() > max_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("query: message: expected at most ", max_bytes, " bytes, got ",
+                     out.message.size()));
+  }
+  return out;
+}
+
+namespace {
+
+// "scheme://host[:port]": a serialized origin as browsers send it.
+absl::Status CheckOrigin(absl::string_view origin) {
+  const size_t sep = origin.find("://");
+  const auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "http_cors_origins: expected exact origins such as https://app.example.com (", why,
+        "), got ", Quote(origin)));
+  };
+  if (origin == "*" || origin == "null") return bad("no wildcard or null");
+  if (sep == absl::string_view::npos || sep == 0) return bad("scheme://host[:port]");
+  for (char c : origin.substr(0, sep)) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '+' && c != '-' && c != '.') {
+      return bad("a scheme of letters, digits, + - .");
+    }
+  }
+  const absl::string_view host = origin.substr(sep + 3);
+  if (host.empty()) return bad("a host");
+  for (char c : host) {
+    if (c == '/' || c == '?' || c == '#' || c == '*' || c == ' ' || c == ',') {
+      return bad("no path, query or wildcard");
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<CorsPolicy> CorsPolicy::Create(std::vector<std::string> origins) {
+  for (std::string& o : origins) {
+    o = std::string(absl::StripAsciiWhitespace(o));
+    if (absl::Status s = CheckOrigin(o); !s.ok()) return s;
+    // Scheme and host compare case-insensitively; browsers send them lower-case.
+    o = absl::AsciiStrToLower(o);
+  }
+  return CorsPolicy(std::move(origins));
+}
+
+absl::StatusOr<CorsPolicy> CorsPolicy::Parse(absl::string_view list) {
+  std::vector<std::string> origins;
+  for (absl::string_view item : absl::StrSplit(list, ',', absl::SkipWhitespace())) {
+    origins.emplace_back(absl::StripAsciiWhitespace(item));
+  }
+  return Create(std::move(origins));
+}
+
+bool CorsPolicy::Allows(absl::string_view origin) const {
+  for (const std::string& o : origins_) {
+    if (absl::EqualsIgnoreCase(o, origin)) return true;
+  }
+  return false;
+}
+
+void CorsPolicy::AddResponseHeaders(std::optional<absl::string_view> origin,
+                                    HeaderList* out) const {
+  if (!enabled()) return;
+  // The answer depends on Origin: caches must keep one per origin.
+  out->emplace_back("vary", "Origin");
+  if (!origin.has_value() || !Allows(*origin)) return;
+  out->emplace_back("access-control-allow-origin", std::string(*origin));
+  out->emplace_back("access-control-expose-headers", std::string(kExposeHeaders));
+}
+
+CorsPolicy::Answer CorsPolicy::Preflight(absl::string_view origin,
+                                         absl::string_view request_method) const {
+  Answer answer;
+  answer.headers.emplace_back("vary", "Origin, Access-Control-Request-Method, "
+                                      "Access-Control-Request-Headers");
+  const bool method_ok = request_method == "POST" || request_method == "GET";
+  if (!Allows(origin) || !method_ok) {
+    answer.status = 403;
+    answer.headers.emplace_back("content-type", "text/plain; charset=utf-8");
+    return answer;
+  }
+  answer.status = 204;
+  answer.headers.emplace_back("access-control-allow-origin", std::string(origin));
+  answer.headers.emplace_back("access-control-allow-methods", "GET, POST");
+  answer.headers.emplace_back("access-control-allow-headers", std::string(kAllowHeaders));
+  answer.headers.emplace_back("access-control-max-age", "7200");
+  return answer;
 }
 
 absl::string_view ConnectContentType(Codec codec) {

@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -30,12 +32,23 @@ enum class Codec { kProto, kJson };
 struct ContentType {
   Protocol protocol = Protocol::kConnect;
   Codec codec = Codec::kProto;
+  bool text = false;  // gRPC-Web text: the body is base64 (both ways)
 };
 
 // Maps a request's Content-Type (parameters such as charset ignored, case-insensitive) to a
 // protocol and codec: application/proto, application/json (Connect); application/grpc-web,
-// application/grpc-web+proto (gRPC-Web, binary). Anything else: InvalidArgument naming it.
+// application/grpc-web+proto (gRPC-Web, binary); application/grpc-web-text,
+// application/grpc-web-text+proto (gRPC-Web, base64). Anything else: InvalidArgument naming it.
 absl::StatusOr<ContentType> ParseContentType(absl::string_view content_type);
+
+// The Content-Type of a gRPC-Web response to a request of `type`.
+absl::string_view GrpcWebContentType(const ContentType& type);
+
+// A gRPC-Web text body: standard base64, possibly several padded chunks one after another
+// (whitespace ignored). InvalidArgument when it is not base64.
+absl::StatusOr<std::string> DecodeGrpcWebText(absl::string_view body);
+// `bytes` as one padded base64 chunk.
+std::string EncodeGrpcWebText(absl::string_view bytes);
 
 // The Content-Type of a successful Connect response in `codec`.
 absl::string_view ConnectContentType(Codec codec);
@@ -73,6 +86,65 @@ absl::StatusOr<std::string> Gzip(absl::string_view data);
 // Decompresses gzip `data`; more than `max_bytes` of output is ResourceExhausted, bad data
 // InvalidArgument.
 absl::StatusOr<std::string> Gunzip(absl::string_view data, size_t max_bytes);
+
+// A Connect unary GET (https://connectrpc.com/docs/protocol#unary-get-request): the query's
+// `encoding` (proto or json, required), `message` (required, percent-encoded; URL-safe base64,
+// padding optional, when `base64=1`), `compression` (identity or gzip) and `connect` (v1 when
+// present). Other parameters are ignored (cache busters). InvalidArgument names the parameter;
+// an unknown compression is Unimplemented. The message is at most `max_bytes` as decoded.
+struct ConnectGetQuery {
+  Codec codec = Codec::kProto;
+  Encoding compression = Encoding::kIdentity;
+  std::string message;
+};
+absl::StatusOr<ConnectGetQuery> ParseConnectGetQuery(absl::string_view query, size_t max_bytes);
+
+// Decodes %XX escapes and '+' (a space, as in HTML forms). InvalidArgument on a bad escape.
+absl::StatusOr<std::string> PercentDecode(absl::string_view text);
+
+// Response headers as (lower-case name, value).
+using HeaderList = std::vector<std::pair<std::string, std::string>>;
+
+// CORS for browsers (https://fetch.spec.whatwg.org/#http-cors-protocol): a list of exact
+// origins. Only a listed origin gets Access-Control-Allow-* headers; an empty list sends none
+// anywhere. Preflights are answered here, never by a library.
+class CorsPolicy {
+ public:
+  // `origins`: "scheme://host[:port]" each, no path, no wildcard. InvalidArgument names a bad one.
+  static absl::StatusOr<CorsPolicy> Create(std::vector<std::string> origins);
+  // A comma-separated flag value (empty items skipped).
+  static absl::StatusOr<CorsPolicy> Parse(absl::string_view list);
+  CorsPolicy() = default;
+
+  bool enabled() const { return !origins_.empty(); }
+  bool Allows(absl::string_view origin) const;
+  const std::vector<std::string>& origins() const { return origins_; }
+
+  // Headers for the response to a request carrying `origin` (nullopt: no Origin header).
+  void AddResponseHeaders(std::optional<absl::string_view> origin, HeaderList* out) const;
+
+  // A preflight: OPTIONS with Origin and Access-Control-Request-Method. A listed origin asking
+  // for GET or POST gets 204 with the allowed methods and headers; anything else 403 with no
+  // Access-Control-Allow-* header (the browser then refuses the call).
+  struct Answer {
+    int status = 204;
+    HeaderList headers;
+  };
+  Answer Preflight(absl::string_view origin, absl::string_view request_method) const;
+
+  // What browsers may send and read (Connect and gRPC-Web headers).
+  static constexpr absl::string_view kAllowHeaders =
+      "content-type, connect-protocol-version, connect-timeout-ms, connect-accept-encoding, "
+      "connect-content-encoding, content-encoding, accept-encoding, grpc-timeout, "
+      "grpc-accept-encoding, grpc-encoding, x-grpc-web, x-user-agent, x-offload-key";
+  static constexpr absl::string_view kExposeHeaders =
+      "grpc-status, grpc-message, grpc-status-details-bin, content-encoding, "
+      "connect-content-encoding, content-length";
+
+ private:
+  explicit CorsPolicy(std::vector<std::string> origins) : origins_(std::move(origins)) {}
+  std::vector<std::string> origins_;
+};
 
 // gRPC-Web frame flags.
 inline constexpr uint8_t kFrameCompressed = 0x01;

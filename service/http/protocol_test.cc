@@ -29,7 +29,7 @@ TEST(ParseContentType, ConnectAndGrpcWeb) {
 
 TEST(ParseContentType, RefusesOthers) {
   for (const char* bad : {"", "text/plain", "application/grpc", "application/grpc-web+json",
-                          "application/grpc-web-text", "application/protobuf"}) {
+                          "application/grpc-web-text+json", "application/protobuf"}) {
     auto t = ParseContentType(bad);
     EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
@@ -166,6 +166,89 @@ TEST(Trailers, StatusAndPercentEncodedMessage) {
   EXPECT_EQ(GrpcWebTrailers(absl::InvalidArgumentError("100% bad\r\nü")),
             "grpc-status: 3\r\ngrpc-message: 100%25 bad%0D%0A%C3%BC\r\n");
   EXPECT_EQ(PercentEncode("plain text"), "plain text");
+}
+
+TEST(GrpcWebText, ContentTypesAndBase64Chunks) {
+  auto t = ParseContentType("application/grpc-web-text");
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->protocol, Protocol::kGrpcWeb);
+  EXPECT_TRUE(t->text);
+  EXPECT_EQ(GrpcWebContentType(*t), "application/grpc-web-text+proto");
+  EXPECT_TRUE(ParseContentType("application/grpc-web-text+proto; charset=utf-8")->text);
+  EXPECT_FALSE(ParseContentType("application/grpc-web+proto")->text);
+  // One chunk, two padded chunks back to back, line breaks.
+  EXPECT_EQ(*DecodeGrpcWebText(EncodeGrpcWebText("hello")), "hello");
+  EXPECT_EQ(*DecodeGrpcWebText(EncodeGrpcWebText("a") + EncodeGrpcWebText("bc")), "abc");
+  EXPECT_EQ(*DecodeGrpcWebText("aGVs\r\nbG8="), "hello");
+  EXPECT_EQ(*DecodeGrpcWebText(""), "");
+  EXPECT_EQ(DecodeGrpcWebText("a").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecodeGrpcWebText("!!!!").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ConnectGet, QueryParameters) {
+  auto q = ParseConnectGetQuery("connect=v1&encoding=json&message=%7B%22keyId%22%3A%22a+b%22%7D",
+                                1024);
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_EQ(q->codec, Codec::kJson);
+  EXPECT_EQ(q->message, R"({"keyId":"a b"})");
+  EXPECT_EQ(q->compression, Encoding::kIdentity);
+  // base64=1: URL-safe, padding optional; unknown parameters ignored.
+  q = ParseConnectGetQuery("encoding=proto&base64=1&message=_-8&cachebust=42", 1024);
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_EQ(q->message, "\xff\xef");
+  q = ParseConnectGetQuery("encoding=proto&base64=1&compression=gzip&message=", 1024);
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_EQ(q->compression, Encoding::kGzip);
+  EXPECT_EQ(q->message, "");
+  const auto code = [](absl::string_view query) {
+    return ParseConnectGetQuery(query, 8).status().code();
+  };
+  EXPECT_EQ(code("message=x"), absl::StatusCode::kInvalidArgument);             // no encoding
+  EXPECT_EQ(code("encoding=xml&message=x"), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code("encoding=proto"), absl::StatusCode::kInvalidArgument);        // no message
+  EXPECT_EQ(code("connect=v2&encoding=proto&message="), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code("encoding=proto&message=%zz"), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code("encoding=proto&message=%4"), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code("encoding=proto&base64=1&message=*"), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code("encoding=proto&compression=br&message="), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(code("encoding=proto&message=123456789"), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(ParseConnectGetQuery("message=x", 8).status().message(), HasSubstr("encoding"));
+}
+
+TEST(Cors, ExactOriginsOnly) {
+  auto cors = CorsPolicy::Parse("https://app.example.com, http://127.0.0.1:5173");
+  ASSERT_TRUE(cors.ok()) << cors.status();
+  EXPECT_TRUE(cors->enabled());
+  EXPECT_TRUE(cors->Allows("https://app.example.com"));
+  EXPECT_TRUE(cors->Allows("HTTPS://APP.EXAMPLE.COM"));
+  EXPECT_FALSE(cors->Allows("https://app.example.com:8443"));
+  EXPECT_FALSE(cors->Allows("https://evil.app.example.com"));
+  EXPECT_FALSE(cors->Allows("null"));
+
+  CorsPolicy::Answer ok = cors->Preflight("https://app.example.com", "POST");
+  EXPECT_EQ(ok.status, 204);
+  HeaderList headers;
+  cors->AddResponseHeaders(std::optional<absl::string_view>("https://evil.example"), &headers);
+  for (const auto& [name, value] : headers) EXPECT_NE(name, "access-control-allow-origin");
+  CorsPolicy::Answer refused = cors->Preflight("https://evil.example", "POST");
+  EXPECT_EQ(refused.status, 403);
+  for (const auto& [name, value] : refused.headers) {
+    EXPECT_NE(name.rfind("access-control-allow", 0), 0u) << name;
+  }
+  EXPECT_EQ(cors->Preflight("https://app.example.com", "DELETE").status, 403);
+
+  // No list: nothing at all.
+  CorsPolicy none;
+  HeaderList empty;
+  none.AddResponseHeaders(std::optional<absl::string_view>("https://app.example.com"), &empty);
+  EXPECT_TRUE(empty.empty());
+  EXPECT_EQ(none.Preflight("https://app.example.com", "POST").status, 403);
+
+  for (const char* bad : {"*", "null", "app.example.com", "https://", "https://a.example/",
+                          "https://a.example/path", "https://*.example.com"}) {
+    EXPECT_EQ(CorsPolicy::Create({bad}).status().code(), absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
 }
 
 }  // namespace

@@ -48,6 +48,13 @@ absl::Status DecodeRequest(ContentType type, Encoding encoding, absl::string_vie
                            int64_t max_message_bytes, google::protobuf::Message* request) {
   absl::string_view message = body;
   bool compressed = encoding == Encoding::kGzip;
+  std::string unbased;  // gRPC-Web text: the base64 body, decoded
+  if (type.protocol == Protocol::kGrpcWeb && type.text) {
+    absl::StatusOr<std::string> bytes = DecodeGrpcWebText(body);
+    if (!bytes.ok()) return bytes.status();
+    unbased = *std::move(bytes);
+    message = body = unbased;
+  }
   if (type.protocol == Protocol::kGrpcWeb) {
     absl::StatusOr<absl::string_view> frame = ParseUnaryRequestFrame(body, &compressed);
     if (!frame.ok()) return frame.status();

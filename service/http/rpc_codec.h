@@ -1,6 +1,6 @@
 // The transport-free middle of one HTTP RPC: a request's headers read into call options, its body
 // decoded into the request message, the response message encoded. The gateway (gateway.cc) calls
-// these on civetweb's threads; the HTTP fuzz target (tests/fuzz) calls the same functions
+// these on the HTTP server's loop threads; the HTTP fuzz target (tests/fuzz) calls the same functions
 // without a socket.
 //
 //   absl::StatusOr<CallOptions> options = ParseCallHeaders(type->protocol, header_lookup);
@@ -42,7 +42,7 @@ using HeaderLookup = absl::FunctionRef<std::optional<absl::string_view>(const ch
 absl::StatusOr<CallOptions> ParseCallHeaders(Protocol protocol, HeaderLookup header);
 
 // Decodes a whole request `body` into `request` (an empty message of the method's request type):
-// gRPC-Web's single frame, gzip (at most `max_message_bytes` of output), then binary protobuf or
+// gRPC-Web text's base64, gRPC-Web's single frame, gzip (at most `max_message_bytes` of output), then binary protobuf or
 // JSON (unknown fields refused; an empty JSON body is `{}`). InvalidArgument for anything
 // malformed, ResourceExhausted for too much decompressed data, Internal for a compressed gRPC-Web
 // frame without a grpc-encoding (as gRPC does).

@@ -1,5 +1,6 @@
 // offload_server: the crypto-offload gRPC service. See README.md for the flags and a tour.
 #include <malloc.h>
+#include <sys/resource.h>
 
 #include <cstdint>
 #include <string>
@@ -37,9 +38,26 @@ ABSL_FLAG(std::string, metrics_address, "127.0.0.1:9464",
 ABSL_FLAG(std::string, http_address, "127.0.0.1:8080",
           "Address of the HTTP gateway (Connect and gRPC-Web for every unary RPC, /healthz, "
           "/readyz) (host:port); empty turns it off.");
+ABSL_FLAG(std::string, http_cors_origins, "",
+          "Browser origins allowed by CORS on the HTTP gateway: a comma-separated list of exact "
+          "origins (https://app.example.com); empty: no CORS headers at all. Preflights from "
+          "other origins are refused.");
 ABSL_FLAG(std::string, http_cors_origin, "",
-          "Access-Control-Allow-Origin of the HTTP gateway for browsers: empty (no CORS "
-          "headers), * or one origin.");
+          "One allowed CORS origin (kept for older set-ups; joins --http_cors_origins).");
+ABSL_FLAG(int, http_threads, 0, "Event loop threads of the HTTP gateway; 0 = one per core, at most 4.");
+ABSL_FLAG(int, http_max_connections, 10000,
+          "Open connections on the HTTP port at most; more are closed at accept. 0 = no bound.");
+ABSL_FLAG(absl::Duration, http_idle_timeout, absl::Seconds(60),
+          "An HTTP connection with no request under way (keep-alive) is closed after this long.");
+ABSL_FLAG(absl::Duration, http_read_timeout, absl::Seconds(10),
+          "HTTP/1.1 request headers and TLS handshakes must finish within this time; a request "
+          "body that makes no progress for this long has its connection cut.");
+ABSL_FLAG(int64_t, http_max_header_bytes, 16 << 10,
+          "Largest request headers (all lines) on the HTTP port; beyond: 431.");
+ABSL_FLAG(int, http2_max_concurrent_streams, 100,
+          "Concurrent requests per HTTP/2 connection on the HTTP port.");
+ABSL_FLAG(bool, http_tcp_nodelay, true,
+          "TCP_NODELAY on HTTP connections (false only to measure what Nagle's algorithm costs).");
 ABSL_FLAG(bool, metrics, true,
           "Count calls for Prometheus; false turns metrics off entirely (for the cost benchmark).");
 ABSL_FLAG(double, log_requests_sample_rate, 0,
@@ -75,6 +93,11 @@ int main(int argc, char** argv) {
   // cut server CPU per 55 KB open by about a fifth (tests/bench/README.md, "Allocator").
   mallopt(M_MMAP_THRESHOLD, 1 << 20);
   mallopt(M_TRIM_THRESHOLD, 64 << 20);
+  // Every idle keep-alive connection holds a descriptor: allow as many as the hard limit does.
+  if (rlimit files{}; getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &files);
+  }
   offload::BlockStopSignals();
   absl::SetProgramUsageMessage("The crypto-offload gRPC service.\nUsage: offload_server [flags]");
   absl::ParseCommandLine(argc, argv);
@@ -93,7 +116,17 @@ int main(int argc, char** argv) {
   config.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   config.metrics_address = absl::GetFlag(FLAGS_metrics_address);
   config.http_address = absl::GetFlag(FLAGS_http_address);
-  config.http_cors_origin = absl::GetFlag(FLAGS_http_cors_origin);
+  config.http_cors_origins = absl::GetFlag(FLAGS_http_cors_origins);
+  if (const std::string one = absl::GetFlag(FLAGS_http_cors_origin); !one.empty()) {
+    config.http_cors_origins += config.http_cors_origins.empty() ? one : "," + one;
+  }
+  config.http_threads = absl::GetFlag(FLAGS_http_threads);
+  config.http_max_connections = absl::GetFlag(FLAGS_http_max_connections);
+  config.http_idle_timeout = absl::GetFlag(FLAGS_http_idle_timeout);
+  config.http_read_timeout = absl::GetFlag(FLAGS_http_read_timeout);
+  config.http_max_header_bytes = absl::GetFlag(FLAGS_http_max_header_bytes);
+  config.http2_max_concurrent_streams = absl::GetFlag(FLAGS_http2_max_concurrent_streams);
+  config.http_tcp_nodelay = absl::GetFlag(FLAGS_http_tcp_nodelay);
   config.metrics_enabled = absl::GetFlag(FLAGS_metrics);
   config.log_requests_sample_rate = absl::GetFlag(FLAGS_log_requests_sample_rate);
   config.memo_enabled = absl::GetFlag(FLAGS_memo);

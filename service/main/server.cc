@@ -9,11 +9,14 @@
 
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "grpc/grpc.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -77,6 +80,15 @@ absl::Status CheckConfig(const ServerConfig& config) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_queued_items: expected 0 or at least max_batch_items (", config.max_batch_items,
         "), got ", config.max_queued_items));
+  }
+  if (config.http_threads < 0 || config.http_max_connections < 0 ||
+      config.http2_max_concurrent_streams < 1 || config.http_max_header_bytes < 1024 ||
+      config.http_idle_timeout <= absl::ZeroDuration() ||
+      config.http_read_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "http flags: expected http_threads >= 0, http_max_connections >= 0, "
+        "http2_max_concurrent_streams >= 1, http_max_header_bytes >= 1024 and positive "
+        "http_idle_timeout and http_read_timeout");
   }
   if (config.max_message_bytes < 1024 || config.max_message_bytes > (1LL << 30)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -371,10 +383,18 @@ absl::Status RunServer(const ServerConfig& config) {
   http::MethodTable http_methods(&operations, key_manager.get());
   std::unique_ptr<http::Gateway> gateway;
   if (!config.http_address.empty()) {
+    OFFLOAD_ASSIGN_OR_RETURN(http::CorsPolicy cors, http::CorsPolicy::Parse(config.http_cors_origins));
     http::Gateway::Options http_options;
     http_options.address = config.http_address;
     http_options.max_message_bytes = config.max_message_bytes;
-    http_options.cors_origin = config.http_cors_origin;
+    http_options.cors = std::move(cors);
+    http_options.threads = config.http_threads;
+    http_options.max_connections = config.http_max_connections;
+    http_options.idle_timeout = config.http_idle_timeout;
+    http_options.read_timeout = config.http_read_timeout;
+    http_options.max_header_bytes = config.http_max_header_bytes;
+    http_options.http2_max_streams = config.http2_max_concurrent_streams;
+    http_options.tcp_nodelay = config.http_tcp_nodelay;
     http_options.log_sample_rate = config.log_requests_sample_rate;
     http_options.tls = tls.get();
     http_options.authorizer = authorizer.get();
@@ -425,12 +445,34 @@ absl::Status RunServer(const ServerConfig& config) {
        {"drain_timeout_seconds", absl::ToDoubleSeconds(config.drain_timeout)}});
   server->GetHealthCheckService()->SetServingStatus(false);
   ready->store(false);
-  // /readyz 503 and new HTTP calls UNAVAILABLE; HTTP calls in flight finish meanwhile.
+  const absl::Time drain_deadline = absl::Now() + config.drain_timeout;
+  // /readyz 503, new HTTP calls UNAVAILABLE, idle HTTP connections closed; HTTP calls in
+  // flight finish meanwhile.
   if (gateway != nullptr) gateway->Drain();
-  // Refuses new calls at once; waits for in-flight calls until the deadline, then cancels them.
-  server->Shutdown(absl::ToChronoTime(absl::Now() + config.drain_timeout));
+  // gRPC: Shutdown refuses new calls at once and waits for those in flight until the deadline,
+  // then cancels them. It also waits for every client connection to go away after its GOAWAY,
+  // which a pooled idle connection (or one that never finished its handshake) takes seconds to
+  // do: once no call has been in flight for a moment, the connections left are closed here.
+  absl::Notification shut;
+  std::thread shutdown([&] {
+    server->Shutdown(absl::ToChronoTime(drain_deadline));
+    shut.Notify();
+  });
+  for (int quiet = 0; !shut.HasBeenNotified() && absl::Now() < drain_deadline;) {
+    quiet = services.in_flight() == 0 ? quiet + 1 : 0;
+    if (quiet >= 4) {
+      grpc_server_cancel_all_calls(server->c_server());
+      break;
+    }
+    shut.WaitForNotificationWithTimeout(absl::Milliseconds(5));
+  }
+  shutdown.join();
   server->Wait();
-  if (gateway != nullptr) gateway->Stop();
+  if (gateway != nullptr) gateway->Stop(drain_deadline);
+  // Tasks still queued (calls past the drain deadline) run now, while everything they use is
+  // still here.
+  pool.WaitIdle();
+  metrics.StopExposer();
   Log(LogLevel::kInfo, "server_stopped");
   return absl::OkStatus();
 }

@@ -33,7 +33,15 @@ struct ServerConfig {
   absl::Duration drain_timeout = absl::Seconds(20);
   std::string metrics_address = "127.0.0.1:9464";  // empty: no /metrics exposer
   std::string http_address = "127.0.0.1:8080";     // empty: no HTTP gateway (Connect, gRPC-Web)
-  std::string http_cors_origin;                     // empty: no CORS headers on the gateway
+  // The HTTP gateway (service/http/gateway.h, service/httpd/server.h).
+  std::string http_cors_origins;  // comma-separated exact origins; empty: no CORS headers
+  int http_threads = 0;           // event loops; 0 = one per core, at most 4
+  int http_max_connections = 10000;
+  absl::Duration http_idle_timeout = absl::Seconds(60);
+  absl::Duration http_read_timeout = absl::Seconds(10);
+  int64_t http_max_header_bytes = 16 << 10;
+  int http2_max_concurrent_streams = 100;
+  bool http_tcp_nodelay = true;
   bool metrics_enabled = true;                      // false: calls are not even counted
   double log_requests_sample_rate = 0;              // fraction of calls logged (0 = none)
   // Memo cache bounds in bytes; memo_enabled = false turns every cache off (for baselines).

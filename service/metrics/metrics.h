@@ -25,7 +25,6 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "prometheus/counter.h"
-#include "prometheus/exposer.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
@@ -76,8 +75,12 @@ class Metrics final {
   // A gauge fixed at start-up, e.g. offload_build_info{version=...} 1.
   void SetInfo(const std::string& name, const std::string& help, Labels labels);
 
-  // Serves GET /metrics on `address` (host:port). Empty address: no exposer.
+  // Serves GET /metrics on `address` (host:port; port 0 picks one, see exposer_port()) from an
+  // event-loop thread of its own (httpd::Server). Empty address: no endpoint.
   absl::Status StartExposer(const std::string& address);
+  int exposer_port() const;
+  // Stops the /metrics endpoint (also done by the destructor). Idempotent.
+  void StopExposer();
 
   // The text exposition of everything, as Prometheus would scrape it.
   std::string Scrape() const;
@@ -94,7 +97,8 @@ class Metrics final {
   prometheus::Family<prometheus::Histogram>& batch_size_;
   prometheus::Family<prometheus::Counter>& items_;
   std::vector<std::unique_ptr<MethodMetrics>> methods_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  class Exposer;
+  std::unique_ptr<Exposer> exposer_;
 };
 
 // Latency buckets from 10 us to 10 s.

@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "absl/time/clock.h"
+
 namespace offload::ops {
 
 WorkerPool::WorkerPool(int threads) {
@@ -24,6 +26,16 @@ void WorkerPool::Submit(absl::AnyInvocable<void() &&> task) {
   queue_.push_back(std::move(task));
 }
 
+void WorkerPool::WaitIdle() {
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (queue_.empty() && busy_.load(std::memory_order_relaxed) == 0) return;
+    }
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+}
+
 size_t WorkerPool::queue_depth() const {
   absl::MutexLock lock(&mu_);
   return queue_.size();
@@ -40,8 +52,10 @@ void WorkerPool::Run() {
       if (queue_.empty()) return;  // stopping, and every submitted task has run
       task = std::move(queue_.front());
       queue_.pop_front();
+      // Under the lock, so that WaitIdle never sees an empty queue and no busy worker while a
+      // task is between the two.
+      busy_.fetch_add(1, std::memory_order_relaxed);
     }
-    busy_.fetch_add(1, std::memory_order_relaxed);
     std::move(task)();
     busy_.fetch_sub(1, std::memory_order_relaxed);
   }

@@ -29,6 +29,9 @@ class WorkerPool final {
   WorkerPool& operator=(const WorkerPool&) = delete;
 
   void Submit(absl::AnyInvocable<void() &&> task);
+  // Returns once no task is queued or running (tasks submitted meanwhile are waited for too).
+  // Not from a task.
+  void WaitIdle();
 
   int size() const { return static_cast<int>(threads_.size()); }
   // Tasks waiting for a thread (not those running).

@@ -3,6 +3,7 @@
 #include <openssl/pem.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <string>
@@ -185,6 +186,18 @@ class Dispatcher {
   ServerUnaryReactor* Run(CallbackServerContext* context, const MethodInfo* method,
                           const google::protobuf::Message& request, const Response* response,
                           Fn fn) {
+    BeginCall();
+    return Submit(context, method, request, response, std::move(fn));
+  }
+
+  // Calls begun and not yet finished (each ends in Finish()).
+  int64_t in_flight() const { return in_flight_.load(std::memory_order_acquire); }
+
+  // Run() without counting the call again (MemoFirst's miss).
+  template <typename Response, typename Fn>
+  ServerUnaryReactor* Submit(CallbackServerContext* context, const MethodInfo* method,
+                             const google::protobuf::Message& request, const Response* response,
+                             Fn fn) {
     ServerUnaryReactor* reactor = context->DefaultReactor();
     const Clock::time_point start = Clock::now();
     ops::Admission::Ticket ticket;
@@ -238,6 +251,7 @@ class Dispatcher {
       Response* response,
       bool (Operations::*from_memo)(const Request&, Response*, Probe*, absl::Status*) const,
       absl::Status (Operations::*fresh)(const Request&, const Probe&, Response*) const) {
+    BeginCall();
     if (ServerUnaryReactor* refused = Refuse(context, method, *request)) return refused;
     Operations* operations = operations_;
     Probe probe;
@@ -245,7 +259,7 @@ class Dispatcher {
     if ((operations->*from_memo)(*request, response, &probe, &status)) {
       return FinishInline(context, method, response, std::move(status));
     }
-    return Run(context, method, *request, response,
+    return Submit(context, method, *request, response,
                [operations, request, response, fresh, probe = std::move(probe)] {
                  return (operations->*fresh)(*request, probe, response);
                });
@@ -266,6 +280,7 @@ class Dispatcher {
                             const Request* request, Response* response,
                             void (Operations::*op)(const Request&, Response*, Operations::Done,
                                                    Operations::Alive) const) {
+    BeginCall();
     ServerUnaryReactor* reactor = context->DefaultReactor();
     const Clock::time_point start = Clock::now();
     ops::Admission::Ticket ticket;
@@ -286,6 +301,7 @@ class Dispatcher {
       bool (Operations::*from_memo)(const Request&, Response*, Probe*, absl::Status*) const,
       void (Operations::*fresh)(const Request&, const Probe&, Response*, Operations::Done,
                                 Operations::Alive) const) {
+    BeginCall();
     ServerUnaryReactor* reactor = context->DefaultReactor();
     const Clock::time_point start = Clock::now();
     ops::Admission::Ticket ticket;
@@ -366,7 +382,10 @@ class Dispatcher {
            {"items", batch_size}});
     }
     reactor->Finish(ToGrpcStatus(status));
+    in_flight_.fetch_sub(1, std::memory_order_acq_rel);
   }
+
+  void BeginCall() { in_flight_.fetch_add(1, std::memory_order_acq_rel); }
 
   Operations* const operations_;
   keys::KeyManager* const keys_;
@@ -376,6 +395,7 @@ class Dispatcher {
   auth::Authorizer* const authorizer_;
   ops::Admission* const admission_;
   std::deque<MethodInfo> methods_;  // stable addresses
+  std::atomic<int64_t> in_flight_{0};
   IdentityCache identities_;
   static thread_local absl::InsecureBitGen bitgen_;
 };
@@ -661,6 +681,8 @@ Services::Services(Operations* operations, keys::KeyManager* keys, ops::WorkerPo
     : impl_(std::make_unique<Impl>(operations, keys, pool, metrics, log_sample_rate, guards)) {}
 
 Services::~Services() = default;
+
+int64_t Services::in_flight() const { return impl_->dispatcher.in_flight(); }
 
 void Services::RegisterAll(grpc::ServerBuilder& builder) {
   builder.RegisterService(&impl_->key_service);

@@ -15,6 +15,7 @@
 #ifndef SERVICE_RPC_SERVICES_H_
 #define SERVICE_RPC_SERVICES_H_
 
+#include <cstdint>
 #include <memory>
 
 #include "absl/status/status.h"
@@ -46,6 +47,9 @@ class Services final {
 
   // Registers every service with `builder`. REQUIRES: called once, before BuildAndStart.
   void RegisterAll(grpc::ServerBuilder& builder);
+
+  // Calls handed to a handler and not yet finished (for a drain that ends as soon as it can).
+  int64_t in_flight() const;
 
  private:
   struct Impl;

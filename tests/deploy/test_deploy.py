@@ -430,8 +430,8 @@ class DockerfileTest(unittest.TestCase):
                 paths[name] = path
         # dpkg knows a file by the path its package ships (/lib or /usr/lib: usrmerge); one
         # `dpkg -S` over every candidate path (each call reads the whole database).
-        # The project's own shared libraries (the civetweb OpenSSL 3 shims) come from the build
-        # tree, not from a package: the Dockerfile must copy them where the RUNPATH looks.
+        # Any shared library of the project's own would come from the build tree, not from a
+        # package: the Dockerfile must then copy it where the RUNPATH looks.
         build_root = os.path.realpath(os.path.join(os.path.dirname(binaries[0]), ".."))
         own = {lib for lib in needed
                if lib in paths and os.path.realpath(paths[lib]).startswith(build_root + os.sep)}

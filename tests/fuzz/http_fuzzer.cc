@@ -1,9 +1,11 @@
 // The HTTP gateway's request path (service/http) without a socket: the same functions the
-// civetweb handler (Gateway::Handle / Call) calls, in its order. Input = a request in text form:
-//   line 1: the path ("/offload.v1.AeadService/Open")
+// gateway's handler (Gateway::Handle / Call) calls, in its order. Input = a request in text form:
+//   line 1: the path ("/offload.v1.AeadService/Open"), or "GET " and a path with a Connect GET
+//           query ("GET /offload.v1.KeyService/GetKey?encoding=json&message=...")
 //   then "Name: value" header lines, an empty line, and the body (bytes to the end)
-// Steps: method table lookup, ParseContentType, ParseCallHeaders (Connect / gRPC-Web headers),
-// the body size limit, DecodeRequest (gRPC-Web frame, gzip, binary or JSON protobuf), the method
+// Steps: method table lookup, ParseContentType (or ParseConnectGetQuery), ParseCallHeaders
+// (Connect / gRPC-Web headers), the body size limit, DecodeRequest (gRPC-Web text's base64,
+// gRPC-Web frame, gzip, binary or JSON protobuf), the method
 // call over Operations and the KeyManager (a world with the fixed keys), EncodeResponse, and the
 // error or response encodings (Connect JSON error, gRPC-Web frame and trailers, gzip).
 // Invariants: no crash; only codes a gateway call may end with; an error body is JSON with the
@@ -108,24 +110,45 @@ absl::Status Serve(const Request& r, std::string* out) {
     }
     return std::nullopt;
   };
-  const http::Method* method = F().table.Find(r.path);
+  // A Connect GET: the message comes from the query, and only side-effect-free methods take it.
+  const bool get = absl::StartsWith(r.path, "GET ");
+  absl::string_view path = get ? absl::string_view(r.path).substr(4) : absl::string_view(r.path);
+  const absl::string_view query = get && path.find('?') != absl::string_view::npos
+                                      ? path.substr(path.find('?') + 1)
+                                      : absl::string_view();
+  if (get) path = path.substr(0, path.find('?'));
+  const http::Method* method = F().table.Find(path);
   if (method == nullptr) {
-    return absl::UnimplementedError(absl::StrCat("unknown method ", r.path.substr(0, 128)));
+    return absl::UnimplementedError(absl::StrCat("unknown method ", path.substr(0, 128)));
   }
-  const absl::StatusOr<http::ContentType> type =
-      http::ParseContentType(header("Content-Type").value_or(""));
-  if (!type.ok()) return absl::UnimplementedError(type.status().message());
-  const absl::StatusOr<http::CallOptions> options = http::ParseCallHeaders(type->protocol, header);
-  if (!options.ok()) return options.status();
-  const int64_t limit =
-      kMaxMessageBytes + (type->protocol == Protocol::kGrpcWeb ? int64_t{http::kFrameHeaderBytes} : 0);
-  if (static_cast<int64_t>(r.body.size()) > limit) {
-    return absl::ResourceExhaustedError("request body: too large");
+  absl::StatusOr<http::ContentType> type = http::ContentType{};
+  absl::StatusOr<http::CallOptions> options = http::CallOptions{};
+  absl::StatusOr<http::ConnectGetQuery> get_query;
+  absl::string_view body = r.body;
+  if (get) {
+    if (!method->no_side_effects) return absl::UnimplementedError("GET: POST only");
+    get_query = http::ParseConnectGetQuery(query, kMaxMessageBytes);
+    if (!get_query.ok()) return get_query.status();
+    FUZZ_CHECK(get_query->message.size() <= static_cast<size_t>(kMaxMessageBytes), "GET size");
+    type->codec = get_query->codec;
+    options->encoding = get_query->compression;
+    body = get_query->message;
+  } else {
+    type = http::ParseContentType(header("Content-Type").value_or(""));
+    if (!type.ok()) return absl::UnimplementedError(type.status().message());
+    options = http::ParseCallHeaders(type->protocol, header);
+    if (!options.ok()) return options.status();
+    int64_t limit = kMaxMessageBytes +
+                    (type->protocol == Protocol::kGrpcWeb ? int64_t{http::kFrameHeaderBytes} : 0);
+    if (type->text) limit = (limit + 2) / 3 * 4 + 4096;
+    if (static_cast<int64_t>(body.size()) > limit) {
+      return absl::ResourceExhaustedError("request body: too large");
+    }
   }
   std::unique_ptr<google::protobuf::Message> request(method->request_prototype->New());
   std::unique_ptr<google::protobuf::Message> response(method->response_prototype->New());
   if (absl::Status s =
-          http::DecodeRequest(*type, options->encoding, r.body, kMaxMessageBytes, request.get());
+          http::DecodeRequest(*type, options->encoding, body, kMaxMessageBytes, request.get());
       !s.ok()) {
     return s;
   }
@@ -155,6 +178,11 @@ absl::Status Serve(const Request& r, std::string* out) {
     bool compressed = true;
     const auto payload = http::ParseUnaryRequestFrame(frame, &compressed);
     FUZZ_CHECK(payload.ok() && *payload == *out && !compressed, "frame round trip");
+    if (type->text) {
+      const absl::StatusOr<std::string> back =
+          http::DecodeGrpcWebText(http::EncodeGrpcWebText(frame));
+      FUZZ_CHECK(back.ok() && *back == frame, "grpc-web-text round trip");
+    }
   } else if (options->gzip_response && out->size() >= kGzipMinBytes) {
     const absl::StatusOr<std::string> zipped = http::Gzip(*out);
     FUZZ_CHECK(zipped.ok(), zipped.status().ToString());
@@ -180,6 +208,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace offload;  // NOLINT
   using namespace offload::fuzz;  // NOLINT
   const Request request = ParseInput(absl::string_view(reinterpret_cast<const char*>(data), size));
+  // The CORS origin list parser and matcher take flag values and request headers alike.
+  for (const auto& [name, value] : request.headers) {
+    if (!absl::EqualsIgnoreCase(name, "Origin")) continue;
+    const absl::StatusOr<http::CorsPolicy> cors = http::CorsPolicy::Parse(value);
+    if (cors.ok()) {
+      for (const std::string& o : cors->origins()) FUZZ_CHECK(cors->Allows(o), o);
+      const http::CorsPolicy::Answer a = cors->Preflight(value, "POST");
+      FUZZ_CHECK(a.status == 204 || a.status == 403, a.status);
+    }
+  }
   std::string out;
   const absl::Status status = Serve(request, &out);
   if (!status.ok()) {

@@ -7,7 +7,7 @@ import assert from "node:assert/strict";
 import { generateKeyPairSync, randomBytes } from "node:crypto";
 import { request as httpRequest } from "node:http";
 
-import { clone, create, toBinary } from "@bufbuild/protobuf";
+import { clone, create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import {
   compressionGzip,
@@ -68,7 +68,10 @@ function x25519PublicKey() {
 // A raw HTTP/1.1 request: { status, headers, body (Buffer) }. `chunked` sends without
 // Content-Length. A server that answers before reading a huge body may close the connection
 // while we are still writing it: the response still counts.
-function raw(path, { method = "POST", headers = {}, body = Buffer.alloc(0), chunked = false } = {}) {
+function raw(
+  path,
+  { method = "POST", headers = {}, body = Buffer.alloc(0), chunked = false, waitForResponseBeforeBody = false } = {},
+) {
   return new Promise((resolve, reject) => {
     const h = { ...headers };
     if (!chunked) h["Content-Length"] = body.length;
@@ -86,6 +89,12 @@ function raw(path, { method = "POST", headers = {}, body = Buffer.alloc(0), chun
     req.on("error", (e) => {
       if (!["EPIPE", "ECONNRESET"].includes(e.code)) reject(e);
     });
+    if (waitForResponseBeforeBody) {
+      // Headers only: a server that refuses on Content-Length answers before any body byte.
+      req.flushHeaders();
+      req.on("response", () => req.destroy());
+      return;
+    }
     if (chunked) {
       for (let off = 0; off < body.length; off += 1 << 20) req.write(body.subarray(off, off + (1 << 20)));
       req.end();
@@ -111,18 +120,29 @@ function frame(flags, payload) {
 const signed = {}; // publicKey, message, signature from the gRPC path
 
 before(async () => {
-  server = await startServer([`--max_message_bytes=${MAX_MESSAGE}`]);
+  // Every call is logged (method, transport, HTTP method and version): the Connect GET checks
+  // read the log.
+  server = await startServer([`--max_message_bytes=${MAX_MESSAGE}`, "--log_requests_sample_rate=1"]);
   grpc = clients(createGrpcTransport({ baseUrl: server.grpc, httpVersion: "2" }));
-  const base = { baseUrl: server.http, httpVersion: "1.1" };
-  transports["connect+proto"] = createConnectTransport({ ...base, useBinaryFormat: true });
-  transports["connect+json"] = createConnectTransport({ ...base, useBinaryFormat: false });
-  transports["connect+proto+gzip"] = createConnectTransport({
-    ...base,
-    useBinaryFormat: true,
-    sendCompression: compressionGzip,
-    compressMinBytes: 0,
-  });
-  transports["grpc-web+proto"] = createGrpcWebTransport({ ...base, useBinaryFormat: true });
+  // Every protocol over HTTP/1.1 and over HTTP/2 with prior knowledge (h2c).
+  for (const httpVersion of ["1.1", "2"]) {
+    const base = { baseUrl: server.http, httpVersion };
+    const v = `@h${httpVersion}`;
+    transports[`connect+proto${v}`] = createConnectTransport({ ...base, useBinaryFormat: true });
+    transports[`connect+json${v}`] = createConnectTransport({ ...base, useBinaryFormat: false });
+    transports[`connect+proto+gzip${v}`] = createConnectTransport({
+      ...base,
+      useBinaryFormat: true,
+      sendCompression: compressionGzip,
+      compressMinBytes: 0,
+    });
+    transports[`connect+get${v}`] = createConnectTransport({
+      ...base,
+      useBinaryFormat: true,
+      useHttpGet: true,
+    });
+    transports[`grpc-web+proto${v}`] = createGrpcWebTransport({ ...base, useBinaryFormat: true });
+  }
 
   await grpc.keys.createKey({ keyId: "signer", type: KeyType.ED25519 });
   await grpc.keys.createKey({ keyId: "dh", type: KeyType.X25519 });
@@ -141,7 +161,8 @@ after(async () => {
   assert.ok(!server.log().includes("hello, gateway"));
 });
 
-const names = ["connect+proto", "connect+json", "connect+proto+gzip", "grpc-web+proto"];
+const names = ["connect+proto", "connect+json", "connect+proto+gzip", "connect+get", "grpc-web+proto"]
+  .flatMap((n) => [`${n}@h1.1`, `${n}@h2`]);
 
 describe("every transport answers as plain gRPC", () => {
   for (const name of names) {
@@ -244,6 +265,40 @@ describe("every transport answers as plain gRPC", () => {
   }
 });
 
+describe("Connect GET", () => {
+  it("connect-node sent the side-effect-free methods by GET (over both HTTP versions), no other", () => {
+    const seen = new Set();
+    for (const line of server.log().split("\n")) {
+      if (!line.includes('"event":"request"') || !line.includes('"transport":"connect"')) continue;
+      const r = JSON.parse(line);
+      seen.add(`${r.http_method} ${r.method} ${r.http_version}`);
+    }
+    for (const m of ["Ed25519Service/Verify", "Ed25519Service/BatchVerify", "KeyService/GetKey"]) {
+      for (const v of ["1.1", "2"]) assert.ok(seen.has(`GET /offload.v1.${m} ${v}`), `${m} over HTTP/${v}`);
+    }
+    for (const entry of seen) {
+      if (!entry.startsWith("GET ")) continue;
+      assert.match(entry, /(Verify|BatchVerify|GetKey|ListKeys) /, entry);
+    }
+  });
+
+  it("ListKeys by GET, JSON in the query; verify answers are cacheable, key listings are not", async () => {
+    const list = await raw("/offload.v1.KeyService/ListKeys?connect=v1&encoding=json&message=%7B%7D", { method: "GET" });
+    assert.equal(list.status, 200);
+    assert.ok(JSON.parse(list.body.toString()).keys.some((k) => k.keyId === "signer"));
+    assert.equal(list.headers["cache-control"], "private, no-cache");
+    const request = toBinary(VerifyRequestSchema, create(VerifyRequestSchema, signed));
+    const message = Buffer.from(request).toString("base64url");
+    const v = await raw(`/offload.v1.Ed25519Service/Verify?connect=v1&encoding=proto&base64=1&message=${message}`, {
+      method: "GET",
+    });
+    assert.equal(v.status, 200);
+    assert.equal(fromBinary(VerifyResponseSchema, v.body).valid, true);
+    assert.match(v.headers["cache-control"], /max-age=31536000/);
+    assert.equal(await codeOf(clients(transports["connect+get@h2"]).keys.getKey({ keyId: "nobody" })), Code.NotFound);
+  });
+});
+
 describe("malformed HTTP requests get the right Connect error", () => {
   const verify = "/offload.v1.Ed25519Service/Verify";
   const proto = () => Buffer.from(toBinary(VerifyRequestSchema, create(VerifyRequestSchema, signed)));
@@ -268,16 +323,26 @@ describe("malformed HTTP requests get the right Connect error", () => {
     assert.match(decodeURIComponent(r.headers["grpc-message"]), /truncated/);
   });
 
-  it("10 MB body: resource_exhausted (429), with and without Content-Length", async () => {
-    const huge = Buffer.alloc(10 * 1000 * 1000, 1);
+  it("a body over the message limit: resource_exhausted (429), with and without Content-Length", async () => {
+    const over = Buffer.alloc(MAX_MESSAGE + 100000, 1);
     for (const chunked of [false, true]) {
-      const r = await raw(verify, { headers: { "Content-Type": "application/proto" }, body: huge, chunked });
+      const r = await raw(verify, { headers: { "Content-Type": "application/proto" }, body: over, chunked });
       assert.equal(r.status, 429, `chunked=${chunked}`);
       assert.equal(connectError(r).code, "resource_exhausted");
     }
-    const r = await raw(verify, { headers: { "Content-Type": "application/grpc-web" }, body: huge });
+    const r = await raw(verify, { headers: { "Content-Type": "application/grpc-web" }, body: over });
     assert.equal(r.status, 200);
     assert.equal(r.headers["grpc-status"], String(Code.ResourceExhausted));
+  });
+
+  it("a 10 MB body, more than any protocol carries: 413 before the body is read", async () => {
+    // The HTTP server refuses it on its Content-Length, without buffering it.
+    const r = await raw(verify, {
+      headers: { "Content-Type": "application/proto" },
+      body: Buffer.alloc(10 * 1000 * 1000, 1),
+      waitForResponseBeforeBody: true,
+    });
+    assert.equal(r.status, 413);
   });
 
   it("bad JSON and unknown fields: invalid_argument", async () => {
@@ -314,9 +379,26 @@ describe("malformed HTTP requests get the right Connect error", () => {
     assert.equal(connectError(r).code, "unimplemented");
   });
 
-  it("GET on an RPC: 405", async () => {
-    const r = await raw(verify, { method: "GET" });
-    assert.equal(r.status, 405);
+  it("GET of a method with side effects: 405", async () => {
+    for (const path of ["/offload.v1.Ed25519Service/Sign", "/offload.v1.KeyService/DeleteKey", "/offload.v1.AeadService/Open"]) {
+      const r = await raw(`${path}?connect=v1&encoding=json&message=%7B%7D`, { method: "GET" });
+      assert.equal(r.status, 405, path);
+      assert.equal(r.headers.allow, "POST", path);
+    }
+  });
+
+  it("gRPC-Web text (base64 bodies)", async () => {
+    const r = await raw(verify, {
+      headers: { "Content-Type": "application/grpc-web-text", "X-Grpc-Web": "1" },
+      body: Buffer.from(frame(0, proto()).toString("base64")),
+    });
+    assert.equal(r.status, 200);
+    assert.equal(r.headers["content-type"], "application/grpc-web-text+proto");
+    const bytes = Buffer.from(r.body.toString(), "base64");
+    const n = bytes.readUInt32BE(1);
+    const got = fromBinary(VerifyResponseSchema, bytes.subarray(5, 5 + n));
+    assert.equal(got.valid, true);
+    assert.match(bytes.subarray(5 + n + 5).toString(), /^grpc-status: 0\r\n/);
   });
 
   it("the server is still up and serving", async () => {
@@ -335,7 +417,7 @@ describe("metrics", () => {
       .split("\n")
       .find((l) => l.startsWith("offload_requests_total{") && l.includes('method="Verify"') && /code="(OK|ok)"/.test(l));
     assert.ok(line, "a Verify OK series");
-    // gRPC + 4 HTTP transports x 2 successful Verify calls each, and more.
-    assert.ok(Number(line.split(" ").pop()) >= 9, line);
+    // gRPC + 10 HTTP transports x 2 successful Verify calls each, and more.
+    assert.ok(Number(line.split(" ").pop()) >= 21, line);
   });
 });

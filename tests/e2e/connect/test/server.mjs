@@ -6,6 +6,8 @@
 import { spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { mkdtempSync, rmSync } from "node:fs";
+import { get as httpGet } from "node:http";
+import { get as httpsGet } from "node:https";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -21,7 +23,20 @@ export async function freePort() {
   });
 }
 
-export async function startServer(extraArgs = []) {
+// `scheme` https: the server was given TLS flags; `ca` is its certificate, for the readiness probe.
+// GET /readyz over HTTP or HTTPS (trusting `ca`): the status code.
+function readyStatus(scheme, port, ca) {
+  const get = scheme === "https" ? httpsGet : httpGet;
+  return new Promise((resolve, reject) => {
+    const req = get({ host: "127.0.0.1", port, path: "/readyz", ca, agent: false }, (res) => {
+      res.resume();
+      res.on("end", () => resolve(res.statusCode));
+    });
+    req.on("error", reject);
+  });
+}
+
+export async function startServer(extraArgs = [], { scheme = "http", ca } = {}) {
   const binary = process.env.OFFLOAD_SERVER;
   if (!binary) throw new Error("OFFLOAD_SERVER (the offload_server binary) is not set");
   const dataDir = mkdtempSync(join(tmpdir(), "offload-connect-"));
@@ -43,13 +58,12 @@ export async function startServer(extraArgs = []) {
   child.stderr.on("data", (d) => (log += d.toString()));
   const exited = new Promise((resolve) => child.on("exit", (code, signal) => resolve({ code, signal })));
 
-  const http = `http://127.0.0.1:${httpPort}`;
+  const http = `${scheme}://127.0.0.1:${httpPort}`;
   const deadline = Date.now() + 30000;
   for (;;) {
     if (child.exitCode !== null) throw new Error(`offload_server exited early:\n${log}`);
     try {
-      const r = await fetch(`${http}/readyz`);
-      if (r.status === 200) break;
+      if ((await readyStatus(scheme, httpPort, ca)) === 200) break;
     } catch {
       // not listening yet
     }
@@ -61,7 +75,7 @@ export async function startServer(extraArgs = []) {
   }
   return {
     http,
-    grpc: `http://127.0.0.1:${grpcPort}`,
+    grpc: `${scheme}://127.0.0.1:${grpcPort}`,
     metrics: `http://127.0.0.1:${metricsPort}/metrics`,
     httpPort,
     log: () => log,
