@@ -1,7 +1,8 @@
 /* offload.h: the C ABI of the crypto-offload client, for C and for FFI (Swift, Kotlin/JNI, Dart,
- * Python ctypes, Node). A thin layer over the C++ client (client/cpp/client.h): same retries,
- * deadlines, key affinity over several endpoints and auto-batching of concurrent verify / derive
- * / aead_open calls.
+ * Python ctypes, Node). A thin layer over the C++ client (client/cpp/client.h, with the whole
+ * story in client/cpp/README.md): same deadlines, retries, failover, key affinity over several
+ * endpoints and auto-batching of concurrent verify / derive / aead_open calls, all with the C++
+ * client's default options except the deadline.
  *
  *   offload_client_t* c = NULL;
  *   if (offload_client_create("127.0.0.1:50051", 5000, &c) != OFFLOAD_OK) {
@@ -26,6 +27,24 @@
  * - Thread-safe: one client may be used by any number of threads at once (that is how calls get
  *   batched). offload_client_destroy waits for calls in progress; no call may start after it.
  * - No C++ exception crosses this boundary.
+ *
+ * Deadlines, retries and failover (per call, within its deadline, `timeout_ms`):
+ * - A call is sent only on a connected channel. If its endpoint has none and another endpoint is
+ *   usable, it fails over at once (after at most 1 s for an endpoint's first connection); with
+ *   nowhere else to go it waits for the connection until its deadline while the channel redials
+ *   (25 ms, then x1.6, at most 1 s apart), so a server that starts or restarts in time is
+ *   reached. Waiting is not an attempt; at the deadline the call returns OFFLOAD_DEADLINE_EXCEEDED.
+ * - An RPC answered UNAVAILABLE is retried, at most 4 RPCs per call: on the key's next endpoint
+ *   at once, or on the same one after a backoff (25 ms doubling to 1 s, with jitter). Other
+ *   answers, DEADLINE_EXCEEDED of a sent RPC included, are returned as they are. Every function
+ *   retries, key creation and import too (a retry after a lost answer says ALREADY_EXISTS).
+ * - Every call ends by its deadline (give or take scheduling), OFFLOAD_DEADLINE_EXCEEDED or
+ *   OFFLOAD_UNAVAILABLE when the service could not be reached.
+ * - Several endpoints: each key id (for verify: each public key) has one endpoint by rendezvous
+ *   hashing. An endpoint that fails is left for 0.5 s (doubling to 30 s while it keeps failing)
+ *   and its keys go to their next endpoint; after a lost or refused connection it gets them back
+ *   as soon as it is connected again (about 1 s after it listens, while calls flow). Keys of the
+ *   other endpoints never move, and an auto-batch is sent to the endpoint it was grouped for.
  */
 #ifndef CLIENT_C_OFFLOAD_H_
 #define CLIENT_C_OFFLOAD_H_
@@ -97,8 +116,9 @@ OFFLOAD_API const char* offload_last_error(void);
 OFFLOAD_API const char* offload_status_name(offload_status_t status);
 
 /* Makes a client for `endpoints` ("host:port[,host:port...]" or "dns:host:port") with a per-call
- * deadline of `timeout_ms` (0 = the default, 5000). Plain-text channels. `*out` is set on
- * success. INVALID_ARGUMENT for a malformed endpoints string. */
+ * deadline of `timeout_ms` (0 = the default, 5000), covering the wait for a connection, the
+ * retries and their backoff (see above). Plain-text channels. Connects lazily: no server needs to
+ * be up yet. `*out` is set on success. INVALID_ARGUMENT for a malformed endpoints string. */
 OFFLOAD_API offload_status_t offload_client_create(const char* endpoints, uint32_t timeout_ms,
                                                    offload_client_t** out);
 /* Frees the client (NULL is fine). Waits for its calls in progress. */

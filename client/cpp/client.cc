@@ -41,6 +41,45 @@ absl::Duration Backoff(const ClientOptions& o, int retry) {
   return d / 2 + absl::Uniform(gen, 0.0, 1.0) * (d / 2);
 }
 
+const char* StateName(grpc_connectivity_state s) {
+  switch (s) {
+    case GRPC_CHANNEL_IDLE: return "IDLE";
+    case GRPC_CHANNEL_CONNECTING: return "CONNECTING";
+    case GRPC_CHANNEL_READY: return "READY";
+    case GRPC_CHANNEL_TRANSIENT_FAILURE: return "TRANSIENT_FAILURE";
+    case GRPC_CHANNEL_SHUTDOWN: return "SHUTDOWN";
+  }
+  return "UNKNOWN";
+}
+
+// Waits until `channel` is connected, at most until `until`; `*state` is its last state. With
+// `give_up_on_failure`, stops at the first failed attempt (TRANSIENT_FAILURE) instead of waiting
+// for the channel's next redial. Waiting polls a completion queue, and that is what moves gRPC's
+// connection attempt along (nothing else may be polling).
+bool WaitConnected(grpc::Channel& channel, absl::Time until, bool give_up_on_failure,
+                   grpc_connectivity_state* state) {
+  *state = channel.GetState(/*try_to_connect=*/true);
+  while (*state != GRPC_CHANNEL_READY) {
+    if (give_up_on_failure && *state == GRPC_CHANNEL_TRANSIENT_FAILURE) return false;
+    if (absl::Now() >= until) return false;
+    channel.WaitForStateChange(*state, absl::ToChronoTime(until));
+    *state = channel.GetState(/*try_to_connect=*/true);  // an IDLE channel redials
+  }
+  return true;
+}
+
+// The deadline of a batch: its earliest caller's.
+template <typename Items>
+absl::Time EarliestDeadline(const Items& items) {
+  absl::Time t = absl::InfiniteFuture();
+  for (const auto& it : items) t = std::min(t, it.deadline);
+  return t;
+}
+
+// Connection failovers of one call beyond which it waits on its endpoint instead (a bound for
+// pathological settings, e.g. endpoint_down_initial = 0, where marks never hold).
+constexpr int kMaxConnectFailovers = 16;
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
@@ -48,6 +87,17 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   if (options.timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
         absl::StrCat("timeout: expected > 0, got ", absl::FormatDuration(options.timeout)));
+  }
+  if (options.connect_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "connect_timeout: expected > 0, got ", absl::FormatDuration(options.connect_timeout)));
+  }
+  if (options.initial_backoff <= absl::ZeroDuration() ||
+      options.max_backoff < options.initial_backoff) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "initial_backoff, max_backoff: expected 0 < initial <= max, got ",
+        absl::FormatDuration(options.initial_backoff), ", ",
+        absl::FormatDuration(options.max_backoff)));
   }
   if (options.max_attempts < 1) {
     return absl::InvalidArgumentError(
@@ -65,6 +115,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   eo.down_initial = options.endpoint_down_initial;
   eo.down_max = options.endpoint_down_max;
   eo.dns_refresh = options.dns_refresh;
+  eo.reconnect_initial = options.initial_backoff;
+  eo.reconnect_max = options.max_backoff;
+  eo.connect_timeout = options.connect_timeout;
   eo.credentials = options.credentials;
   auto endpoints = EndpointSet::Create(options.endpoints, eo);
   if (!endpoints.ok()) return endpoints.status();
@@ -78,12 +131,12 @@ Client::Client(ClientOptions options, std::unique_ptr<EndpointSet> endpoints)
 
   verify_batcher_ = std::make_unique<Coalescer<Pending<v1::VerifyRequest>, v1::VerifyResponse>>(
       window, max, options_.max_batches_in_flight,
-      [this](const std::string&, std::vector<Pending<v1::VerifyRequest>>& items)
+      [this](const std::string& group, std::vector<Pending<v1::VerifyRequest>>& items)
           -> absl::StatusOr<std::vector<absl::StatusOr<v1::VerifyResponse>>> {
         v1::BatchVerifyRequest req;
         for (auto& it : items) *req.add_items() = std::move(it.request);
         v1::BatchVerifyResponse resp;
-        absl::Status s = Invoke(items[0].route, absl::Now() + options_.timeout, true,
+        absl::Status s = Invoke(items[0].route, group, EarliestDeadline(items), true,
                                 [&](const Endpoint& e, grpc::ClientContext* ctx) {
                                   resp.Clear();
                                   return e.ed25519->BatchVerify(ctx, req, &resp);
@@ -106,12 +159,12 @@ Client::Client(ClientOptions options, std::unique_ptr<EndpointSet> endpoints)
 
   derive_batcher_ = std::make_unique<Coalescer<Pending<v1::DeriveRequest>, v1::DeriveResponse>>(
       window, max, options_.max_batches_in_flight,
-      [this](const std::string&, std::vector<Pending<v1::DeriveRequest>>& items)
+      [this](const std::string& group, std::vector<Pending<v1::DeriveRequest>>& items)
           -> absl::StatusOr<std::vector<absl::StatusOr<v1::DeriveResponse>>> {
         v1::BatchDeriveRequest req;
         for (auto& it : items) *req.add_items() = std::move(it.request);
         v1::BatchDeriveResponse resp;
-        absl::Status s = Invoke(items[0].route, absl::Now() + options_.timeout, true,
+        absl::Status s = Invoke(items[0].route, group, EarliestDeadline(items), true,
                                 [&](const Endpoint& e, grpc::ClientContext* ctx) {
                                   resp.Clear();
                                   return e.x25519->BatchDerive(ctx, req, &resp);
@@ -132,12 +185,12 @@ Client::Client(ClientOptions options, std::unique_ptr<EndpointSet> endpoints)
   open_batcher_ =
       std::make_unique<Coalescer<Pending<v1::AeadOpenRequest>, v1::AeadOpenResponse>>(
           window, max, options_.max_batches_in_flight,
-          [this](const std::string&, std::vector<Pending<v1::AeadOpenRequest>>& items)
+          [this](const std::string& group, std::vector<Pending<v1::AeadOpenRequest>>& items)
               -> absl::StatusOr<std::vector<absl::StatusOr<v1::AeadOpenResponse>>> {
             v1::BatchAeadOpenRequest req;
             for (auto& it : items) *req.add_items() = std::move(it.request);
             v1::BatchAeadOpenResponse resp;
-            absl::Status s = Invoke(items[0].route, absl::Now() + options_.timeout, true,
+            absl::Status s = Invoke(items[0].route, group, EarliestDeadline(items), true,
                                     [&](const Endpoint& e, grpc::ClientContext* ctx) {
                                       resp.Clear();
                                       return e.aead->BatchOpen(ctx, req, &resp);
@@ -172,24 +225,63 @@ auto Client::Run(Fn fn) -> decltype(fn()) {
 }
 
 template <typename Rpc>
-absl::Status Client::Invoke(absl::string_view route, absl::Time deadline, bool batch, Rpc rpc) {
+absl::Status Client::Invoke(absl::string_view route, absl::string_view preferred,
+                            absl::Time deadline, bool batch, Rpc rpc) {
   absl::Status last = absl::UnavailableError("no attempt made");
   std::string last_address;
-  for (int attempt = 0; attempt < options_.max_attempts; ++attempt) {
-    auto endpoint = endpoints_->Pick(route);
-    if (attempt > 0 && (!endpoint.ok() || (*endpoint)->address == last_address)) {
+  int sent = 0;               // RPCs sent: at most max_attempts
+  int backoffs = 0;           // pauses before going back to the same endpoint
+  int connect_failovers = 0;  // endpoints left because they had no connection
+  while (sent < options_.max_attempts) {
+    bool alternative = false;
+    auto endpoint = endpoints_->Pick(route, preferred, &alternative);
+    if (!last_address.empty() && (!endpoint.ok() || (*endpoint)->address == last_address)) {
       // Same endpoint again (or none known): back off first. A failover goes at once.
-      const absl::Duration pause = Backoff(options_, attempt - 1);
+      const absl::Duration pause = Backoff(options_, backoffs++);
       if (absl::Now() + pause >= deadline) break;
       absl::SleepFor(pause);
-      endpoint = endpoints_->Pick(route);
+      endpoint = endpoints_->Pick(route, preferred, &alternative);
     }
     if (!endpoint.ok()) {
       last = endpoint.status();
-      last_address.clear();
+      last_address = "?";  // back off before asking again
       continue;
     }
     const Endpoint& e = **endpoint;
+
+    // A connection first. With somewhere to fail over to, an endpoint that failed recently is
+    // left at once unless connected, and a fresh one gets `connect_timeout`; with nowhere else to
+    // go, the call waits for this endpoint until its deadline while the channel redials (every
+    // max_backoff at most), so a server that comes up in time is reached.
+    grpc_connectivity_state state = e.channel->GetState(/*try_to_connect=*/true);
+    if (state != GRPC_CHANNEL_READY) {
+      const bool failover = alternative && connect_failovers < kMaxConnectFailovers;
+      absl::Time until = deadline;
+      if (failover) {
+        until = endpoints_->HasFailed(e.address)
+                    ? absl::InfinitePast()
+                    : std::min(deadline, absl::Now() + options_.connect_timeout);
+      }
+      if (!WaitConnected(*e.channel, until, /*give_up_on_failure=*/failover, &state)) {
+        {
+          absl::MutexLock lock(&mu_);
+          ++stats_.connect_failures;
+        }
+        endpoints_->ReportFailure(e.address, /*connection=*/true);
+        last_address = e.address;
+        const std::string what = absl::StrCat(e.address, ": no connection (channel ",
+                                              StateName(state), ")");
+        if (absl::Now() >= deadline) {
+          return absl::DeadlineExceededError(
+              sent == 0 ? absl::StrCat("deadline exceeded: ", what)
+                        : absl::StrCat("deadline exceeded: ", what, "; before: ", last.message()));
+        }
+        last = absl::UnavailableError(what);
+        if (failover) ++connect_failovers;
+        continue;
+      }
+    }
+
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(deadline));
     if (HeaderSafe(route)) ctx.AddMetadata(kRouteHeader, std::string(route));
@@ -197,15 +289,20 @@ absl::Status Client::Invoke(absl::string_view route, absl::Time deadline, bool b
       absl::MutexLock lock(&mu_);
       ++stats_.rpcs;
       if (batch) ++stats_.batch_rpcs;
-      if (attempt > 0) ++stats_.retries;
+      if (sent > 0) ++stats_.retries;
       ++stats_.rpcs_by_endpoint[e.address];
     }
+    ++sent;
     const grpc::Status s = rpc(e, &ctx);
     if (s.error_code() != grpc::StatusCode::UNAVAILABLE) {
       endpoints_->ReportSuccess(e.address);
       return ToStatus(s);
     }
-    endpoints_->ReportFailure(e.address);
+    // Not connected any more: the connection was lost (the server went away); still connected:
+    // the server itself said UNAVAILABLE.
+    const bool connection =
+        e.channel->GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY;
+    endpoints_->ReportFailure(e.address, connection);
     last = absl::UnavailableError(absl::StrCat(e.address, ": ", s.error_message()));
     last_address = e.address;
   }
@@ -215,7 +312,7 @@ absl::Status Client::Invoke(absl::string_view route, absl::Time deadline, bool b
 template <typename Response, typename Call>
 absl::StatusOr<Response> Client::InvokeUnary(absl::string_view route, Call call) {
   Response response;
-  absl::Status s = Invoke(route, absl::Now() + options_.timeout, false,
+  absl::Status s = Invoke(route, {}, absl::Now() + options_.timeout, false,
                           [&](const Endpoint& e, grpc::ClientContext* ctx) {
                             response.Clear();  // a retry starts from an empty response
                             return call(e, ctx, &response);
@@ -230,7 +327,7 @@ absl::StatusOr<BatchResp> Client::SplitBatch(const BatchReq& request, RouteOf ro
   const int n = request.items_size();
   if (n == 0) {  // the server owns the answer to an empty batch
     BatchResp resp;
-    absl::Status s = Invoke("", deadline, true, [&](const Endpoint& e, grpc::ClientContext* ctx) {
+    absl::Status s = Invoke("", {}, deadline, true, [&](const Endpoint& e, grpc::ClientContext* ctx) {
       resp.Clear();
       return rpc(e, ctx, request, &resp);
     });
@@ -248,7 +345,9 @@ absl::StatusOr<BatchResp> Client::SplitBatch(const BatchReq& request, RouteOf ro
       BatchReq sub;
       for (size_t k = begin; k < end; ++k) *sub.add_items() = request.items(indices[k]);
       BatchResp resp;
-      absl::Status s = Invoke(route_of(sub.items(0)), deadline, true,
+      // To the endpoint the chunk was grouped for (its first item's route only if that one is
+      // down by now).
+      absl::Status s = Invoke(route_of(sub.items(0)), address, deadline, true,
                               [&](const Endpoint& e, grpc::ClientContext* ctx) {
                                 resp.Clear();
                                 return rpc(e, ctx, sub, &resp);
@@ -293,7 +392,7 @@ absl::StatusOr<v1::KeyInfo> Client::ImportKey(absl::string_view key_id, v1::KeyT
     req.set_secret(std::string(secret));
     *req.mutable_options() = options;
     v1::KeyInfo resp;
-    absl::Status s = Invoke(key_id, absl::Now() + options_.timeout, false,
+    absl::Status s = Invoke(key_id, {}, absl::Now() + options_.timeout, false,
                             [&](const Endpoint& e, grpc::ClientContext* ctx) {
                               return e.keys->ImportKey(ctx, req, &resp);
                             });
@@ -341,7 +440,7 @@ absl::Status Client::DeleteKey(absl::string_view key_id) {
     v1::DeleteKeyRequest req;
     req.set_key_id(std::string(key_id));
     v1::DeleteKeyResponse resp;
-    return Invoke(key_id, absl::Now() + options_.timeout, false,
+    return Invoke(key_id, {}, absl::Now() + options_.timeout, false,
                   [&](const Endpoint& e, grpc::ClientContext* ctx) {
                     return e.keys->DeleteKey(ctx, req, &resp);
                   });
@@ -379,7 +478,9 @@ absl::StatusOr<v1::VerifyResponse> Client::Verify(absl::string_view public_key,
     p.request.set_signature(std::string(signature));
     if (options_.auto_batch) {
       const std::string group = RouteFor(p.route);
-      return verify_batcher_->Submit(group, std::move(p));
+      p.deadline = absl::Now() + options_.timeout;
+      const absl::Time deadline = p.deadline;
+      return verify_batcher_->Submit(group, std::move(p), deadline);
     }
     return InvokeUnary<v1::VerifyResponse>(p.route, [&](const Endpoint& e, grpc::ClientContext* ctx,
                                          v1::VerifyResponse* resp) {
@@ -422,7 +523,9 @@ absl::StatusOr<v1::DeriveResponse> Client::Derive(absl::string_view key_id,
     p.request.set_output(output);
     if (options_.auto_batch) {
       const std::string group = RouteFor(p.route);
-      return derive_batcher_->Submit(group, std::move(p));
+      p.deadline = absl::Now() + options_.timeout;
+      const absl::Time deadline = p.deadline;
+      return derive_batcher_->Submit(group, std::move(p), deadline);
     }
     return InvokeUnary<v1::DeriveResponse>(p.route, [&](const Endpoint& e, grpc::ClientContext* ctx,
                                          v1::DeriveResponse* resp) {
@@ -529,7 +632,9 @@ absl::StatusOr<v1::AeadOpenResponse> Client::AeadOpen(absl::string_view key_id,
     p.request.set_associated_data(std::string(associated_data));
     if (options_.auto_batch) {
       const std::string group = RouteFor(p.route);
-      return open_batcher_->Submit(group, std::move(p));
+      p.deadline = absl::Now() + options_.timeout;
+      const absl::Time deadline = p.deadline;
+      return open_batcher_->Submit(group, std::move(p), deadline);
     }
     return InvokeUnary<v1::AeadOpenResponse>(p.route, [&](const Endpoint& e, grpc::ClientContext* ctx,
                                          v1::AeadOpenResponse* resp) {

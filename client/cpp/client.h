@@ -8,28 +8,41 @@
 //   absl::StatusOr<offload::v1::VerifyResponse> ok =
 //       (*client)->Verify(sig->public_key(), "hello", sig->signature());   // auto-batched
 //
-// What it adds to the raw stubs:
-// - Every call returns absl::Status / absl::StatusOr and has a deadline (`timeout`, covering the
-//   retries too).
-// - Retries on UNAVAILABLE, at most `max_attempts` attempts, with exponential backoff and jitter
-//   between attempts on the same endpoint (a failover to another endpoint goes at once). Every
-//   method retries, including CreateKey/ImportKey: if a lost answer hid a success, the retry says
-//   ALREADY_EXISTS.
+// What it adds to the raw stubs (client/cpp/README.md has the whole story, with figures):
+// - Every call returns absl::Status / absl::StatusOr and has a deadline (`timeout`, covering
+//   connection waits and retries too); it ends by then (DEADLINE_EXCEEDED or UNAVAILABLE), give
+//   or take a scheduling delay.
+// - A call needs a connected channel before it is sent. If its endpoint has none and another
+//   usable endpoint exists, it fails over at once (after at most `connect_timeout` for an
+//   endpoint's first connection); if there is nowhere else to go, it waits for the connection
+//   until its deadline while the channel redials (every `max_backoff` at most), so a server that
+//   starts, or restarts, before the deadline is reached. Waiting is not an attempt.
+// - Retries on UNAVAILABLE, at most `max_attempts` RPCs per call (4 by default), with exponential
+//   backoff (`initial_backoff` 25 ms doubling to `max_backoff` 1 s, "equal jitter") between
+//   attempts on the same endpoint (a failover to another endpoint goes at once). Every method
+//   retries, including CreateKey/ImportKey: if a lost answer hid a success, the retry says
+//   ALREADY_EXISTS. Other codes (DEADLINE_EXCEEDED of a sent RPC included) are returned as is.
 // - Key affinity: the endpoint is chosen by rendezvous hashing (rendezvous.h) of a routing key
 //   over the endpoints not marked down (endpoints.h): the key id, or for Verify, which has none,
 //   "ed25519:<hex public key>" (one signer's verify memo stays on one replica). Each call carries
 //   `x-offload-key: <routing key>` metadata for proxies that hash on it (nginx
-//   `hash $http_x_offload_key consistent`). An endpoint answering UNAVAILABLE is marked down for
-//   a backoff and its keys go to their next-highest endpoint until it is tried again.
+//   `hash $http_x_offload_key consistent`). An endpoint that answers UNAVAILABLE or cannot be
+//   connected is marked down (`endpoint_down_initial` doubling to `endpoint_down_max`) and its
+//   keys go to their next-highest endpoint; it gets them back when the mark runs out, or, after a
+//   connection failure, as soon as its channel reconnects (about `max_backoff` after the server
+//   listens again, while calls are flowing). Keys of the other endpoints never move.
 // - Auto-batching: concurrent single Verify, Derive and AeadOpen calls bound for one endpoint are
 //   sent together as BatchVerify / BatchDerive / BatchOpen (coalescer.h: the first caller leads
 //   the batch, waits `batch_window` or until `max_batch_items` joined, sends it and hands each
 //   caller its own result; no extra threads; while `max_batches_in_flight` batches are out, the
-//   next one keeps growing). A whole-batch failure goes to each of its callers, after the retry
-//   policy has run for the batch as a whole.
+//   next one keeps growing, but not past its first caller's deadline). A batch is sent to the
+//   endpoint it was grouped for; only if that one fails (or is marked down by then) does it
+//   follow its first item's route. A whole-batch failure goes to each of its callers, after the
+//   retry policy has run for the batch as a whole, within the first caller's deadline.
 // - Explicit Batch* calls take any number of items: they are split by endpoint and into chunks of
-//   at most `server_max_batch_items`, sent one after the other, and answered in request order.
-//   If any chunk fails as a whole, the call fails with that status.
+//   at most `server_max_batch_items`, sent one after the other (each to the endpoint it was
+//   split for), and answered in request order. If any chunk fails as a whole, the call fails
+//   with that status.
 //
 // Thread-safe: one Client is meant to be shared by every thread of a process. Destroying it
 // waits for calls in progress (REQUIRES: no new call starts once destruction has begun).
@@ -61,12 +74,18 @@ namespace offload::client {
 struct ClientOptions {
   // "host:port[,host:port...]" or "dns:host:port" (every address of the name; re-resolved).
   std::string endpoints = "127.0.0.1:50051";
-  // Deadline of each call, retries included.
+  // Deadline of each call, connection waits and retries included.
   absl::Duration timeout = absl::Seconds(5);
-  // Attempts per call on UNAVAILABLE (1 = no retry).
+  // RPCs per call on UNAVAILABLE (1 = no retry). Waiting for a connection is not an attempt.
   int max_attempts = 4;
+  // Backoff between attempts on one endpoint (x2 per attempt, equal jitter). The same figures
+  // drive each channel's redialling: `initial_backoff` after a failed connection attempt, then
+  // x1.6 (+-20 %) up to `max_backoff`. REQUIRES: 0 < initial_backoff <= max_backoff.
   absl::Duration initial_backoff = absl::Milliseconds(25);
   absl::Duration max_backoff = absl::Seconds(1);
+  // Time one connection attempt may take (TCP, TLS and the server's first HTTP/2 SETTINGS); also
+  // what a call waits for an endpoint's first connection before failing over to another.
+  absl::Duration connect_timeout = absl::Seconds(1);
   // Auto-batching of single Verify / Derive / AeadOpen calls.
   bool auto_batch = true;
   absl::Duration batch_window = absl::Milliseconds(2);
@@ -75,7 +94,8 @@ struct ClientOptions {
   // Group commit: with this many auto-batches of one kind in flight to an endpoint, the next
   // keeps collecting past its window until one returns (or it is full). 0 = no limit.
   int max_batches_in_flight = 2;
-  // Endpoint health and discovery.
+  // Endpoint health and discovery: how long an endpoint that failed stays out (doubling per
+  // consecutive failure; a reconnected channel ends a mark left by a connection failure sooner).
   absl::Duration endpoint_down_initial = absl::Milliseconds(500);
   absl::Duration endpoint_down_max = absl::Seconds(30);
   absl::Duration dns_refresh = absl::Seconds(30);
@@ -93,6 +113,7 @@ struct ClientStats {
   int64_t auto_batches = 0;    // batches formed by auto-batching
   int64_t auto_batched_items = 0;
   int64_t endpoints_marked_down = 0;
+  int64_t connect_failures = 0;  // attempts that found no connection (no RPC sent)
   std::map<std::string, int64_t> rpcs_by_endpoint;
 };
 
@@ -174,14 +195,17 @@ class Client final {
   struct Pending {
     std::string route;
     Req request;
+    absl::Time deadline = absl::InfiniteFuture();
   };
 
   explicit Client(ClientOptions options, std::unique_ptr<EndpointSet> endpoints);
 
-  // Runs `rpc(endpoint, context)` with the retry policy; `route` picks the endpoint and is sent
-  // as x-offload-key. `deadline` bounds every attempt and backoff.
+  // Runs `rpc(endpoint, context)` with the retry policy; `route` picks the endpoint (unless
+  // `preferred`, an endpoint address, is given and usable) and is sent as x-offload-key.
+  // `deadline` bounds every wait for a connection, attempt and backoff.
   template <typename Rpc>
-  absl::Status Invoke(absl::string_view route, absl::Time deadline, bool batch, Rpc rpc);
+  absl::Status Invoke(absl::string_view route, absl::string_view preferred, absl::Time deadline,
+                      bool batch, Rpc rpc);
   // Invoke for one unary RPC within the default timeout, returning its response:
   // `call(endpoint, context, response*)` returns the grpc::Status of the stub call.
   template <typename Response, typename Call>

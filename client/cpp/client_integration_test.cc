@@ -1,10 +1,13 @@
 // The C++ client against real offload_server processes on loopback ports:
 // - the API end to end (keys, sign/verify, derive, box, AEAD, explicit batches, errors);
+// - retries: an unreachable endpoint costs no attempt (the call waits for it until its
+//   deadline), a peer that drops every call gets exactly `max_attempts` RPCs;
 // - 1,000 concurrent single Verify calls go out as at most 40 RPCs, with the answers of
 //   individual Verify calls (counted by the server's /metrics and the client's own counters);
 // - three replicas: every request for one key id lands on one replica, keys spread over all
 //   three, and when one is SIGKILLed under load its keys move to the others with no error
 //   surfacing to any caller.
+// Restarts, late servers and silent ports: client_failover_test.cc.
 #include <pthread.h>
 #include <sodium.h>
 
@@ -209,16 +212,43 @@ TEST_F(ClientApiTest, ExplicitBatchesAreSplitAndKeepOrder) {
             absl::StatusCode::kInvalidArgument);  // the server's answer to an empty batch
 }
 
-TEST_F(ClientApiTest, UnreachableEndpointIsUnavailableAfterRetries) {
+// Nothing listens and there is nowhere else to go: the call waits for a connection until its
+// deadline (a server starting meanwhile would be reached: client_failover_test.cc), sending no
+// RPC, so no attempt is spent.
+TEST_F(ClientApiTest, UnreachableEndpointFailsAtTheDeadlineWithoutSpendingAttempts) {
   ClientOptions o;
   o.max_attempts = 3;
   o.initial_backoff = absl::Milliseconds(1);
+  o.timeout = absl::Milliseconds(600);
   auto c = MakeClient(absl::StrCat("127.0.0.1:", testing::FreePort()), o);
   ASSERT_NE(c, nullptr);
-  EXPECT_EQ(c->Sign("k", "m").status().code(), absl::StatusCode::kUnavailable);
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(c->Sign("k", "m").status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_LE(absl::Now() - start, o.timeout + absl::Milliseconds(1500));
+  EXPECT_EQ(c->Stats().rpcs, 0);
+  EXPECT_EQ(c->Stats().connect_failures, 1);
+  EXPECT_EQ(c->Stats().failed_calls, 1);
+}
+
+// A peer that completes the HTTP/2 handshake and then drops every call: each attempt is a real
+// RPC that fails UNAVAILABLE, and the call gives up after `max_attempts` of them, well before its
+// deadline.
+TEST_F(ClientApiTest, CallsDroppedByTheServerAreRetriedMaxAttemptsTimes) {
+  testing::FaultyListener dropping(testing::FaultyListener::Mode::kDropCalls);
+  ClientOptions o;
+  o.max_attempts = 3;
+  o.initial_backoff = absl::Milliseconds(1);
+  o.timeout = absl::Seconds(20);
+  auto c = MakeClient(dropping.address(), o);
+  ASSERT_NE(c, nullptr);
+  const absl::Time start = absl::Now();
+  const absl::Status s = c->Sign("k", "m").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_LT(absl::Now() - start, o.timeout);
   EXPECT_EQ(c->Stats().rpcs, 3);
   EXPECT_EQ(c->Stats().retries, 2);
   EXPECT_EQ(c->Stats().failed_calls, 1);
+  EXPECT_EQ(dropping.calls(), 3);
 }
 
 // ---------------------------------------------------------------------------------------------

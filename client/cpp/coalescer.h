@@ -20,7 +20,9 @@
 // window has passed keeps its batch open (still collecting) until one of them returns or the
 // batch fills. Under load, batches grow instead of multiplying, and the waiting costs nothing
 // since the server is busy with the earlier batches; a full batch is always sent at once.
-// `max_in_flight` = 0 means no limit (the window alone decides).
+// `max_in_flight` = 0 means no limit (the window alone decides). A leader never holds its batch
+// past its own `deadline` (that of the batch's first item, the one that waited longest): then
+// the batch goes at once, and `send` sees that the time is up.
 //
 // Thread-safe. The Coalescer must outlive every `Submit` in progress. `send` is called with no
 // lock held, from caller threads, possibly for several groups (and several batches of one group)
@@ -28,6 +30,7 @@
 #ifndef CLIENT_CPP_COALESCER_H_
 #define CLIENT_CPP_COALESCER_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -70,8 +73,10 @@ class Coalescer final {
   Coalescer& operator=(const Coalescer&) = delete;
 
   // Adds `item` to the open batch of `group` (opening one if needed) and blocks until that batch
-  // has been sent; returns this item's result or the batch's failure.
-  absl::StatusOr<Result> Submit(const std::string& group, Item item) {
+  // has been sent; returns this item's result or the batch's failure. `deadline`: the caller's;
+  // a leader waits for a send slot no later than that.
+  absl::StatusOr<Result> Submit(const std::string& group, Item item,
+                                absl::Time deadline = absl::InfiniteFuture()) {
     std::shared_ptr<Batch> batch;
     size_t index = 0;
     {
@@ -96,15 +101,17 @@ class Coalescer final {
         while (!batch->done) batch->done_cv.Wait(&mu_);
         return std::move(batch->results[index]);
       }
-      const absl::Time deadline = absl::Now() + window_;
+      const absl::Time window_end = std::min(absl::Now() + window_, deadline);
       while (!batch->closed) {
-        const bool window_open = absl::Now() < deadline;
-        if (!window_open && (max_in_flight_ == 0 || g->in_flight < max_in_flight_)) break;
-        if (window_open) {
-          batch->wake.WaitWithDeadline(&mu_, deadline);
-        } else {
-          batch->wake.Wait(&mu_);  // a send slot frees up, or the batch fills
+        const absl::Time now = absl::Now();
+        const bool window_open = now < window_end;
+        if (!window_open &&
+            (max_in_flight_ == 0 || g->in_flight < max_in_flight_ || now >= deadline)) {
+          break;
         }
+        // While the window is open: until it closes or the batch fills. After: until a send slot
+        // frees up, the batch fills or the deadline passes.
+        batch->wake.WaitWithDeadline(&mu_, window_open ? window_end : deadline);
       }
       if (!batch->closed) {
         batch->closed = true;

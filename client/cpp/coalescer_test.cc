@@ -171,6 +171,37 @@ TEST(CoalescerTest, BatchesGrowWhileTheLimitOfBatchesIsInFlight) {
   EXPECT_EQ(sizes, std::vector<int>({1, 10}));
 }
 
+// A batch held back for a send slot still goes by its leader's deadline (the send then finds the
+// time up), so a stuck earlier batch cannot keep later callers past their deadlines.
+TEST(CoalescerTest, HeldBatchGoesByItsLeadersDeadline) {
+  absl::Notification release;
+  absl::Mutex mu;
+  std::vector<int> sizes;
+  IntCoalescer c(absl::ZeroDuration(), 256, 1,
+                 [&](const std::string&, std::vector<Item>& items)
+                     -> absl::StatusOr<IntCoalescer::Results> {
+                   bool first_batch;
+                   {
+                     absl::MutexLock lock(&mu);
+                     first_batch = sizes.empty();
+                     sizes.push_back(static_cast<int>(items.size()));
+                   }
+                   if (first_batch) release.WaitForNotification();  // stuck until the end
+                   return IntCoalescer::Results(items.size(), 1);
+                 });
+  std::thread first([&] { EXPECT_EQ(*c.Submit("g", Item{"g", 0}), 1); });
+  auto sent = [&] {
+    absl::MutexLock lock(&mu);
+    return sizes.size();
+  };
+  while (sent() < 1) absl::SleepFor(absl::Milliseconds(1));
+  // Without the deadline this call would wait for the first batch (released only afterwards).
+  EXPECT_EQ(*c.Submit("g", Item{"g", 1}, absl::Now() + absl::Milliseconds(50)), 1);
+  EXPECT_EQ(sent(), 2u);
+  release.Notify();
+  first.join();
+}
+
 TEST(CoalescerTest, SizeOneMeansNoWaiting) {
   Recorder rec;
   IntCoalescer c(absl::Hours(1), 1, 0, rec.Fn());  // would hang if the window applied

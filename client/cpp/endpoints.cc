@@ -20,6 +20,11 @@ namespace {
 
 constexpr absl::Duration kMinResolveInterval = absl::Seconds(1);
 
+// A duration as whole milliseconds for a channel argument, at least 1.
+int Millis(absl::Duration d) {
+  return static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(d), 1, INT32_MAX));
+}
+
 // Splits "host:port" / "[v6]:port" at the last colon; false when there is no port.
 bool SplitHostPort(absl::string_view s, std::string* host, std::string* port) {
   const size_t colon = s.rfind(':');
@@ -111,9 +116,12 @@ std::shared_ptr<const Endpoint> EndpointSet::MakeEndpoint(const std::string& add
   args.SetMaxReceiveMessageSize(options_.max_message_bytes);
   args.SetMaxSendMessageSize(options_.max_message_bytes);
   args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);  // the Client retries, across endpoints
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 5000);
+  // Redial soon and often enough that a replica which comes back is found within about
+  // `reconnect_max`; gRPC names the time one attempt may take "min reconnect backoff".
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, Millis(options_.reconnect_initial));
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
+              std::max(Millis(options_.reconnect_max), Millis(options_.reconnect_initial)));
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, Millis(options_.connect_timeout));
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   // A resolved address is dialled as is; a listed one may be a name gRPC resolves itself.
   std::string target = address;
@@ -166,7 +174,16 @@ void EndpointSet::MaybeRefresh(absl::Time now) {
   }
 }
 
-absl::StatusOr<std::shared_ptr<const Endpoint>> EndpointSet::Pick(absl::string_view key) {
+bool EndpointSet::Usable(const Health* health, const Endpoint& endpoint, absl::Time now) {
+  if (health == nullptr || health->down_until <= now) return true;
+  // Reconnected since a connection failure: back at once (reading the state is cheap).
+  return health->connection &&
+         endpoint.channel->GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_READY;
+}
+
+absl::StatusOr<std::shared_ptr<const Endpoint>> EndpointSet::Pick(absl::string_view key,
+                                                                 absl::string_view preferred,
+                                                                 bool* alternative) {
   const absl::Time now = absl::Now();
   if (!spec_.dns_host.empty()) {
     bool due;
@@ -187,29 +204,53 @@ absl::StatusOr<std::shared_ptr<const Endpoint>> EndpointSet::Pick(absl::string_v
                                : absl::StrCat("no address for ", spec_.dns_host, " yet"));
   }
   std::vector<bool> usable(addresses_.size(), true);
-  bool any = false;
+  int usable_count = 0;
   for (size_t i = 0; i < addresses_.size(); ++i) {
-    auto it = health_.find(addresses_[i]);
-    usable[i] = it == health_.end() || it->second.down_until <= now;
-    any = any || usable[i];
+    if (!health_.empty()) {
+      auto it = health_.find(addresses_[i]);
+      usable[i] = Usable(it == health_.end() ? nullptr : &it->second, *endpoints_[i], now);
+    }
+    usable_count += usable[i] ? 1 : 0;
   }
-  const int i = PickEndpoint(key, addresses_, any ? usable : std::vector<bool>());
+  int i = -1;
+  if (!preferred.empty()) {
+    auto it = std::lower_bound(addresses_.begin(), addresses_.end(), preferred);
+    if (it != addresses_.end() && *it == preferred && usable[it - addresses_.begin()]) {
+      i = static_cast<int>(it - addresses_.begin());
+    }
+  }
+  if (i < 0) i = PickEndpoint(key, addresses_, usable_count > 0 ? usable : std::vector<bool>());
+  if (alternative != nullptr) *alternative = usable_count - (usable[i] ? 1 : 0) > 0;
   return endpoints_[i];
 }
 
-void EndpointSet::ReportFailure(const std::string& address) {
-  absl::MutexLock lock(&mu_);
-  if (!std::binary_search(addresses_.begin(), addresses_.end(), address)) return;
-  Health& h = health_[address];
-  const absl::Time now = absl::Now();
-  if (h.down_until > now) return;  // already down: concurrent failures count once
-  absl::Duration backoff = options_.down_initial;
-  for (int i = 0; i < h.failures && backoff < options_.down_max; ++i) backoff *= 2;
-  h.failures++;
-  h.down_until = now + std::min(backoff, options_.down_max);
-  ++marked_down_;
-  // Its address may have changed (a rescheduled pod): re-resolve soon.
-  next_resolve_ = std::min(next_resolve_, last_resolve_ + kMinResolveInterval);
+void EndpointSet::ReportFailure(const std::string& address, bool connection) {
+  std::shared_ptr<const Endpoint> endpoint;
+  {
+    absl::MutexLock lock(&mu_);
+    auto pos = std::lower_bound(addresses_.begin(), addresses_.end(), address);
+    if (pos == addresses_.end() || *pos != address) return;
+    endpoint = endpoints_[pos - addresses_.begin()];
+    Health& h = health_[address];
+    const absl::Time now = absl::Now();
+    if (h.down_until > now) {
+      // Already down: concurrent failures count once. A server's own UNAVAILABLE outranks a
+      // connection failure (it keeps the endpoint out even while connected).
+      h.connection = h.connection && connection;
+    } else {
+      absl::Duration backoff = options_.down_initial;
+      for (int i = 0; i < h.failures && backoff < options_.down_max; ++i) backoff *= 2;
+      h.failures++;
+      h.down_until = now + std::min(backoff, options_.down_max);
+      h.connection = connection;
+      ++marked_down_;
+    }
+    // Its address may have changed (a rescheduled pod): re-resolve soon.
+    next_resolve_ = std::min(next_resolve_, last_resolve_ + kMinResolveInterval);
+  }
+  // An idle channel (its connection was lost) starts redialling now, in gRPC's threads; one in
+  // TRANSIENT_FAILURE is already redialling on its backoff.
+  if (connection) endpoint->channel->GetState(/*try_to_connect=*/true);
 }
 
 void EndpointSet::ReportSuccess(const std::string& address) {
@@ -219,7 +260,14 @@ void EndpointSet::ReportSuccess(const std::string& address) {
   }
   absl::MutexLock lock(&mu_);
   auto it = health_.find(address);
-  if (it != health_.end() && it->second.down_until <= absl::Now()) health_.erase(it);
+  if (it != health_.end() && (it->second.connection || it->second.down_until <= absl::Now())) {
+    health_.erase(it);
+  }
+}
+
+bool EndpointSet::HasFailed(const std::string& address) const {
+  absl::ReaderMutexLock lock(&mu_);
+  return health_.contains(address);
 }
 
 std::vector<std::string> EndpointSet::Addresses() const {
@@ -230,7 +278,10 @@ std::vector<std::string> EndpointSet::Addresses() const {
 bool EndpointSet::IsDown(const std::string& address) const {
   absl::ReaderMutexLock lock(&mu_);
   auto it = health_.find(address);
-  return it != health_.end() && it->second.down_until > absl::Now();
+  if (it == health_.end()) return false;
+  auto pos = std::lower_bound(addresses_.begin(), addresses_.end(), address);
+  if (pos == addresses_.end() || *pos != address) return false;
+  return !Usable(&it->second, *endpoints_[pos - addresses_.begin()], absl::Now());
 }
 
 int64_t EndpointSet::marked_down() const {

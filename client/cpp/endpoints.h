@@ -5,10 +5,16 @@
 // resolved with getaddrinfo at creation, every `dns_refresh`, and soon (at most once a second)
 // after an endpoint failed. Hashing names a resolved endpoint by "ip:port" ("[ip6]:port").
 //
-// An endpoint that failed (UNAVAILABLE) is marked down for a backoff that doubles on each
-// consecutive failure (from `down_initial` to `down_max`) and resets on success; while down,
-// `Pick` skips it, so its keys go to their next-highest endpoint, and it is tried again when the
-// backoff has passed. When every endpoint is down, `Pick` ignores the marks.
+// An endpoint that failed is marked down for a backoff that doubles on each consecutive failure
+// (from `down_initial` to `down_max`) and resets on success; while down, `Pick` skips it, so its
+// keys go to their next-highest endpoint. It is usable again when the backoff has passed, or -
+// when the failure was a lost or refused connection - as soon as its channel is connected again:
+// the channel is told to reconnect when the failure is reported and then redials by itself with
+// gRPC's backoff (`reconnect_initial` x1.6 up to `reconnect_max`, each attempt allowed
+// `connect_timeout`), so a restarted replica gets its keys back about `reconnect_max` after it
+// listens. (gRPC makes progress on a connection attempt only while some thread polls for it: any
+// call in flight does; with none, gRPC's backup poller runs every 5 s.) When every endpoint is
+// down, `Pick` ignores the marks.
 //
 // Thread-safe. Endpoints are handed out as shared_ptr, so a DNS refresh that drops one never
 // pulls a channel from under a call in progress. A refresh runs on the calling thread of the
@@ -67,6 +73,12 @@ struct EndpointSetOptions {
   absl::Duration down_initial = absl::Milliseconds(500);
   absl::Duration down_max = absl::Seconds(30);
   absl::Duration dns_refresh = absl::Seconds(30);
+  // The channels' reconnection: first redial `reconnect_initial` after a failed connection
+  // attempt, then x1.6 (+-20 % jitter) up to `reconnect_max`; one attempt (TCP, TLS, the server's
+  // HTTP/2 SETTINGS) may take `connect_timeout`.
+  absl::Duration reconnect_initial = absl::Milliseconds(25);
+  absl::Duration reconnect_max = absl::Seconds(1);
+  absl::Duration connect_timeout = absl::Seconds(1);
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // null: insecure
   int max_message_bytes = 64 << 20;
 };
@@ -78,18 +90,30 @@ class EndpointSet final {
   static absl::StatusOr<std::unique_ptr<EndpointSet>> Create(absl::string_view spec,
                                                              EndpointSetOptions options);
 
-  // The endpoint for routing key `key` (rendezvous hashing over the endpoints not marked down;
-  // over all of them when every one is down). Unavailable when no endpoint is known.
-  absl::StatusOr<std::shared_ptr<const Endpoint>> Pick(absl::string_view key)
+  // The endpoint for routing key `key` (rendezvous hashing over the usable endpoints; over all of
+  // them when none is usable), or the endpoint named `preferred` when it is known and usable (an
+  // auto-batch goes where it was grouped). `*alternative` (when not null) says whether another
+  // usable endpoint exists, i.e. whether a failure here could fail over. Unavailable when no
+  // endpoint is known.
+  absl::StatusOr<std::shared_ptr<const Endpoint>> Pick(absl::string_view key,
+                                                       absl::string_view preferred = {},
+                                                       bool* alternative = nullptr)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // An RPC to `address` failed with UNAVAILABLE: mark it down for its backoff.
-  void ReportFailure(const std::string& address) ABSL_LOCKS_EXCLUDED(mu_);
-  // An RPC to `address` got an answer: clear its failure count.
+  // A call to `address` failed with UNAVAILABLE, or found no connection: mark it down for its
+  // backoff. `connection`: the channel was not connected (refused, lost, timed out), so it is
+  // usable again as soon as it reconnects; the channel is told to reconnect now. Otherwise (the
+  // server itself answered UNAVAILABLE) only the backoff brings it back.
+  void ReportFailure(const std::string& address, bool connection) ABSL_LOCKS_EXCLUDED(mu_);
+  // A call to `address` got an answer: clear its failure count, unless it is marked down by a
+  // server's UNAVAILABLE more recent than this call could know (concurrent calls).
   void ReportSuccess(const std::string& address) ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether `address` failed recently (marked down, possibly usable again, not yet succeeded).
+  bool HasFailed(const std::string& address) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // The current endpoint addresses (sorted) and those among them marked down right now.
   std::vector<std::string> Addresses() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Marked down and not usable again yet.
   bool IsDown(const std::string& address) const ABSL_LOCKS_EXCLUDED(mu_);
   int64_t marked_down() const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -97,7 +121,11 @@ class EndpointSet final {
   struct Health {
     int failures = 0;
     absl::Time down_until = absl::InfinitePast();
+    bool connection = false;  // the last failure was the channel's, not the server's answer
   };
+
+  // Whether an endpoint with `health` (null: never failed) may be picked at `now`.
+  static bool Usable(const Health* health, const Endpoint& endpoint, absl::Time now);
 
   EndpointSet(EndpointSpec spec, EndpointSetOptions options);
   std::shared_ptr<const Endpoint> MakeEndpoint(const std::string& address, bool resolved) const;

@@ -88,7 +88,7 @@ TEST(EndpointSetTest, DownEndpointsKeysMoveToTheirNextChoiceAndOnlyThose) {
   std::vector<std::string> before;
   for (int i = 0; i < 300; ++i) before.push_back((*(*set)->Pick(absl::StrCat("k", i)))->address);
 
-  (*set)->ReportFailure("127.0.0.1:5002");
+  (*set)->ReportFailure("127.0.0.1:5002", /*connection=*/false);
   EXPECT_TRUE((*set)->IsDown("127.0.0.1:5002"));
   EXPECT_EQ((*set)->marked_down(), 1);
   for (int i = 0; i < 300; ++i) {
@@ -101,16 +101,48 @@ TEST(EndpointSetTest, DownEndpointsKeysMoveToTheirNextChoiceAndOnlyThose) {
     }
   }
   // Every endpoint down: the marks are ignored rather than failing every call.
-  (*set)->ReportFailure("127.0.0.1:5001");
-  (*set)->ReportFailure("127.0.0.1:5003");
+  (*set)->ReportFailure("127.0.0.1:5001", /*connection=*/false);
+  (*set)->ReportFailure("127.0.0.1:5003", /*connection=*/true);
   for (int i = 0; i < 50; ++i) {
     EXPECT_EQ((*(*set)->Pick(absl::StrCat("k", i)))->address, before[i]);
   }
-  // A success does not lift a running backoff; unknown addresses are ignored.
+  // A success does not lift a backoff that a server's UNAVAILABLE started (a call in flight
+  // before it cannot know); it does lift one that a connection failure started (the channel
+  // works again). Unknown addresses are ignored.
   (*set)->ReportSuccess("127.0.0.1:5002");
   EXPECT_TRUE((*set)->IsDown("127.0.0.1:5002"));
-  (*set)->ReportFailure("10.9.9.9:1");
+  EXPECT_TRUE((*set)->IsDown("127.0.0.1:5003"));  // not connected: stays down
+  (*set)->ReportSuccess("127.0.0.1:5003");
+  EXPECT_FALSE((*set)->IsDown("127.0.0.1:5003"));
+  EXPECT_FALSE((*set)->HasFailed("127.0.0.1:5003"));
+  (*set)->ReportFailure("10.9.9.9:1", /*connection=*/true);
   EXPECT_EQ((*set)->marked_down(), 3);
+}
+
+TEST(EndpointSetTest, PreferredEndpointWhileUsableAndWhetherThereIsAnAlternative) {
+  EndpointSetOptions options;
+  options.down_initial = absl::Hours(1);
+  auto set = EndpointSet::Create("127.0.0.1:5001,127.0.0.1:5002", options);
+  ASSERT_TRUE(set.ok());
+  // A key of 5001 asked for with 5002 preferred goes to 5002 (where its batch was grouped).
+  std::string key_of_5001;
+  for (int i = 0; key_of_5001.empty(); ++i) {
+    const std::string k = absl::StrCat("k", i);
+    if ((*(*set)->Pick(k))->address == "127.0.0.1:5001") key_of_5001 = k;
+  }
+  bool alternative = false;
+  EXPECT_EQ((*(*set)->Pick(key_of_5001, "127.0.0.1:5002", &alternative))->address,
+            "127.0.0.1:5002");
+  EXPECT_TRUE(alternative);
+  // An unknown preferred endpoint, or one marked down, is not used: the key's route is.
+  EXPECT_EQ((*(*set)->Pick(key_of_5001, "127.0.0.1:9999"))->address, "127.0.0.1:5001");
+  (*set)->ReportFailure("127.0.0.1:5002", /*connection=*/true);
+  EXPECT_EQ((*(*set)->Pick(key_of_5001, "127.0.0.1:5002", &alternative))->address,
+            "127.0.0.1:5001");
+  EXPECT_FALSE(alternative);  // 5002 is down: nothing to fail over to
+  (*set)->ReportFailure("127.0.0.1:5001", /*connection=*/true);
+  EXPECT_EQ((*(*set)->Pick(key_of_5001, {}, &alternative))->address, "127.0.0.1:5001");
+  EXPECT_FALSE(alternative);
 }
 
 }  // namespace

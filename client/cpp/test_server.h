@@ -1,5 +1,7 @@
-// Test helper: runs real offload_server processes on free loopback ports and reads their
-// Prometheus counters. For the client's integration tests only (gtest assertions inside).
+// Test helpers: runs real offload_server processes on free loopback ports (started, killed,
+// restarted on the same ports and data) and reads their Prometheus counters; a loopback port
+// that accepts TCP and never answers. For the client's integration tests only (gtest assertions
+// inside).
 #ifndef CLIENT_CPP_TEST_SERVER_H_
 #define CLIENT_CPP_TEST_SERVER_H_
 
@@ -21,12 +23,16 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/cpp/client.h"
 #include "gtest/gtest.h"
@@ -120,55 +126,197 @@ inline std::map<std::string, double> RequestCounts(const std::string& metrics_te
   return out;
 }
 
+// offload_items_total by (method, result), summed over services.
+inline std::map<std::pair<std::string, std::string>, double> ItemCounts(
+    const std::string& metrics_text) {
+  std::map<std::pair<std::string, std::string>, double> out;
+  static const std::regex method_re("method=\"([A-Za-z]+)\"");
+  static const std::regex result_re("result=\"([a-z]+)\"");
+  for (absl::string_view line : absl::StrSplit(metrics_text, '\n')) {
+    if (!absl::StartsWith(line, "offload_items_total{")) continue;
+    const size_t space = line.rfind(' ');
+    double v = 0;
+    if (space == absl::string_view::npos || !absl::SimpleAtod(line.substr(space + 1), &v)) continue;
+    std::string l(line);
+    std::smatch m, r;
+    if (std::regex_search(l, m, method_re) && std::regex_search(l, r, result_re)) {
+      out[{m[1], r[1]}] += v;
+    }
+  }
+  return out;
+}
+
+// A misbehaving peer on a loopback port. kSilent: accepts TCP connections and never sends a byte
+// (a hung process, a proxy whose upstream is gone). kDropCalls: speaks just enough HTTP/2 for
+// the connection to become ready (its SETTINGS, an ACK of the client's), then closes the
+// connection on the first call it sees (a server crashing on every request). Connections are
+// held until destruction; one thread each.
+class FaultyListener {
+ public:
+  enum class Mode { kSilent, kDropCalls };
+
+  explicit FaultyListener(Mode mode) : mode_(mode) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    if (fd_ < 0 || bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        listen(fd_, 64) != 0 ||
+        getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      ADD_FAILURE() << "cannot listen on 127.0.0.1";
+      return;
+    }
+    address_ = absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
+    acceptor_ = std::thread([this] {
+      for (;;) {
+        const int c = accept(fd_, nullptr, nullptr);
+        if (c < 0) return;  // shut down
+        absl::MutexLock lock(&mu_);
+        held_.push_back(c);
+        if (mode_ == Mode::kDropCalls) workers_.emplace_back([this, c] { DropCalls(c); });
+      }
+    });
+  }
+  ~FaultyListener() {
+    if (fd_ >= 0) shutdown(fd_, SHUT_RDWR);  // wakes accept()
+    if (acceptor_.joinable()) acceptor_.join();
+    if (fd_ >= 0) close(fd_);
+    std::vector<std::thread> workers;
+    {
+      absl::MutexLock lock(&mu_);
+      for (int c : held_) shutdown(c, SHUT_RDWR);  // wakes the workers' reads
+      workers.swap(workers_);
+    }
+    for (auto& w : workers) w.join();
+    absl::MutexLock lock(&mu_);
+    for (int c : held_) close(c);
+  }
+  FaultyListener(const FaultyListener&) = delete;
+  FaultyListener& operator=(const FaultyListener&) = delete;
+
+  const std::string& address() const { return address_; }
+  int accepted() {
+    absl::MutexLock lock(&mu_);
+    return static_cast<int>(held_.size());
+  }
+  // Calls (HTTP/2 HEADERS frames) seen and dropped (kDropCalls).
+  int calls() {
+    absl::MutexLock lock(&mu_);
+    return calls_;
+  }
+
+ private:
+  static bool ReadFull(int c, unsigned char* buf, size_t n) {
+    size_t got = 0;
+    while (got < n) {
+      const ssize_t r = read(c, buf + got, n - got);
+      if (r <= 0) return false;
+      got += static_cast<size_t>(r);
+    }
+    return true;
+  }
+  void DropCalls(int c) {
+    static const unsigned char kSettings[9] = {0, 0, 0, 4, 0, 0, 0, 0, 0};
+    static const unsigned char kSettingsAck[9] = {0, 0, 0, 4, 1, 0, 0, 0, 0};
+    if (write(c, kSettings, sizeof(kSettings)) != sizeof(kSettings)) return;
+    unsigned char preface[24];
+    if (!ReadFull(c, preface, sizeof(preface))) return;
+    for (;;) {
+      unsigned char h[9];
+      if (!ReadFull(c, h, sizeof(h))) return;
+      const size_t length = (size_t{h[0]} << 16) | (size_t{h[1]} << 8) | h[2];
+      std::vector<unsigned char> payload(length);
+      if (length > 0 && !ReadFull(c, payload.data(), length)) return;
+      if (h[3] == 4 && (h[4] & 1) == 0) {  // the client's SETTINGS
+        if (write(c, kSettingsAck, sizeof(kSettingsAck)) != sizeof(kSettingsAck)) return;
+      } else if (h[3] == 1) {  // HEADERS: a call
+        {
+          absl::MutexLock lock(&mu_);
+          ++calls_;
+        }
+        shutdown(c, SHUT_RDWR);
+        return;
+      }
+    }
+  }
+
+  const Mode mode_;
+  int fd_ = -1;
+  std::string address_;
+  std::thread acceptor_;
+  absl::Mutex mu_;
+  std::vector<int> held_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> workers_ ABSL_GUARDED_BY(mu_);
+  int calls_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 class ServerProcess {
  public:
   explicit ServerProcess(std::string name) : name_(std::move(name)) {}
   ~ServerProcess() {
     Kill();
+    if (!kek_hex_.empty()) sodium_memzero(kek_hex_.data(), kek_hex_.size());
     std::error_code ec;
     if (!dir_.empty() && std::getenv("OFFLOAD_KEEP") == nullptr) {
       std::filesystem::remove_all(dir_, ec);
     }
   }
 
-  // Starts the process and waits until a ListKeys answers. gtest failures on trouble.
-  void Start() {
-    const std::string binary = ServerBinary();
-    ASSERT_FALSE(binary.empty()) << "no server binary: set OFFLOAD_SERVER";
+  // Picks the data directory, the ports and the key-encryption key, once: a Restart keeps them,
+  // so the restarted process listens where the old one did and reads the same key file.
+  void Prepare() {
+    if (!dir_.empty()) return;
     char tmpl[] = "/tmp/offload-client-test-XXXXXX";
     ASSERT_NE(mkdtemp(tmpl), nullptr);
     dir_ = tmpl;
     log_ = dir_ + "/" + name_ + ".log";
     address_ = absl::StrCat("127.0.0.1:", FreePort());
     metrics_address_ = absl::StrCat("127.0.0.1:", FreePort());
-    std::vector<std::string> args = {binary, "--grpc_address=" + address_,
-                                      "--data_dir=" + dir_ + "/data",
-                                      "--metrics_address=" + metrics_address_};
-    for (const std::string& flag : AddressFlags(binary)) {
-      if (flag == "grpc_address" || flag == "metrics_address") continue;
-      args.push_back(absl::StrCat("--", flag, "=127.0.0.1:", FreePort()));
-    }
     std::filesystem::create_directories(dir_ + "/data");
     unsigned char kek[32];
     randombytes_buf(kek, sizeof(kek));
     char kek_hex[65];
     sodium_bin2hex(kek_hex, sizeof(kek_hex), kek, sizeof(kek));
+    kek_hex_ = kek_hex;
+    sodium_memzero(kek, sizeof(kek));
+    const std::string binary = ServerBinary();
+    extra_flags_.clear();
+    for (const std::string& flag : AddressFlags(binary)) {
+      if (flag == "grpc_address" || flag == "metrics_address") continue;
+      extra_flags_.push_back(absl::StrCat("--", flag, "=127.0.0.1:", FreePort()));
+    }
+  }
 
+  // Forks and execs the server (Prepare first if needed); does not wait for it to listen.
+  void Launch() {
+    const std::string binary = ServerBinary();
+    ASSERT_FALSE(binary.empty()) << "no server binary: set OFFLOAD_SERVER";
+    ASSERT_LE(pid_, 0) << name_ << " is already running";
+    Prepare();
+    std::vector<std::string> args = {binary, "--grpc_address=" + address_,
+                                      "--data_dir=" + dir_ + "/data",
+                                      "--metrics_address=" + metrics_address_};
+    args.insert(args.end(), extra_flags_.begin(), extra_flags_.end());
     pid_ = fork();
     ASSERT_GE(pid_, 0);
     if (pid_ == 0) {
-      FILE* log = std::fopen(log_.c_str(), "w");
+      FILE* log = std::fopen(log_.c_str(), "a");
       if (log != nullptr) {
         dup2(fileno(log), 1);
         dup2(fileno(log), 2);
       }
-      setenv("OFFLOAD_KEK", kek_hex, 1);
+      setenv("OFFLOAD_KEK", kek_hex_.c_str(), 1);
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
       execv(argv[0], argv.data());
       _exit(127);
     }
+  }
+
+  // Waits until a ListKeys answers (60 s at most). gtest failures on trouble.
+  void WaitUntilServing() {
     ClientOptions o;
     o.endpoints = address_;
     o.timeout = absl::Seconds(1);
@@ -185,6 +333,19 @@ class ServerProcess {
     FAIL() << name_ << " not answering after 60s\n" << LogTail();
   }
 
+  // Starts the process and waits until a ListKeys answers. gtest failures on trouble.
+  void Start() {
+    Launch();
+    if (::testing::Test::HasFatalFailure()) return;
+    WaitUntilServing();
+  }
+
+  // SIGKILLs the process and starts it again on the same ports and data (keys survive).
+  void Restart() {
+    Kill();
+    Start();
+  }
+
   void Kill() {
     if (pid_ <= 0) return;
     kill(pid_, SIGKILL);
@@ -195,6 +356,10 @@ class ServerProcess {
   // offload_requests_total by method, read from /metrics.
   std::map<std::string, double> Requests() const {
     return RequestCounts(HttpGet(metrics_address_, "/metrics"));
+  }
+  // offload_items_total by (method, result), read from /metrics.
+  std::map<std::pair<std::string, std::string>, double> Items() const {
+    return ItemCounts(HttpGet(metrics_address_, "/metrics"));
   }
   double TotalRequests() const {
     double sum = 0;
@@ -211,6 +376,7 @@ class ServerProcess {
     return absl::StrCat("---- ", name_, " log ----\n", s, "\n---- end ----");
   }
 
+  // The gRPC address ("127.0.0.1:port"); known after Prepare, before the process runs.
   const std::string& address() const { return address_; }
   const std::string& name() const { return name_; }
   bool running() const { return pid_ > 0; }
@@ -221,6 +387,8 @@ class ServerProcess {
   std::string log_;
   std::string address_;
   std::string metrics_address_;
+  std::string kek_hex_;
+  std::vector<std::string> extra_flags_;
   pid_t pid_ = -1;
 };
 
