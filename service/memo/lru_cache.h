@@ -131,25 +131,24 @@ class LruCache {
     if (cost > shard.capacity || (budget != nullptr && cost > budget->capacity())) {
       return InsertResult::kTooLarge;
     }
-    if (budget != nullptr) {
-      {
-        absl::MutexLock lock(&shard.mu);
-        MakeRoomLocked(shard, key, cost, &dropped);  // this shard's own bound first
-      }
-      // The shard's lock is released here: evicting takes the budget's lock, then a shard's.
-      while (!budget->TryReserve(cost)) {
-        if (!budget->EvictOldest(&dropped)) return InsertResult::kNoBudget;
+    {
+      absl::MutexLock lock(&shard.mu);
+      MakeRoomLocked(shard, key, cost, &dropped);  // this shard's own bound first
+      if (budget == nullptr || budget->TryReserve(cost)) {
+        PushLocked(shard, key, owner, cost, std::move(value));
+        return InsertResult::kInserted;
       }
     }
+    // The total is spent. The shard's lock is released: evicting takes the budget's lock, then
+    // the lock of the shard that holds the least recently used entry (maybe this one).
+    do {
+      if (!budget->EvictOldest(&dropped)) return InsertResult::kNoBudget;
+    } while (!budget->TryReserve(cost));
     absl::MutexLock lock(&shard.mu);
-    // Again with a budget: another insert may have come into this shard meanwhile (a no-op
-    // otherwise). The budget is already reserved, so only the shard's bound is checked.
+    // Again: another insert may have come into this shard meanwhile (a no-op otherwise). The
+    // budget is already reserved, so only the shard's own bound is checked.
     MakeRoomLocked(shard, key, cost, &dropped);
-    const uint64_t stamp = budget != nullptr ? budget->NextStamp() : 0;
-    shard.lru.push_front(Entry{key, owner, cost, stamp, std::move(value)});
-    shard.index.emplace(key, shard.lru.begin());
-    shard.bytes += cost;
-    ++shard.inserts;
+    PushLocked(shard, key, owner, cost, std::move(value));
     return InsertResult::kInserted;
   }
 
@@ -275,6 +274,15 @@ class LruCache {
     while (shard.bytes + cost > shard.capacity) EvictOldestLocked(shard, dropped);
   }
 
+  static void PushLocked(Shard& shard, const Digest& key, uint64_t owner, size_t cost, Value value)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu) {
+    const uint64_t stamp = shard.budget != nullptr ? shard.budget->NextStamp() : 0;
+    shard.lru.push_front(Entry{key, owner, cost, stamp, std::move(value)});
+    shard.index.emplace(key, shard.lru.begin());
+    shard.bytes += cost;
+    ++shard.inserts;
+  }
+
   const Options options_;
   std::vector<Shard> shards_;
 };
@@ -319,10 +327,12 @@ class LruCache<Value>::SharedBudget {
   // (one atomic variable: later read-modify-writes always return larger values).
   uint64_t NextStamp() { return clock_.fetch_add(1, std::memory_order_relaxed); }
 
-  // REQUIRES: `shard` is empty and not yet reachable by other threads.
+  // REQUIRES: `shard` is empty, not yet reachable by other threads, and not a member.
   void Join(Shard* shard) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
-    ListLocked(shard, clock_.load(std::memory_order_relaxed));
+    const uint64_t stamp = clock_.load(std::memory_order_relaxed);
+    members_[shard] = stamp;
+    order_.emplace(stamp, shard);
   }
 
   // After this returns, the budget never touches `shard` again.
@@ -340,7 +350,10 @@ class LruCache<Value>::SharedBudget {
     absl::MutexLock lock(&mu_);
     size_t empty_in_a_row = 0;
     while (!order_.empty() && empty_in_a_row < order_.size()) {
-      const auto [listed, shard] = *order_.begin();
+      // Taken out and put back under the shard's stamp now; the node is reused (no allocation).
+      auto node = order_.extract(order_.begin());
+      const uint64_t listed = node.value().first;
+      Shard* const shard = node.value().second;
       bool evicted = false;
       uint64_t stamp;
       {
@@ -359,19 +372,11 @@ class LruCache<Value>::SharedBudget {
         stamp = shard->lru.empty() ? clock_.load(std::memory_order_relaxed)
                                    : shard->lru.back().stamp;
       }
-      ListLocked(shard, stamp);
+      node.value().first = members_[shard] = stamp;
+      order_.insert(std::move(node));
       if (evicted) return true;
     }
     return false;
-  }
-
-  void ListLocked(Shard* shard, uint64_t stamp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto [it, added] = members_.try_emplace(shard, stamp);
-    if (!added) {
-      order_.erase({it->second, shard});
-      it->second = stamp;
-    }
-    order_.emplace(stamp, shard);
   }
 
   const size_t capacity_;
