@@ -1,10 +1,14 @@
 #include "service/memo/lru_cache.h"
 
+#include <atomic>
 #include <cstdio>
+#include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 
 namespace offload::memo {
@@ -113,34 +117,149 @@ TEST(LruCacheTest, ByteBoundHoldsOverRandomInserts) {
   EXPECT_EQ(s.inserts, s.entries + s.evictions) << "seed " << seed;
 }
 
+using Budget = StringCache::SharedBudget;
+
 TEST(LruCacheTest, SharedBudgetCapsSeveralCaches) {
   const size_t cost = StringCache::EntryCost(1000);
-  ByteBudget budget(10 * cost);
+  Budget budget(10 * cost);
   StringCache a({100 * cost, 1, &budget});
   StringCache b({100 * cost, 1, &budget});
   for (uint64_t i = 0; i < 8; ++i) a.Insert(D(i), 0, std::string(1000, 'a'), 1000);
   for (uint64_t i = 0; i < 8; ++i) b.Insert(D(100 + i), 0, std::string(1000, 'b'), 1000);
-  EXPECT_LE(budget.used(), budget.capacity());
+  EXPECT_EQ(budget.used(), 10 * cost);
   EXPECT_EQ(a.Stats().bytes + b.Stats().bytes, budget.used());
-  // b had to evict its own oldest entries to fit under the shared cap.
-  EXPECT_EQ(a.Stats().entries, 8u);
-  EXPECT_EQ(b.Stats().entries, 2u);
+  // b's last six inserts took a's six least recently used entries, not b's own.
+  EXPECT_EQ(a.Stats().entries, 2u);
+  EXPECT_EQ(a.Stats().evictions, 6u);
+  EXPECT_EQ(b.Stats().entries, 8u);
+  EXPECT_EQ(b.Stats().evictions, 0u);
+  for (uint64_t i = 0; i < 6; ++i) EXPECT_FALSE(Get(a, i)) << i;
+  EXPECT_TRUE(Get(a, 6));
+  EXPECT_TRUE(Get(a, 7));
   a.Clear();
   EXPECT_EQ(budget.used(), b.Stats().bytes);
 }
 
-TEST(LruCacheTest, NoBudgetIsReportedAndEvictOldestMakesRoom) {
-  const size_t cost = StringCache::EntryCost(1000);
-  ByteBudget budget(2 * cost);
+// The budget's order is recency across caches: a hit in one cache keeps its entry ahead of
+// entries of other caches that were inserted later but not used since.
+TEST(LruCacheTest, SharedBudgetEvictsLeastRecentlyUsedOfAnyCache) {
+  const size_t cost = StringCache::EntryCost(100);
+  Budget budget(4 * cost);
   StringCache a({100 * cost, 1, &budget});
-  StringCache b({100 * cost, 1, &budget});
+  StringCache b({100 * cost, 4, &budget});  // several shards in one member cache, too
+  a.Insert(D(1), 0, std::string(100, 'a'), 100);
+  b.Insert(D(2), 0, std::string(100, 'b'), 100);
+  a.Insert(D(3), 0, std::string(100, 'a'), 100);
+  b.Insert(D(4), 0, std::string(100, 'b'), 100);
+  ASSERT_TRUE(Get(a, 1));  // recency now, oldest first: 2 3 4 1
+  b.Insert(D(5), 0, std::string(100, 'b'), 100);  // evicts 2
+  a.Insert(D(6), 0, std::string(100, 'a'), 100);  // evicts 3
+  ASSERT_TRUE(Get(b, 4));                          // 1 5 6 4
+  a.Insert(D(7), 0, std::string(100, 'a'), 100);  // evicts 1
+  EXPECT_FALSE(Get(b, 2));
+  EXPECT_FALSE(Get(a, 3));
+  EXPECT_FALSE(Get(a, 1));
+  EXPECT_TRUE(Get(b, 4));
+  EXPECT_TRUE(Get(b, 5));
+  EXPECT_TRUE(Get(a, 6));
+  EXPECT_TRUE(Get(a, 7));
+  EXPECT_EQ(a.Stats().evictions + b.Stats().evictions, 3u);
+  EXPECT_EQ(budget.used(), 4 * cost);
+}
+
+// A cache over its own bound evicts its own oldest entry first, even when another cache holds
+// older entries; the budget then has room and nothing else goes.
+TEST(LruCacheTest, OwnBoundIsEnforcedBeforeTheSharedBudget) {
+  const size_t cost = StringCache::EntryCost(100);
+  Budget budget(4 * cost);
+  StringCache idle({100 * cost, 1, &budget});
+  StringCache busy({2 * cost, 1, &budget});
+  idle.Insert(D(1), 0, std::string(100, 'i'), 100);
+  idle.Insert(D(2), 0, std::string(100, 'i'), 100);
+  busy.Insert(D(3), 0, std::string(100, 'b'), 100);
+  busy.Insert(D(4), 0, std::string(100, 'b'), 100);  // budget full
+  busy.Insert(D(5), 0, std::string(100, 'b'), 100);  // over busy's bound: 3 goes, not 1
+  EXPECT_TRUE(Get(idle, 1));
+  EXPECT_TRUE(Get(idle, 2));
+  EXPECT_FALSE(Get(busy, 3));
+  EXPECT_EQ(busy.Stats().entries, 2u);
+  EXPECT_EQ(busy.Stats().evictions, 1u);
+  EXPECT_EQ(idle.Stats().evictions, 0u);
+  EXPECT_EQ(budget.used(), 4 * cost);
+}
+
+TEST(LruCacheTest, EntryLargerThanTheSharedBudgetIsNotInserted) {
+  const size_t cost = StringCache::EntryCost(1000);
+  Budget budget(2 * cost);
+  StringCache a({100 * cost, 1, &budget});
   ASSERT_EQ(a.Insert(D(1), 0, std::string(1000, 'a'), 1000), StringCache::InsertResult::kInserted);
-  ASSERT_EQ(a.Insert(D(2), 0, std::string(1000, 'a'), 1000), StringCache::InsertResult::kInserted);
-  EXPECT_EQ(b.Insert(D(3), 0, std::string(1000, 'b'), 1000), StringCache::InsertResult::kNoBudget);
-  EXPECT_EQ(a.EvictOldest(cost), cost);
-  EXPECT_FALSE(Get(a, 1));  // the older one went
-  EXPECT_TRUE(Get(a, 2));
-  EXPECT_EQ(b.Insert(D(3), 0, std::string(1000, 'b'), 1000), StringCache::InsertResult::kInserted);
+  EXPECT_EQ(a.Insert(D(2), 0, std::string(3000, 'a'), 3000), StringCache::InsertResult::kTooLarge);
+  EXPECT_TRUE(Get(a, 1));  // nothing was evicted for it
+  EXPECT_EQ(budget.used(), cost);
+}
+
+TEST(LruCacheTest, DestroyedMemberGivesBackItsBytes) {
+  const size_t cost = StringCache::EntryCost(10);
+  Budget budget(3 * cost);
+  StringCache kept({100 * cost, 2, &budget});
+  {
+    StringCache gone({100 * cost, 2, &budget});
+    gone.Insert(D(1), 0, "0123456789", 10);
+    gone.Insert(D(2), 0, "0123456789", 10);
+    EXPECT_EQ(budget.used(), 2 * cost);
+  }
+  EXPECT_EQ(budget.used(), 0u);
+  for (uint64_t i = 0; i < 5; ++i) kept.Insert(D(10 + i), 0, "0123456789", 10);
+  EXPECT_EQ(kept.Stats().entries, 3u);
+  EXPECT_EQ(kept.Stats().evictions, 2u);
+}
+
+// Threads insert into and look up in caches that share one budget, while other threads clear,
+// erase by owner, and destroy and replace whole member caches. Run under ThreadSanitizer too.
+// Checks every hit returns its own value, and that at rest the budget equals the entries' bytes.
+TEST(LruCacheTest, SharedBudgetUnderConcurrency) {
+  const uint32_t seed = 777001;
+  const size_t cost = StringCache::EntryCost(64);
+  Budget budget(24 * cost);
+  absl::Mutex mu;
+  std::vector<std::shared_ptr<StringCache>> caches(4);
+  for (auto& c : caches) c = std::make_shared<StringCache>(StringCache::Options{10 * cost, 2, &budget});
+  auto value_of = [](uint64_t n) { return std::string(64, static_cast<char>('a' + n % 26)); };
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(seed + t);
+      for (int i = 0; i < 4000; ++i) {
+        const size_t slot = rng() % caches.size();
+        std::shared_ptr<StringCache> cache;
+        {
+          absl::MutexLock lock(&mu);
+          if (t == 0 && rng() % 200 == 0) {
+            caches[slot] = std::make_shared<StringCache>(StringCache::Options{10 * cost, 2, &budget});
+          }
+          cache = caches[slot];
+        }
+        const uint64_t n = rng() % 64;
+        std::string got;
+        if (Get(*cache, n, &got)) {
+          if (got != value_of(n)) wrong.fetch_add(1);
+        } else {
+          cache->Insert(D(n), n % 3, value_of(n), 64);
+        }
+        if (t == 1 && rng() % 500 == 0) cache->Clear();
+        if (t == 2 && rng() % 300 == 0) cache->EraseOwner(rng() % 3);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(wrong.load(), 0) << "seed " << seed;
+  size_t bytes = 0;
+  for (auto& c : caches) bytes += c->Stats().bytes;
+  EXPECT_EQ(budget.used(), bytes) << "seed " << seed;
+  EXPECT_LE(bytes, budget.capacity());
+  caches.clear();
+  EXPECT_EQ(budget.used(), 0u);
 }
 
 // The replay that sank the mobile app's first memo: 27 slots of 55 KB read round after round

@@ -149,32 +149,19 @@ void Memo::OpenInsert(absl::string_view key_id, const Digest& digest,
       OpenEntry{std::string(reinterpret_cast<const char*>(ciphertext_and_tag.data()),
                             ciphertext_and_tag.size()),
                 MakeSecret(plaintext)});
-  // Both buffers, the shared entry with its control block, and their malloc bookkeeping.
-  const size_t charge =
-      ciphertext_and_tag.size() + plaintext.size() + sizeof(OpenEntry) + 16 + 3 * 16;
-  std::shared_ptr<OpenCache> cache = OpenCacheFor(key_id);
-  const uint64_t owner = OwnerTag(key_id);
-  if (cache->Insert(digest, owner, entry, charge) == OpenCache::InsertResult::kNoBudget &&
-      MakeOpenRoom(OpenCache::EntryCost(charge), cache.get())) {
-    cache->Insert(digest, owner, std::move(entry), charge);
-  }
+  const size_t charge = OpenCharge(ciphertext_and_tag.size(), plaintext.size());
+  // Makes room in the key's own bound first, then takes the least recently used entries of any
+  // key while the shared budget is short (LruCache::SharedBudget).
+  OpenCacheFor(key_id)->Insert(digest, OwnerTag(key_id), std::move(entry), charge);
 }
 
-bool Memo::MakeOpenRoom(size_t bytes, const OpenCache* except) {
-  std::shared_ptr<OpenCache> victim;
-  {
-    absl::ReaderMutexLock lock(&open_mu_);
-    size_t most = 0;
-    for (const auto& [key_id, cache] : open_) {
-      if (cache.get() == except) continue;
-      const size_t b = cache->bytes();
-      if (b > most) {
-        most = b;
-        victim = cache;
-      }
-    }
-  }
-  return victim != nullptr && victim->EvictOldest(bytes) > 0;
+size_t Memo::OpenCharge(size_t ciphertext_and_tag_size, size_t plaintext_size) {
+  // Both buffers, the shared entry with its control block, and their malloc bookkeeping.
+  return ciphertext_and_tag_size + plaintext_size + sizeof(OpenEntry) + 16 + 3 * 16;
+}
+
+size_t Memo::OpenEntryCost(size_t ciphertext_and_tag_size, size_t plaintext_size) {
+  return OpenCache::EntryCost(OpenCharge(ciphertext_and_tag_size, plaintext_size));
 }
 
 void Memo::DropKey(absl::string_view key_id) {

@@ -13,6 +13,12 @@
 // tampered ciphertext that reuses a cached nonce and tag misses, and fails as it would fresh.
 // Failed verifications and failed opens are never cached.
 //
+// The open memo is one cache per key id, each bounded by `open_bytes_per_key`, under one shared
+// budget of `open_bytes_total` that keeps a single least-recently-used order across all keys: an
+// insert first evicts its own key's oldest entries while that key is over its bound, then the
+// least recently used entries of any key while the total is short. A key idle for hours gives up
+// its room to the keys in use.
+//
 //   Memo memo(MemoOptions{});
 //   Digest d = memo.VerifyDigest(pk, sig, msg);
 //   if (!memo.VerifyHit(d)) { if (Verify(...)) memo.VerifyInsert(d); }
@@ -77,6 +83,10 @@ class Memo final {
                   absl::Span<const uint8_t> ciphertext_and_tag,
                   absl::Span<const uint8_t> plaintext);
 
+  // Bytes one open entry of these sizes costs against `open_bytes_per_key`, `open_bytes_total`
+  // and in open_stats().bytes: both buffers, their bookkeeping and the cache's per-entry charge.
+  static size_t OpenEntryCost(size_t ciphertext_and_tag_size, size_t plaintext_size);
+
   // Drops every derive and open entry of `key_id` (all versions).
   void DropKey(absl::string_view key_id);
 
@@ -97,15 +107,14 @@ class Memo final {
   uint64_t OwnerTag(absl::string_view key_id) const;
   std::shared_ptr<OpenCache> FindOpenCache(absl::string_view key_id);
   std::shared_ptr<OpenCache> OpenCacheFor(absl::string_view key_id);
-  // Frees at least `bytes` of the shared open budget from the largest per-key cache other than
-  // `except`, so that a key seen later still gets room. Returns whether anything was freed.
-  bool MakeOpenRoom(size_t bytes, const OpenCache* except);
+  static size_t OpenCharge(size_t ciphertext_and_tag_size, size_t plaintext_size);
 
   const MemoOptions options_;
   uint8_t salt_[32];
   LruCache<Empty> verify_;
   LruCache<SecretBytes> derive_;
-  ByteBudget open_budget_;
+  // Declared before the per-key caches that use it, so that it outlives them.
+  OpenCache::SharedBudget open_budget_;
 
   mutable absl::Mutex open_mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<OpenCache>> open_ ABSL_GUARDED_BY(open_mu_);

@@ -2,10 +2,16 @@
 
 #include <sodium.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <iterator>
+#include <list>
+#include <map>
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -121,6 +127,278 @@ TEST_F(MemoTest, KeysSeenLaterStillGetRoomInTheSharedOpenBudget) {
   // The budget is spent by the early keys; a new key still gets its entries in.
   for (uint64_t i = 0; i < 10; ++i) EXPECT_TRUE(insert("late", 300 + i)) << i;
   EXPECT_LE(memo.open_stats().bytes, options.open_bytes_total);
+}
+
+// One blob of the open memo: its ciphertext, plaintext and digest under `instance`.
+struct Blob {
+  std::vector<uint8_t> ct, pt;
+  Digest digest;
+};
+
+Blob MakeBlob(const Memo& memo, uint64_t instance, uint64_t id, uint64_t version, size_t size) {
+  Blob b;
+  std::vector<uint8_t> nonce(12, 0);
+  for (int i = 0; i < 4; ++i) {
+    nonce[i] = static_cast<uint8_t>(id >> (8 * i));
+    nonce[4 + i] = static_cast<uint8_t>(version >> (8 * i));
+  }
+  b.pt.assign(size, static_cast<uint8_t>(id * 31 + version));
+  b.ct.assign(size + 16, static_cast<uint8_t>(id * 7 + version + 1));
+  for (int i = 0; i < 8; ++i) b.ct[i] = nonce[i];
+  b.digest = memo.OpenDigest(instance, nonce, b.ct, {});
+  return b;
+}
+
+// Looks `blob` up under `key_id` as the server does, and opens-and-inserts it on a miss.
+// Returns whether it was a hit. A hit with another plaintext fails the test.
+bool ReadThrough(Memo& memo, const std::string& key_id, const Blob& blob) {
+  std::string out;
+  if (memo.OpenLookup(key_id, blob.digest, blob.ct, &out)) {
+    EXPECT_EQ(out, std::string(blob.pt.begin(), blob.pt.end())) << key_id;
+    return true;
+  }
+  memo.OpenInsert(key_id, blob.digest, blob.ct, blob.pt);
+  return false;
+}
+
+// Issue 14: under a spent shared budget, a key idle since the morning kept its 27 blobs and a
+// key in use replaying its own 27 blobs got 0 hits per pass. With one recency order across keys
+// the idle key gives way: from the pass after the active set was last loaded, every read hits.
+TEST_F(MemoTest, IdleKeyGivesWayToActiveKeyInTheSharedOpenBudget) {
+  for (const bool idle_first : {true, false}) {
+    SCOPED_TRACE(idle_first ? "idle key arrives first" : "active key arrives first");
+    const size_t size = 4000;
+    const size_t cost = Memo::OpenEntryCost(size + 16, size);
+    MemoOptions options;
+    options.open_bytes_per_key = 32 * cost;  // one key's 27 blobs fit its own bound
+    options.open_bytes_total = 40 * cost;    // both keys' 54 do not fit the total
+    Memo memo(options);
+    std::vector<Blob> idle, active;
+    for (uint64_t i = 0; i < 27; ++i) {
+      idle.push_back(MakeBlob(memo, 1, i, 0, size));
+      active.push_back(MakeBlob(memo, 2, i, 0, size));
+    }
+    auto pass = [&](const std::string& key_id, const std::vector<Blob>& blobs) {
+      int hits = 0;
+      for (const Blob& b : blobs) hits += ReadThrough(memo, key_id, b);
+      return hits;
+    };
+    std::vector<int> hits;
+    if (idle_first) {
+      EXPECT_EQ(pass("idle", idle), 0);
+      for (int p = 0; p < 5; ++p) hits.push_back(pass("active", active));
+      // Pass 0 loads the active set (its last 14 inserts take the idle key's oldest blobs).
+      EXPECT_EQ(hits, (std::vector<int>{0, 27, 27, 27, 27}));
+    } else {
+      hits.push_back(pass("active", active));
+      EXPECT_EQ(pass("idle", idle), 0);  // takes the 14 oldest active blobs
+      for (int p = 0; p < 4; ++p) hits.push_back(pass("active", active));
+      // Pass 1 is LRU's cyclic miss: each reload evicts the oldest active blob, the next one read
+      // (the idle key's are newer); once reloaded, the active set stays.
+      EXPECT_EQ(hits, (std::vector<int>{0, 0, 27, 27, 27}));
+    }
+    CacheStats s = memo.open_stats();
+    EXPECT_EQ(s.entries, 40u);
+    EXPECT_EQ(s.bytes, 40 * cost);
+    EXPECT_EQ(s.inserts - s.evictions, 40u);
+    // The idle key keeps what the active key did not need: its 13 most recent blobs.
+    int idle_left = 0;
+    std::string out;
+    for (const Blob& b : idle) idle_left += memo.OpenLookup("idle", b.digest, b.ct, &out);
+    EXPECT_EQ(idle_left, 13);
+  }
+}
+
+// A model of the open memo: one recency list over all keys, a byte sum per key and in all.
+// Insert: too large for either bound -> skipped; else replace, evict the key's own oldest while
+// the key is over its bound, then the oldest of any key while the total is over.
+class OpenMemoModel {
+ public:
+  OpenMemoModel(size_t per_key, size_t total) : per_key_(per_key), total_(total) {}
+
+  bool Lookup(int key, uint64_t blob) {
+    auto it = index_.find({key, blob});
+    if (it == index_.end()) {
+      ++stats_.misses;
+      return false;
+    }
+    lru_.splice(lru_.begin(), lru_, it->second);
+    ++stats_.hits;
+    return true;
+  }
+  void Miss() { ++stats_.misses; }  // a digest that matched but whose ciphertext did not
+  void Insert(int key, uint64_t blob, size_t cost) {
+    if (cost > per_key_ || cost > total_) return;
+    if (auto it = index_.find({key, blob}); it != index_.end()) Remove(it->second, false);
+    while (key_bytes_[key] + cost > per_key_) {
+      auto oldest = std::prev(lru_.end());
+      while (oldest->key != key) --oldest;
+      Remove(oldest, true);
+      ++own_evictions_;
+    }
+    while (stats_.bytes + cost > total_) Remove(std::prev(lru_.end()), true);
+    lru_.push_front({key, blob, cost});
+    index_[{key, blob}] = lru_.begin();
+    key_bytes_[key] += cost;
+    stats_.bytes += cost;
+    ++stats_.entries;
+    ++stats_.inserts;
+  }
+  void Drop(int key) {
+    for (auto it = lru_.begin(); it != lru_.end();) {
+      auto next = std::next(it);
+      if (it->key == key) Remove(it, false);
+      it = next;
+    }
+  }
+  const CacheStats& stats() const { return stats_; }
+  uint64_t own_evictions() const { return own_evictions_; }
+
+ private:
+  struct Item {
+    int key;
+    uint64_t blob;
+    size_t cost;
+  };
+  void Remove(std::list<Item>::iterator it, bool eviction) {
+    key_bytes_[it->key] -= it->cost;
+    stats_.bytes -= it->cost;
+    --stats_.entries;
+    if (eviction) ++stats_.evictions;
+    index_.erase({it->key, it->blob});
+    lru_.erase(it);
+  }
+
+  const size_t per_key_, total_;
+  std::list<Item> lru_;  // newest first
+  std::map<std::pair<int, uint64_t>, std::list<Item>::iterator> index_;
+  std::map<int, size_t> key_bytes_;
+  CacheStats stats_;
+  uint64_t own_evictions_ = 0;
+};
+
+// Replays a random trace of 10,000 open-memo operations over 12 keys (reads that insert on a
+// miss, Seal records of new versions, re-inserts, tampered reads, key drops) on the memo and on
+// the model, comparing every hit and all counters and bytes after every operation.
+void CompareWithModel(uint32_t seed, size_t per_key, size_t total) {
+  SCOPED_TRACE("seed " + std::to_string(seed) + ", per key " + std::to_string(per_key) +
+               ", total " + std::to_string(total));
+  std::mt19937_64 rng(seed);
+  MemoOptions options;
+  options.open_bytes_per_key = per_key;
+  options.open_bytes_total = total;
+  Memo memo(options);
+  OpenMemoModel model(per_key, total);
+  constexpr int kKeys = 12, kBlobsPerKey = 16;
+  std::vector<std::vector<uint64_t>> version(kKeys, std::vector<uint64_t>(kBlobsPerKey, 0));
+  auto blob_of = [&](int key, uint64_t id) {
+    const uint64_t v = version[key][id];
+    const size_t size = 1 + (id * 977 + v * 131 + key * 59) % 1500;
+    return MakeBlob(memo, 100 + key, id, v, size);
+  };
+  auto model_id = [&](int key, uint64_t id) { return id * 1000000 + version[key][id]; };
+  auto cost_of = [](const Blob& b) { return Memo::OpenEntryCost(b.ct.size(), b.pt.size()); };
+  for (int op = 0; op < 10000; ++op) {
+    SCOPED_TRACE("operation " + std::to_string(op));
+    // Three hot keys get half the traffic; low blob ids are read more often.
+    const int key = rng() % 2 == 0 ? static_cast<int>(rng() % 3) : static_cast<int>(rng() % kKeys);
+    const uint64_t id = std::min(rng() % kBlobsPerKey, rng() % kBlobsPerKey);
+    const std::string key_id = "k" + std::to_string(key);
+    const unsigned what = rng() % 100;
+    if (what < 80) {
+      const Blob b = blob_of(key, id);
+      const bool expected = model.Lookup(key, model_id(key, id));
+      ASSERT_EQ(ReadThrough(memo, key_id, b), expected);
+      if (!expected) model.Insert(key, model_id(key, id), cost_of(b));
+    } else if (what < 90) {  // Seal of a new version records its ciphertext
+      ++version[key][id];
+      const Blob b = blob_of(key, id);
+      memo.OpenInsert(key_id, b.digest, b.ct, b.pt);
+      model.Insert(key, model_id(key, id), cost_of(b));
+    } else if (what < 95) {  // two requests missed at once: the second insert replaces
+      const Blob b = blob_of(key, id);
+      memo.OpenInsert(key_id, b.digest, b.ct, b.pt);
+      model.Insert(key, model_id(key, id), cost_of(b));
+    } else if (what < 99) {  // same digest, other ciphertext bytes: a miss that moves nothing
+      Blob b = blob_of(key, id);
+      b.ct[b.ct.size() / 2] ^= 0x80;
+      std::string out;
+      ASSERT_FALSE(memo.OpenLookup(key_id, b.digest, b.ct, &out));
+      model.Miss();
+    } else {
+      memo.DropKey(key_id);
+      model.Drop(key);
+    }
+    const CacheStats got = memo.open_stats(), want = model.stats();
+    ASSERT_EQ(got.hits, want.hits);
+    ASSERT_EQ(got.misses, want.misses);
+    ASSERT_EQ(got.inserts, want.inserts);
+    ASSERT_EQ(got.evictions, want.evictions);
+    ASSERT_EQ(got.entries, want.entries);
+    ASSERT_EQ(got.bytes, want.bytes);
+    ASSERT_LE(got.bytes, total);
+  }
+  // The trace exercised what it claims to: hits, evictions, and (with a binding per-key bound)
+  // evictions by a key's own bound.
+  const CacheStats s = memo.open_stats();
+  EXPECT_GT(s.hits, 1000u);
+  EXPECT_GT(s.evictions, 1000u);
+  if (per_key < total) {
+    EXPECT_GT(model.own_evictions(), 100u);
+  }
+  std::printf("seed %u, per key %zu, total %zu: %llu hits, %llu misses, %llu evictions "
+              "(%llu by a key's own bound)\n",
+              seed, per_key, total, static_cast<unsigned long long>(s.hits),
+              static_cast<unsigned long long>(s.misses),
+              static_cast<unsigned long long>(s.evictions),
+              static_cast<unsigned long long>(model.own_evictions()));
+}
+
+// Per-key bounds far above the total: the memo of many keys must be exactly one LRU of that size.
+TEST_F(MemoTest, ManyKeysUnderASmallTotalBehaveAsOneLru) {
+  CompareWithModel(/*seed=*/20261130, /*per_key=*/1 << 20, /*total=*/40 * 1024);
+}
+
+// Per-key bounds that bind too: a key's own bound first, then the least recently used of all.
+TEST_F(MemoTest, PerKeyAndTotalBoundsMatchTheModel) {
+  CompareWithModel(/*seed=*/20261201, /*per_key=*/12 * 1024, /*total=*/40 * 1024);
+}
+
+// Threads read through, Seal, and drop keys at once under a tight total, so that most inserts
+// evict another key's entries. Run under ThreadSanitizer too. Every hit returns its plaintext,
+// the bounds hold, and once every key is dropped nothing is left.
+TEST_F(MemoTest, SharedOpenBudgetUnderConcurrency) {
+  MemoOptions options;
+  options.open_bytes_per_key = 8 * 1024;
+  options.open_bytes_total = 24 * 1024;
+  Memo memo(options);
+  const uint32_t seed = 5150;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(seed + t);
+      for (int i = 0; i < 2000; ++i) {
+        const int key = static_cast<int>(rng() % 8);
+        const uint64_t id = rng() % 12;
+        const Blob b = MakeBlob(memo, 100 + key, id, 0, 100 + id * 40);
+        const std::string key_id = "k" + std::to_string(key);
+        if (rng() % 100 == 0) {
+          memo.DropKey(key_id);
+        } else {
+          ReadThrough(memo, key_id, b);
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  CacheStats s = memo.open_stats();
+  EXPECT_LE(s.bytes, options.open_bytes_total) << "seed " << seed;
+  EXPECT_GT(s.hits, 0u) << "seed " << seed;
+  EXPECT_GT(s.evictions, 0u) << "seed " << seed;
+  for (int key = 0; key < 8; ++key) memo.DropKey("k" + std::to_string(key));
+  s = memo.open_stats();
+  EXPECT_EQ(s.entries, 0u);
+  EXPECT_EQ(s.bytes, 0u);
 }
 
 TEST_F(MemoTest, DropKeyKeepsCountersMonotonic) {
