@@ -69,7 +69,9 @@ class KeyStore {
 
   // Read-modify-write of one record, atomic against every other writer of the store: calls
   // `update` with the stored record and stores what it returns, durably. NotFound if there is no
-  // such record; an error from `update` is returned and nothing is written.
+  // such record; an error from `update` is returned and nothing is written. `update` may be
+  // called more than once (a store that retries after a failure that wrote nothing reads the
+  // record again): only what its last call returned is stored.
   // REQUIRES: the returned record keeps `key_id` and passes ValidateKeyRecord (InvalidArgument).
   using UpdateFn = std::function<absl::StatusOr<KeyRecord>(KeyRecord stored)>;
   virtual absl::Status Update(absl::string_view key_id, const UpdateFn& update) = 0;

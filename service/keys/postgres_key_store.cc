@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -141,6 +142,30 @@ class Transaction {
   bool open_ = false;
 };
 
+// True once libpq has seen the connection fail. libpq notices a dead socket only when it reads
+// or writes it, so this is the verdict after a call, not before one.
+bool Lost(PGconn* conn) { return PQstatus(conn) != CONNECTION_OK; }
+
+// True if the server closed idle connection `conn`: a terminated backend sends a FATAL error
+// (57P01) and closes its socket, a restart does the same to every session, a pooler or a
+// failover's proxy closes or resets the socket. Each leaves the socket readable while we are idle;
+// a live idle connection has nothing to read (apart from the odd ParameterStatus or notice,
+// which is consumed harmlessly). One poll() without waiting when nothing is pending.
+bool ClosedWhileIdle(PGconn* conn) {
+  const int fd = PQsocket(conn);
+  if (fd < 0) return true;
+  // libpq reads the FATAL message and the end of the stream in separate calls: a few rounds.
+  for (int round = 0; round < 4; ++round) {
+    struct pollfd p = {fd, POLLIN, 0};
+    int n;
+    while ((n = ::poll(&p, 1, 0)) < 0 && errno == EINTR) {
+    }
+    if (n <= 0) return false;  // nothing pending (a poll error: let the statement find out)
+    if (PQconsumeInput(conn) == 0 || Lost(conn)) return true;
+  }
+  return false;
+}
+
 absl::Span<const uint8_t> Bytes(absl::string_view s) {
   return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
 }
@@ -195,10 +220,16 @@ absl::StatusOr<std::unique_ptr<PostgresKeyStore>> PostgresKeyStore::Open(const s
 }
 
 absl::Status PostgresKeyStore::EnsureConnectedLocked() {
-  // A connection left inside a transaction (a ROLLBACK that could not be sent) is not reused.
-  if (conn_ != nullptr && PQstatus(conn_.get()) == CONNECTION_OK &&
-      PQtransactionStatus(conn_.get()) == PQTRANS_IDLE) {
-    return absl::OkStatus();
+  if (conn_ != nullptr) {
+    // A connection left inside a transaction (a ROLLBACK that could not be sent) is not reused.
+    const char* reason = Lost(conn_.get())                               ? "lost"
+                         : PQtransactionStatus(conn_.get()) != PQTRANS_IDLE ? "left in a transaction"
+                         : ClosedWhileIdle(conn_.get())                    ? "closed by the server"
+                                                                          : nullptr;
+    if (reason == nullptr) return absl::OkStatus();
+    Log(LogLevel::kInfo, "keystore_reconnecting",
+        {{"store", description_}, {"reason", reason},
+         {"error", PgMessage(PQerrorMessage(conn_.get()))}});
   }
   conn_.reset();
   absl::StatusOr<PgConnPtr> conn = Connect(dsn_);
@@ -275,42 +306,151 @@ absl::StatusOr<KeyRecord> PostgresKeyStore::OpenRecord(absl::string_view key_id,
   return record;
 }
 
-absl::StatusOr<std::vector<KeyRecord>> PostgresKeyStore::LoadAll() {
-  absl::MutexLock lock(&mu_);
+absl::Status PostgresKeyStore::ReadLocked(absl::string_view what,
+                                          const std::function<absl::Status(PGconn*)>& read) {
+  for (int attempt = 1;; ++attempt) {
+    OFFLOAD_RETURN_IF_ERROR(EnsureConnectedLocked());
+    PGconn* conn = conn_.get();
+    const absl::Status s = read(conn);
+    // Only a lost connection is worth a second run; a read repeated changes nothing.
+    if (s.ok() || attempt > 1 || !absl::IsUnavailable(s) || !Lost(conn)) return s;
+    Log(LogLevel::kInfo, "keystore_retry",
+        {{"store", description_}, {"call", std::string(what)}, {"error", std::string(s.message())}});
+  }
+}
+
+// Why a write runs in an explicit transaction (BEGIN, one statement, COMMIT: three round trips
+// where one would do) and when it runs again after a lost connection.
+//
+// A write whose COMMIT may have reached the server must not simply run again: if it committed,
+// Insert's second run finds its own row and answers AlreadyExists, Delete's finds nothing and
+// answers NotFound, and Update's (a rotation) adds a second new version. With a statement in an
+// implicit transaction there is no telling: it commits as it runs, and its answer can be lost
+// after that. With an explicit transaction the line is sharp:
+//   - a failure before COMMIT was sent (BEGIN, the statement, Update's read, a send that failed)
+//     committed nothing: the server rolls back a transaction whose session ends. The write runs
+//     again, whole (Update reads the row again and calls `update` on what it finds). A session
+//     that survives its client (a network cut) holds its row locks until the server notices, so
+//     the second run may wait for them; it still cannot commit twice.
+//   - a COMMIT whose answer was lost: the transaction id that the statement returned is asked on
+//     a new connection with pg_xact_status (the use PostgreSQL documents for it). "committed":
+//     the write happened, and the call answers OK without running again (the statement's answer,
+//     rows touched, was already checked before COMMIT). "aborted": nothing happened, it runs
+//     again. "in progress" (the old session is still alive somewhere), or no answer: Unavailable,
+//     saying the outcome is unknown. (After a failover to an asynchronous standby, a commit that
+//     was not replicated is lost whatever the client does; pg_xact_status then answers from the
+//     new primary's history.)
+// Each call runs at most twice: a second lost connection in a row is returned as Unavailable.
+absl::Status PostgresKeyStore::WriteLocked(absl::string_view what, const WriteBody& body) {
+  for (int attempt = 1;; ++attempt) {
+    OFFLOAD_RETURN_IF_ERROR(EnsureConnectedLocked());
+    PGconn* conn = conn_.get();
+    std::string xid;
+    {
+      Transaction tx(conn);
+      absl::Status s = tx.Begin();
+      if (s.ok()) {
+        absl::StatusOr<std::string> id = body(conn);
+        if (id.ok()) xid = *std::move(id);
+        else s = id.status();
+      }
+      if (!s.ok()) {
+        // Not committed (no COMMIT was sent): safe to run again if the connection was the cause.
+        if (attempt > 1 || !absl::IsUnavailable(s) || !Lost(conn)) return s;
+        Log(LogLevel::kInfo, "keystore_retry",
+            {{"store", description_}, {"call", std::string(what)}, {"stage", "before commit"},
+             {"error", std::string(s.message())}});
+        continue;
+      }
+      s = tx.Commit();
+      // A COMMIT refused by a live server (e.g. a serialization failure) was rolled back.
+      if (s.ok() || !Lost(conn)) return s;
+    }
+    absl::StatusOr<std::string> outcome = CommitOutcomeLocked(xid);
+    if (outcome.ok() && *outcome == "committed") {
+      Log(LogLevel::kInfo, "keystore_commit_confirmed",
+          {{"store", description_}, {"call", std::string(what)}});
+      return absl::OkStatus();
+    }
+    if (outcome.ok() && *outcome == "aborted") {
+      if (attempt > 1) {
+        return absl::UnavailableError(absl::StrCat(
+            description_, ": ", what, ": the connection was lost twice; nothing was written"));
+      }
+      Log(LogLevel::kInfo, "keystore_retry",
+          {{"store", description_}, {"call", std::string(what)}, {"stage", "commit aborted"}});
+      continue;
+    }
+    return absl::UnavailableError(absl::StrCat(
+        description_, ": ", what, ": the connection was lost during COMMIT and its outcome is "
+        "unknown (",
+        outcome.ok() ? absl::StrCat("transaction ", xid, " is ", *outcome)
+                     : std::string(outcome.status().message()),
+        "); read the key before trying again"));
+  }
+}
+
+absl::StatusOr<std::string> PostgresKeyStore::CommitOutcomeLocked(const std::string& xid) {
+  if (xid.empty()) return absl::InternalError("no transaction id");
   OFFLOAD_RETURN_IF_ERROR(EnsureConnectedLocked());
   OFFLOAD_ASSIGN_OR_RETURN(
       PgResultPtr result,
-      Exec(conn_.get(), "SELECT key_id, record FROM offload_keys ORDER BY key_id", {},
-           /*binary_result=*/true));
+      Exec(conn_.get(), "SELECT coalesce(pg_xact_status($1::xid8), 'unknown')",
+           {Literal(xid.c_str())}));
+  if (PQntuples(result.get()) != 1) return absl::InternalError("pg_xact_status: no row");
+  return std::string(PQgetvalue(result.get(), 0, 0));
+}
+
+absl::StatusOr<std::vector<KeyRecord>> PostgresKeyStore::LoadAll() {
+  absl::MutexLock lock(&mu_);
   std::vector<KeyRecord> records;
-  const int rows = PQntuples(result.get());
-  records.reserve(static_cast<size_t>(rows));
-  for (int i = 0; i < rows; ++i) {
-    const absl::Span<const uint8_t> id = Cell(result.get(), i, 0);
+  OFFLOAD_RETURN_IF_ERROR(ReadLocked("load all", [&](PGconn* conn) -> absl::Status {
     OFFLOAD_ASSIGN_OR_RETURN(
-        KeyRecord record,
-        OpenRecord(absl::string_view(reinterpret_cast<const char*>(id.data()), id.size()),
-                   Cell(result.get(), i, 1)));
-    records.push_back(std::move(record));
-  }
+        PgResultPtr result,
+        Exec(conn, "SELECT key_id, record FROM offload_keys ORDER BY key_id", {},
+             /*binary_result=*/true));
+    records.clear();
+    const int rows = PQntuples(result.get());
+    records.reserve(static_cast<size_t>(rows));
+    for (int i = 0; i < rows; ++i) {
+      const absl::Span<const uint8_t> id = Cell(result.get(), i, 0);
+      OFFLOAD_ASSIGN_OR_RETURN(
+          KeyRecord record,
+          OpenRecord(absl::string_view(reinterpret_cast<const char*>(id.data()), id.size()),
+                     Cell(result.get(), i, 1)));
+      records.push_back(std::move(record));
+    }
+    return absl::OkStatus();
+  }));
   return records;
 }
 
 absl::StatusOr<KeyRecord> PostgresKeyStore::Load(absl::string_view key_id) {
   absl::MutexLock lock(&mu_);
-  OFFLOAD_RETURN_IF_ERROR(EnsureConnectedLocked());
-  OFFLOAD_ASSIGN_OR_RETURN(PgResultPtr result,
-                           Exec(conn_.get(), "SELECT record FROM offload_keys WHERE key_id = $1",
-                                {Text(key_id)}, /*binary_result=*/true));
-  if (PQntuples(result.get()) == 0) {
-    return absl::NotFoundError(absl::StrCat("key \"", key_id, "\" is not in the store"));
-  }
-  return OpenRecord(key_id, Cell(result.get(), 0, 0));
+  std::optional<KeyRecord> record;
+  OFFLOAD_RETURN_IF_ERROR(ReadLocked("load", [&](PGconn* conn) -> absl::Status {
+    OFFLOAD_ASSIGN_OR_RETURN(PgResultPtr result,
+                             Exec(conn, "SELECT record FROM offload_keys WHERE key_id = $1",
+                                  {Text(key_id)}, /*binary_result=*/true));
+    if (PQntuples(result.get()) == 0) {
+      return absl::NotFoundError(absl::StrCat("key \"", key_id, "\" is not in the store"));
+    }
+    OFFLOAD_ASSIGN_OR_RETURN(record, OpenRecord(key_id, Cell(result.get(), 0, 0)));
+    return absl::OkStatus();
+  }));
+  return *std::move(record);
 }
 
-absl::StatusOr<int> PostgresKeyStore::WriteLocked(const char* sql, absl::string_view key_id,
-                                                  const std::vector<uint8_t>* blob,
-                                                  uint32_t current_version) {
+namespace {
+
+// Runs write statement `sql` (parameters: $1 key id, and with `blob` $2 record and $3 current
+// version) whose one row is (rows written, transaction id); returns the rows and sets `xid`.
+// Every write statement has this shape: the data-modifying CTE returns the key ids it touched,
+// pg_notify sends each (delivered to listeners when the transaction commits), and
+// pg_current_xact_id() names the transaction for CommitOutcomeLocked.
+absl::StatusOr<int> RunWrite(PGconn* conn, const char* sql, absl::string_view key_id,
+                             const std::vector<uint8_t>* blob, uint32_t current_version,
+                             std::string* xid) {
   std::vector<Param> params = {Text(key_id)};
   const std::string version = absl::StrCat(current_version);
   if (blob != nullptr) {
@@ -318,86 +458,108 @@ absl::StatusOr<int> PostgresKeyStore::WriteLocked(const char* sql, absl::string_
                       true});
     params.push_back(Literal(version.c_str()));
   }
-  OFFLOAD_ASSIGN_OR_RETURN(PgResultPtr result, Exec(conn_.get(), sql, params));
-  return PQntuples(result.get());
+  OFFLOAD_ASSIGN_OR_RETURN(PgResultPtr result, Exec(conn, sql, params));
+  int rows = 0;
+  if (PQntuples(result.get()) != 1 || PQnfields(result.get()) != 2 ||
+      !absl::SimpleAtoi(PQgetvalue(result.get(), 0, 0), &rows)) {
+    return absl::InternalError("postgres: a write statement returned an unexpected result");
+  }
+  *xid = PQgetvalue(result.get(), 0, 1);
+  return rows;
 }
 
-// Each write is one statement (so one transaction): the data-modifying CTE returns the key id
-// it touched and pg_notify sends it, delivered to listeners when the statement commits.
+// The tail of every write statement (a macro for literal concatenation; #undef after the writes).
+#define OFFLOAD_NOTIFY_AND_XID                                       \
+  ", n AS (SELECT pg_notify('offload_key_changes', key_id) FROM w)" \
+  " SELECT count(*), pg_current_xact_id()::text FROM n"
+
+}  // namespace
+
 absl::Status PostgresKeyStore::Put(const KeyRecord& record) {
   OFFLOAD_ASSIGN_OR_RETURN(std::vector<uint8_t> blob, SealRecord(record));
   absl::MutexLock lock(&mu_);
-  OFFLOAD_RETURN_IF_ERROR(EnsureConnectedLocked());
-  return WriteLocked(
-             "WITH w AS (INSERT INTO offload_keys (key_id, record, current_version)"
-             "  VALUES ($1, $2, $3::bigint) ON CONFLICT (key_id) DO UPDATE SET"
-             "  record = EXCLUDED.record, current_version = EXCLUDED.current_version,"
-             "  updated_at = now() RETURNING key_id)"
-             " SELECT pg_notify('offload_key_changes', key_id) FROM w",
-             record.key_id, &blob, record.current_version)
-      .status();
+  return WriteLocked("put", [&](PGconn* conn) -> absl::StatusOr<std::string> {
+    std::string xid;
+    OFFLOAD_RETURN_IF_ERROR(
+        RunWrite(conn,
+                 "WITH w AS (INSERT INTO offload_keys (key_id, record, current_version)"
+                 "  VALUES ($1, $2, $3::bigint) ON CONFLICT (key_id) DO UPDATE SET"
+                 "  record = EXCLUDED.record, current_version = EXCLUDED.current_version,"
+                 "  updated_at = now() RETURNING key_id)" OFFLOAD_NOTIFY_AND_XID,
+                 record.key_id, &blob, record.current_version, &xid)
+            .status());
+    return xid;
+  });
 }
 
 absl::Status PostgresKeyStore::Insert(const KeyRecord& record) {
   OFFLOAD_ASSIGN_OR_RETURN(std::vector<uint8_t> blob, SealRecord(record));
   absl::MutexLock lock(&mu_);
-  OFFLOAD_RETURN_IF_ERROR(EnsureConnectedLocked());
-  OFFLOAD_ASSIGN_OR_RETURN(
-      int rows, WriteLocked("WITH w AS (INSERT INTO offload_keys (key_id, record, current_version)"
-                            "  VALUES ($1, $2, $3::bigint) ON CONFLICT (key_id) DO NOTHING"
-                            "  RETURNING key_id)"
-                            " SELECT pg_notify('offload_key_changes', key_id) FROM w",
-                            record.key_id, &blob, record.current_version));
-  if (rows == 0) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("key \"", record.key_id, "\" is already in the store"));
-  }
-  return absl::OkStatus();
+  return WriteLocked("insert", [&](PGconn* conn) -> absl::StatusOr<std::string> {
+    std::string xid;
+    OFFLOAD_ASSIGN_OR_RETURN(
+        int rows,
+        RunWrite(conn,
+                 "WITH w AS (INSERT INTO offload_keys (key_id, record, current_version)"
+                 "  VALUES ($1, $2, $3::bigint) ON CONFLICT (key_id) DO NOTHING"
+                 "  RETURNING key_id)" OFFLOAD_NOTIFY_AND_XID,
+                 record.key_id, &blob, record.current_version, &xid));
+    if (rows == 0) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("key \"", record.key_id, "\" is already in the store"));
+    }
+    return xid;
+  });
 }
 
 absl::Status PostgresKeyStore::Delete(absl::string_view key_id) {
   absl::MutexLock lock(&mu_);
-  OFFLOAD_RETURN_IF_ERROR(EnsureConnectedLocked());
-  OFFLOAD_ASSIGN_OR_RETURN(
-      int rows, WriteLocked("WITH w AS (DELETE FROM offload_keys WHERE key_id = $1"
-                            "  RETURNING key_id)"
-                            " SELECT pg_notify('offload_key_changes', key_id) FROM w",
-                            key_id, nullptr, 0));
-  if (rows == 0) return absl::NotFoundError(absl::StrCat("key \"", key_id, "\" is not in the store"));
-  return absl::OkStatus();
+  return WriteLocked("delete", [&](PGconn* conn) -> absl::StatusOr<std::string> {
+    std::string xid;
+    OFFLOAD_ASSIGN_OR_RETURN(
+        int rows, RunWrite(conn,
+                           "WITH w AS (DELETE FROM offload_keys WHERE key_id = $1"
+                           "  RETURNING key_id)" OFFLOAD_NOTIFY_AND_XID,
+                           key_id, nullptr, 0, &xid));
+    if (rows == 0) {
+      return absl::NotFoundError(absl::StrCat("key \"", key_id, "\" is not in the store"));
+    }
+    return xid;
+  });
 }
 
 absl::Status PostgresKeyStore::Update(absl::string_view key_id, const UpdateFn& update) {
   absl::MutexLock lock(&mu_);
-  OFFLOAD_RETURN_IF_ERROR(EnsureConnectedLocked());
-  PGconn* conn = conn_.get();
-  Transaction tx(conn);
-  OFFLOAD_RETURN_IF_ERROR(tx.Begin());
-  // The row lock makes concurrent updates of one key (from any replica) take turns.
-  OFFLOAD_ASSIGN_OR_RETURN(
-      PgResultPtr result,
-      Exec(conn, "SELECT record FROM offload_keys WHERE key_id = $1 FOR UPDATE", {Text(key_id)},
-           /*binary_result=*/true));
-  if (PQntuples(result.get()) == 0) {
-    return absl::NotFoundError(absl::StrCat("key \"", key_id, "\" is not in the store"));
-  }
-  OFFLOAD_ASSIGN_OR_RETURN(KeyRecord stored, OpenRecord(key_id, Cell(result.get(), 0, 0)));
-  result.reset();
-  OFFLOAD_ASSIGN_OR_RETURN(KeyRecord updated, update(std::move(stored)));
-  if (updated.key_id != key_id) {
-    return absl::InvalidArgumentError(absl::StrCat("update: changed the key id from \"", key_id,
-                                                   "\" to \"", updated.key_id, "\""));
-  }
-  OFFLOAD_ASSIGN_OR_RETURN(std::vector<uint8_t> blob, SealRecord(updated));
-  OFFLOAD_ASSIGN_OR_RETURN(
-      int rows, WriteLocked("WITH w AS (UPDATE offload_keys SET record = $2,"
-                            "  current_version = $3::bigint, updated_at = now()"
-                            "  WHERE key_id = $1 RETURNING key_id)"
-                            " SELECT pg_notify('offload_key_changes', key_id) FROM w",
-                            key_id, &blob, updated.current_version));
-  if (rows != 1) return absl::InternalError("postgres: locked row vanished during the update");
-  return tx.Commit();
+  return WriteLocked("update", [&](PGconn* conn) -> absl::StatusOr<std::string> {
+    // The row lock makes concurrent updates of one key (from any replica) take turns.
+    OFFLOAD_ASSIGN_OR_RETURN(
+        PgResultPtr result,
+        Exec(conn, "SELECT record FROM offload_keys WHERE key_id = $1 FOR UPDATE", {Text(key_id)},
+             /*binary_result=*/true));
+    if (PQntuples(result.get()) == 0) {
+      return absl::NotFoundError(absl::StrCat("key \"", key_id, "\" is not in the store"));
+    }
+    OFFLOAD_ASSIGN_OR_RETURN(KeyRecord stored, OpenRecord(key_id, Cell(result.get(), 0, 0)));
+    result.reset();
+    OFFLOAD_ASSIGN_OR_RETURN(KeyRecord updated, update(std::move(stored)));
+    if (updated.key_id != key_id) {
+      return absl::InvalidArgumentError(absl::StrCat("update: changed the key id from \"", key_id,
+                                                     "\" to \"", updated.key_id, "\""));
+    }
+    OFFLOAD_ASSIGN_OR_RETURN(std::vector<uint8_t> blob, SealRecord(updated));
+    std::string xid;
+    OFFLOAD_ASSIGN_OR_RETURN(
+        int rows, RunWrite(conn,
+                           "WITH w AS (UPDATE offload_keys SET record = $2,"
+                           "  current_version = $3::bigint, updated_at = now()"
+                           "  WHERE key_id = $1 RETURNING key_id)" OFFLOAD_NOTIFY_AND_XID,
+                           key_id, &blob, updated.current_version, &xid));
+    if (rows != 1) return absl::InternalError("postgres: locked row vanished during the update");
+    return xid;
+  });
 }
+
+#undef OFFLOAD_NOTIFY_AND_XID
 
 std::string PostgresKeyStore::Describe() const { return description_; }
 
@@ -459,10 +621,18 @@ void PostgresChangeListener::Run(PgConnPtr conn) {
   const std::string where = DescribePostgresDsn(dsn_);
   bool need_resync = true;  // changes before the LISTEN took effect were not heard
   uint64_t failed_attempts = 0;
+  // Before the next connection attempt: none after a loss (the server is usually back already,
+  // e.g. a terminated session), then growing while the server cannot be reached.
+  const absl::Duration max_backoff = std::min(kReconnectBackoffMax, retry_delay_);
+  absl::Duration backoff = absl::ZeroDuration();
   while (!stopping_.load()) {
     if (conn == nullptr) {
+      if (backoff > absl::ZeroDuration() && !Wait(-1, backoff)) break;
       absl::StatusOr<PgConnPtr> reconnected = ConnectAndListen();
       if (!reconnected.ok()) {
+        backoff = backoff == absl::ZeroDuration()
+                      ? std::min(kReconnectBackoffMin, max_backoff)
+                      : std::min(2 * backoff, max_backoff);
         // Logged on attempts 1, 2, 4, 8...: an outage does not flood the log.
         ++failed_attempts;
         if ((failed_attempts & (failed_attempts - 1)) == 0) {
@@ -471,10 +641,10 @@ void PostgresChangeListener::Run(PgConnPtr conn) {
                {"attempts", failed_attempts},
                {"error", std::string(reconnected.status().message())}});
         }
-        if (!Wait(-1, retry_delay_)) break;
         continue;
       }
       failed_attempts = 0;
+      backoff = absl::ZeroDuration();
       conn = *std::move(reconnected);
       Log(LogLevel::kInfo, "keystore_listener_reconnected", {{"store", where}});
       need_resync = true;
@@ -493,8 +663,7 @@ void PostgresChangeListener::Run(PgConnPtr conn) {
     if (PQconsumeInput(conn.get()) == 0 || PQstatus(conn.get()) != CONNECTION_OK) {
       Log(LogLevel::kWarning, "keystore_listener_disconnected",
           {{"store", where}, {"error", PgMessage(PQerrorMessage(conn.get()))}});
-      conn.reset();
-      if (!Wait(-1, retry_delay_)) break;
+      conn.reset();  // reconnects at once
       continue;
     }
     while (PGnotify* n = PQnotifies(conn.get())) {

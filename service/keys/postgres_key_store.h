@@ -15,6 +15,15 @@
 // together apply each migration once; offload_schema_version records what was applied.
 // Every write is one transaction that also NOTIFYs channel offload_key_changes with the key id;
 // synchronous_commit is forced on for the session, so a write that returned OK is durable.
+//
+// Lost connections (PostgreSQL restarted, the session terminated by pg_terminate_backend, a
+// failover, a pooler's idle timeout) cost no call: before each use, one poll() finds a connection
+// that the server closed while it was idle, and the store reconnects. A connection lost during a
+// call (the race the poll cannot see) is replaced and the call runs once more when that cannot
+// repeat a committed change: reads always; writes when the failure came before their COMMIT was
+// sent (an explicit transaction commits nothing without it), and after a failed COMMIT only when
+// pg_xact_status on the new connection says the transaction aborted (if it committed, the call
+// returns OK without running again). Needs PostgreSQL 13 or later (pg_current_xact_id).
 // Thread-safety: every method may be called from any thread (one connection, used under a mutex).
 #ifndef SERVICE_KEYS_POSTGRES_KEY_STORE_H_
 #define SERVICE_KEYS_POSTGRES_KEY_STORE_H_
@@ -77,19 +86,32 @@ class PostgresKeyStore final : public KeyStore {
  private:
   PostgresKeyStore(std::string dsn, SecretBytes kek);
 
-  // Reconnects if the connection was lost.
+  // A statement run inside a write's transaction, on `conn`, that returns the transaction's id
+  // (pg_current_xact_id() as text, the same statement that writes returns it). It may be called
+  // again, on a new connection, after a failure that left nothing committed.
+  using WriteBody = std::function<absl::StatusOr<std::string>(PGconn* conn)>;
+
+  // Makes conn_ a live, idle connection: reconnects if it is missing, known broken, inside a
+  // transaction, or was closed by the server while idle (found by a poll() without waiting).
   absl::Status EnsureConnectedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status MigrateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs `read` on a live connection; if the connection is lost during it, once more on a new
+  // one (a read changes nothing, so running it twice is always safe).
+  absl::Status ReadLocked(absl::string_view what, const std::function<absl::Status(PGconn*)>& read)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // BEGIN, `body`, COMMIT on a live connection, with at most one more run after a lost
+  // connection when that is safe (see the file comment). An error from `body` other than a lost
+  // connection is returned after a rollback. `what` names the call in logs.
+  absl::Status WriteLocked(absl::string_view what, const WriteBody& body)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a COMMIT whose answer was lost: the status of transaction `xid` ("committed",
+  // "aborted", "in progress") asked on a new connection.
+  absl::StatusOr<std::string> CommitOutcomeLocked(const std::string& xid)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Seals `record` for its row.
   absl::StatusOr<std::vector<uint8_t>> SealRecord(const KeyRecord& record) const;
   absl::StatusOr<KeyRecord> OpenRecord(absl::string_view key_id,
                                        absl::Span<const uint8_t> blob) const;
-  // Runs a one-statement write (INSERT/DELETE ... RETURNING key_id, wrapped to NOTIFY) and
-  // returns the number of rows it touched. REQUIRES: connected (it may run inside a transaction,
-  // so it never reconnects itself).
-  absl::StatusOr<int> WriteLocked(const char* sql, absl::string_view key_id,
-                                  const std::vector<uint8_t>* blob, uint32_t current_version)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string dsn_;
   const std::string description_;
@@ -101,11 +123,18 @@ class PostgresKeyStore final : public KeyStore {
 // A connection that LISTENs on offload_key_changes and reports each changed key id, on a thread
 // of its own. After every (re)connection - the first included, since changes made between the
 // key manager's load and the LISTEN would otherwise be missed - it asks for a full resync: while
-// disconnected, notifications are lost. Callbacks run on the listener thread, one at a time; a
-// callback that fails makes the listener resync after `retry_delay`.
+// disconnected, notifications are lost. A lost connection is replaced at once; while the server
+// cannot be reached, attempts follow at kReconnectBackoffMin doubling up to the smaller of
+// kReconnectBackoffMax and `retry_delay` (a restarted server is heard within that bound, at a
+// cost of a few refused connection attempts a second during an outage). Callbacks run on the
+// listener thread, one at a time; a callback that fails makes the listener resync after
+// `retry_delay`.
 // Thread-safety: Start and the destructor from one thread; callbacks must be thread-safe.
 class PostgresChangeListener {
  public:
+  static constexpr absl::Duration kReconnectBackoffMin = absl::Milliseconds(25);
+  static constexpr absl::Duration kReconnectBackoffMax = absl::Milliseconds(250);
+
   struct Callbacks {
     std::function<absl::Status(absl::string_view key_id)> on_change;
     std::function<absl::Status()> on_resync;

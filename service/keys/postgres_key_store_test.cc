@@ -9,8 +9,10 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -251,21 +253,6 @@ TEST_F(PostgresKeyStoreTest, RowsAreEncryptedAndBoundToTheirKeyId) {
   EXPECT_TRUE(store->Load("secret-key").ok());
 }
 
-TEST_F(PostgresKeyStoreTest, ReconnectsAfterTheConnectionIsLost) {
-  auto store = OpenStore();
-  ASSERT_NE(store, nullptr);
-  ASSERT_TRUE(store->Put(AeadRecord("k", 1)).ok());
-  Sql(dsn_, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
-            "backend_type = 'client backend' AND pid <> pg_backend_pid()");
-  // The first call may see the broken connection (Unavailable); the next reconnects.
-  absl::StatusOr<KeyRecord> k = store->Load("k");
-  if (!k.ok()) {
-    EXPECT_EQ(k.status().code(), absl::StatusCode::kUnavailable) << k.status();
-    k = store->Load("k");
-  }
-  EXPECT_TRUE(k.ok()) << k.status();
-}
-
 TEST(PostgresDsnTest, DescriptionNeverShowsThePassword) {
   const std::string d = DescribePostgresDsn(
       "host=127.0.0.1 port=5433 dbname=offload user=svc password=hunter2 sslmode=disable");
@@ -429,6 +416,238 @@ TEST_F(PostgresKeyStoreTest, ListenerKeepsAKeyManagerCurrent) {
   }));
   ASSERT_TRUE((*a)->DeleteKey("k1").ok());
   EXPECT_TRUE(wait([&] { return kb->Find("k1") == nullptr; }));
+}
+
+// ---- lost connections ----------------------------------------------------------------------
+// The store under test connects as application_name "victim" so that the test can end exactly
+// its session (pg_terminate_backend waits up to 5 s for the backend to exit).
+
+class PostgresReconnectTest : public PostgresKeyStoreTest {
+ protected:
+  void SetUp() override {
+    PostgresKeyStoreTest::SetUp();
+    if (IsSkipped()) return;
+    victim_dsn_ = absl::StrCat(dsn_, " application_name=", schema_, "_victim");
+  }
+  void TearDown() override {
+    // Before DROP SCHEMA, whose COMMIT would wait for the standby too.
+    if (commits_wait_) SetSynchronousStandby("");
+    PostgresKeyStoreTest::TearDown();
+  }
+
+  std::unique_ptr<PostgresKeyStore> OpenVictim() {
+    auto store = PostgresKeyStore::Open(victim_dsn_, kek_);
+    EXPECT_TRUE(store.ok()) << store.status();
+    return store.ok() ? *std::move(store) : nullptr;
+  }
+
+  // Terminates the victim's sessions; returns how many there were.
+  int TerminateVictim() {
+    return std::stoi(Sql(BaseDsn(), absl::StrCat(
+        "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000)) FROM pg_stat_activity "
+        "WHERE application_name = '", schema_, "_victim'")));
+  }
+
+  // Waits up to 10 s until the victim's session waits on `wait_event` (pg_stat_activity).
+  bool WaitForVictim(const std::string& wait_event) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (absl::Now() < deadline) {
+      if (Sql(BaseDsn(), absl::StrCat("SELECT count(*) FROM pg_stat_activity WHERE "
+                                      "application_name = '", schema_, "_victim' AND "
+                                      "wait_event = '", wait_event, "'")) != "0") {
+        return true;
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return false;
+  }
+
+  // Runs `call` on a thread, ends the victim's session once it waits on `wait_event`, and
+  // returns what `call` returned.
+  absl::Status TerminateDuring(const std::string& wait_event,
+                               const std::function<absl::Status()>& call) {
+    absl::Status result = absl::UnknownError("not run");
+    std::thread t([&] { result = call(); });
+    EXPECT_TRUE(WaitForVictim(wait_event)) << "the call never waited on " << wait_event;
+    EXPECT_EQ(TerminateVictim(), 1);
+    t.join();
+    return result;
+  }
+
+  // Makes every COMMIT wait for a synchronous standby that never comes, the setting a primary
+  // with synchronous replication has: the commit is durable locally before the wait, so a
+  // session ended during the wait loses the COMMIT's answer of a committed transaction.
+  // Server-wide, until CommitsNoLongerWait (or TearDown).
+  void CommitsWaitForAStandby() {
+    commits_wait_ = true;
+    SetSynchronousStandby("nobody");
+  }
+  void CommitsNoLongerWait() {
+    SetSynchronousStandby("");
+    commits_wait_ = false;
+  }
+
+  void SetSynchronousStandby(const std::string& names) {
+    Sql(BaseDsn(), absl::StrCat("ALTER SYSTEM SET synchronous_standby_names = '", names, "'"));
+    Sql(BaseDsn(), "SELECT pg_reload_conf()");
+    // The reload is asynchronous; sessions started after it see the new value.
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (Sql(BaseDsn(), "SHOW synchronous_standby_names") != names &&
+           absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    ASSERT_EQ(Sql(BaseDsn(), "SHOW synchronous_standby_names"), names);
+  }
+
+  // A deferred trigger that sleeps 30 s in the first COMMIT that writes offload_keys, before the
+  // commit record: a session ended there loses the COMMIT's answer of an aborted transaction.
+  void FirstCommitSleeps() {
+    Sql(dsn_, "CREATE SEQUENCE commit_runs");
+    Sql(dsn_,
+        "CREATE FUNCTION slow_first_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "IF nextval('commit_runs') = 1 THEN PERFORM pg_sleep(30); END IF; RETURN NULL; END $$");
+    Sql(dsn_,
+        "CREATE CONSTRAINT TRIGGER slow_first_commit AFTER INSERT OR UPDATE OR DELETE ON "
+        "offload_keys DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION "
+        "slow_first_commit()");
+  }
+
+  std::string Rows(const std::string& key_id) {
+    return Sql(dsn_, absl::StrCat("SELECT count(*) FROM offload_keys WHERE key_id = '", key_id,
+                                  "'"));
+  }
+
+  std::string victim_dsn_;
+  bool commits_wait_ = false;
+};
+
+// A rotation as KeyManager does it: one new version numbered after the stored record.
+KeyStore::UpdateFn AddVersion(int* calls, const std::function<void()>& on_first_call = {}) {
+  return [calls, on_first_call](KeyRecord r) -> absl::StatusOr<KeyRecord> {
+    if (++*calls == 1 && on_first_call) on_first_call();
+    KeyVersionRecord v;
+    v.version = r.versions.back().version + 1;
+    v.secret = SecretBytes(32, static_cast<uint8_t>(v.version));
+    r.versions.push_back(std::move(v));
+    r.current_version = r.versions.back().version;
+    return r;
+  };
+}
+
+// The server closed the idle session (pg_terminate_backend; a restart or a pooler does the
+// same): the first call afterwards succeeds, for every kind of call.
+TEST_F(PostgresReconnectTest, FirstCallAfterTheSessionWasTerminatedSucceeds) {
+  auto store = OpenVictim();
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(store->Put(AeadRecord("k", 1)).ok());
+  int calls = 0;
+  const std::vector<std::pair<std::string, std::function<absl::Status()>>> steps = {
+      {"Load", [&] { return store->Load("k").status(); }},
+      {"LoadAll", [&] { return store->LoadAll().status(); }},
+      {"Insert", [&] { return store->Insert(AeadRecord("n", 2)); }},
+      {"Update", [&] { return store->Update("k", AddVersion(&calls)); }},
+      {"Put", [&] { return store->Put(AeadRecord("p", 3)); }},
+      {"Delete", [&] { return store->Delete("n"); }},
+  };
+  for (const auto& [name, step] : steps) {
+    ASSERT_EQ(TerminateVictim(), 1) << "before " << name;
+    const absl::Status s = step();
+    EXPECT_TRUE(s.ok()) << name << ": " << s;
+  }
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(store->Load("k")->versions.size(), 2u);
+  EXPECT_EQ(Rows("n"), "0");
+  EXPECT_EQ(Rows("p"), "1");
+}
+
+// Lost before COMMIT: nothing was committed, the update runs again on a new connection, reading
+// the row afresh. One new version, not two; the update function ran twice.
+TEST_F(PostgresReconnectTest, UpdateLostBeforeCommitRunsAgain) {
+  auto store = OpenVictim();
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(store->Put(AeadRecord("k", 1)).ok());
+  int calls = 0;
+  const absl::Status s =
+      store->Update("k", AddVersion(&calls, [&] { EXPECT_EQ(TerminateVictim(), 1); }));
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(calls, 2);
+  auto k = store->Load("k");
+  ASSERT_TRUE(k.ok()) << k.status();
+  EXPECT_EQ(k->versions.size(), 2u);
+  EXPECT_EQ(k->current_version, 2u);
+}
+
+// Lost while the INSERT statement waited (here for a table lock another session holds): not
+// committed, runs again, and creates the key once.
+TEST_F(PostgresReconnectTest, InsertLostDuringTheStatementRunsAgain) {
+  auto store = OpenVictim();
+  ASSERT_NE(store, nullptr);
+  PGconn* locker = PQconnectdb(dsn_.c_str());
+  ASSERT_EQ(PQstatus(locker), CONNECTION_OK) << PQerrorMessage(locker);
+  PQclear(PQexec(locker, "BEGIN; LOCK TABLE offload_keys IN ACCESS EXCLUSIVE MODE"));
+  absl::Status result = absl::UnknownError("not run");
+  std::thread t([&] { result = store->Insert(AeadRecord("k", 1)); });
+  EXPECT_TRUE(WaitForVictim("relation"));
+  EXPECT_EQ(TerminateVictim(), 1);
+  EXPECT_TRUE(WaitForVictim("relation"));  // the second run waits for the same lock
+  PQclear(PQexec(locker, "COMMIT"));
+  t.join();
+  PQfinish(locker);
+  EXPECT_TRUE(result.ok()) << result;
+  EXPECT_EQ(Rows("k"), "1");
+}
+
+// The COMMIT's answer was lost but the transaction committed (the session ended while the commit
+// waited for a synchronous standby): the call answers OK and runs nothing again - not
+// AlreadyExists for the key it created, not NotFound for the key it deleted, not a second
+// version for a rotation.
+TEST_F(PostgresReconnectTest, CommittedWritesWhoseAnswerWasLostAreNotRepeated) {
+  auto store = OpenVictim();
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(store->Put(AeadRecord("rotated", 1)).ok());
+  ASSERT_TRUE(store->Put(AeadRecord("deleted", 1)).ok());
+  int calls = 0;
+  CommitsWaitForAStandby();
+  {
+    const absl::Status inserted =
+        TerminateDuring("SyncRep", [&] { return store->Insert(AeadRecord("created", 1)); });
+    EXPECT_TRUE(inserted.ok()) << inserted;
+    const absl::Status updated =
+        TerminateDuring("SyncRep", [&] { return store->Update("rotated", AddVersion(&calls)); });
+    EXPECT_TRUE(updated.ok()) << updated;
+    const absl::Status deleted =
+        TerminateDuring("SyncRep", [&] { return store->Delete("deleted"); });
+    EXPECT_TRUE(deleted.ok()) << deleted;
+  }
+  CommitsNoLongerWait();
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(Rows("created"), "1");
+  EXPECT_EQ(store->Load("rotated")->versions.size(), 2u);
+  EXPECT_EQ(Rows("deleted"), "0");
+}
+
+// The COMMIT's answer was lost and the transaction aborted (the session ended in a deferred
+// trigger, before the commit record): the write runs again and succeeds.
+TEST_F(PostgresReconnectTest, AbortedCommitRunsAgain) {
+  auto store = OpenVictim();
+  ASSERT_NE(store, nullptr);
+  FirstCommitSleeps();
+  const absl::Status inserted =
+      TerminateDuring("PgSleep", [&] { return store->Insert(AeadRecord("k", 1)); });
+  EXPECT_TRUE(inserted.ok()) << inserted;
+  EXPECT_EQ(Rows("k"), "1");
+  EXPECT_EQ(Sql(dsn_, "SELECT last_value FROM commit_runs"), "2");  // the trigger ran twice
+}
+
+TEST_F(PostgresReconnectTest, ListenerReconnectsAtOnce) {
+  Heard heard;
+  // A retry delay far beyond the wait below: the reconnection must not wait for it.
+  auto listener = PostgresChangeListener::Start(victim_dsn_, heard.Callbacks(), absl::Seconds(60));
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  ASSERT_TRUE(heard.WaitFor([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return heard.resyncs == 1; }));
+  ASSERT_EQ(TerminateVictim(), 1);
+  EXPECT_TRUE(heard.WaitFor([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return heard.resyncs == 2; }));
+  EXPECT_EQ((*listener)->connections(), 2u);
 }
 
 }  // namespace

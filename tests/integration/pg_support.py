@@ -95,20 +95,39 @@ class Postgres:
             raise RuntimeError("initdb failed (%d):\n%s%s" % (run.returncode, run.stdout, run.stderr))
         for attempt in range(5):
             self.port = _free_port()
-            log = open(self.log_path, "ab")
-            self.proc = subprocess.Popen(
-                self._argv([os.path.join(self.bindir, "postgres"), "-D", self.data,
-                            "-p", str(self.port), "-k", self.dir,
-                            "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off",
-                            "-c", "max_connections=100", "-c", "shared_buffers=16MB"]),
-                cwd=self.dir, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
-            log.close()
-            if self._wait_ready():
+            if self._launch():
                 return self
-            self.stop()
             if "could not bind" not in self.log_tail():
                 break
         raise RuntimeError("postgres did not start\n" + self.log_tail())
+
+    def _launch(self):
+        """Starts postgres on self.port and waits until it accepts connections (False if not)."""
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            self._argv([os.path.join(self.bindir, "postgres"), "-D", self.data,
+                        "-p", str(self.port), "-k", self.dir,
+                        "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off",
+                        "-c", "max_connections=100", "-c", "shared_buffers=16MB"]),
+            cwd=self.dir, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        log.close()
+        if self._wait_ready():
+            return True
+        self.stop()
+        return False
+
+    def restart(self):
+        """Fast shutdown (every session is terminated) and a start on the same port and data, as
+        an operator's restart or a failover to the same address. Returns once it accepts
+        connections."""
+        self.stop()
+        for attempt in range(50):  # the port may be briefly unbindable after the shutdown
+            if self._launch():
+                return self
+            if "could not bind" not in self.log_tail(5):
+                break
+            time.sleep(0.1)
+        raise RuntimeError("postgres did not restart\n" + self.log_tail())
 
     def _wait_ready(self):
         deadline = time.monotonic() + START_TIMEOUT_S

@@ -1,37 +1,51 @@
-"""The dashboard and the alert rules, checked against a real Prometheus that scraped a real server.
+"""The dashboard and the alert rules, checked against a real Prometheus that scraped real servers.
 
-Starts offload_server (tests/e2e/harness.py) with a known --metrics_address and Debian's
-Prometheus scraping it every second with deploy/prometheus/alerts.yml loaded, drives traffic with
-known memo hits and misses, then:
+Starts two offload_servers (tests/e2e/harness.py) with known --metrics_address: "obs" (plain,
+with small admission bounds) and "obs-mtls" (mTLS and a grants policy, certificates made here with
+openssl as tests/e2e/test_mtls.py does), and Debian's Prometheus scraping both every second with
+deploy/prometheus/alerts.yml loaded. Drives traffic with known memo hits and misses, floods of
+BatchSign that admission control sheds (queue_full, client_limit; every refusal counted by the
+client), and calls that mTLS and the policy refuse (unauthenticated, permission_denied, a
+handshake with a certificate of another CA), then:
   - evaluates every query of deploy/grafana/dashboards/offload.json (variables substituted as
     Grafana would: $job and $instance as their "All" value, $__rate_interval and $__range as a
     window covering the whole run) through /api/v1/query: each returns at least one finite value;
   - checks that the hit-ratio panel shows the ratio the traffic produced per cache (within 5
-    percentage points; the scraped counters must match the traffic exactly);
+    percentage points; the scraped counters must match the traffic exactly), and that the
+    refusal and drop panels show the refusals and drops the traffic produced, by reason;
+  - checks that OffloadCallsDropped and OffloadCallsRefused are pending for those reasons (their
+    `for` keeps them from firing within the test);
   - checks every recording and alert rule: health "ok" with no error in /api/v1/rules, each
     recording rule's expression and recorded series return data, each alert's operands (its
     expression without comparisons and set operators; absent(x) as x) return data;
   - runs promtool check config / check rules / check metrics (on the scraped text);
-  - checks that every offload_* name a query mentions is a metric the server exports.
+  - checks that every offload_* name a query mentions is a metric the server exports, and that
+    the metrics table of deploy/prometheus/README.md lists exactly the families it exports.
 
     OFFLOAD_SERVER=build-obs/bin/offload_server /usr/bin/python3 -m unittest -v \\
         tests/integration/test_observability.py
 """
 
+import collections
 import json
 import math
 import os
 import re
+import signal
+import socket
 import struct
+import threading
 import time
 import unittest
 
+import grpc
 import nacl.bindings
 import nacl.public
 import nacl.signing
 
-from obs_support import (ALERTS, DASHBOARD, PROMETHEUS_YML, Prometheus, harness, pb,
+from obs_support import (ALERTS, DASHBOARD, DEPLOY_DIR, PROMETHEUS_YML, Prometheus, harness, pb,
                          parse_exposition, promtool, sample, scrape, value_of)
+from test_mtls import Pki  # tests/e2e (on sys.path through obs_support)
 
 T = 60
 
@@ -47,6 +61,25 @@ EXPECTED = {
 }
 
 HIT_RATIO_PANEL = "Hit ratio per cache"
+REFUSALS_PANEL = "Refusals by reason"
+DROPS_PANEL = "Drops by reason"
+METRICS_README = os.path.join(DEPLOY_DIR, "prometheus", "README.md")
+
+# Admission bounds of the "obs" server (the queue may not be smaller than a batch: max_batch_items
+# is lowered to match), and the floods that overrun them, of BatchSign (no memo: the hit ratios
+# above stay exact). A QUEUE_FLOOD_ITEMS call admitted leaves no room for a second one
+# (queue_full); CLIENT_FLOOD_ITEMS calls fit the queue three at a time but only
+# MAX_CLIENT_INFLIGHT may be in flight (client_limit).
+MAX_QUEUED_ITEMS, MAX_CLIENT_INFLIGHT = 256, 2
+QUEUE_FLOOD_ITEMS, QUEUE_FLOOD_CALLS = 200, 4
+CLIENT_FLOOD_ITEMS, CLIENT_FLOOD_CALLS = 64, 6
+# Drops of each reason and refusals of each reason to make: over 0.05/s in a 5m rate (15), the
+# thresholds of OffloadCallsDropped and OffloadCallsRefused.
+DROPS_PER_REASON = 25
+REFUSALS_PER_REASON = 25
+# The mTLS server's policy: app-c (used for permission_denied) is granted nothing.
+POLICY = {"admins": ["admin"],
+          "grants": [{"client": "app-a", "keys": ["a-*"], "operations": ["*"]}]}
 
 
 def grafana_substitute(expr, window):
@@ -125,27 +158,118 @@ def offload_names(expr):
     return set(re.findall(r"\b(offload_[a-z0-9_]+)", expr))
 
 
+def tls_channel(address, pki, who):
+    """A TLS channel to `address` trusting the test CA, with client certificate `who` ((cert, key)
+    paths) or none."""
+    root = pki.read("ca.crt")
+    if who is None:
+        creds = grpc.ssl_channel_credentials(root_certificates=root)
+    else:
+        with open(who[0], "rb") as c, open(who[1], "rb") as k:
+            creds = grpc.ssl_channel_credentials(root_certificates=root, private_key=k.read(),
+                                                 certificate_chain=c.read())
+    return grpc.secure_channel(address, creds, options=[
+        ("grpc.ssl_target_name_override", "localhost"), ("grpc.enable_http_proxy", 0),
+        ("grpc.enable_retries", 0)])
+
+
+class QuickStartServer(harness.Server):
+    """A harness Server whose start waits for its gRPC port to accept connections before it
+    builds the channel it checks health with. A channel made before the server listens backs off
+    after the refused connection: its first SERVING came up to 15 s after the server's
+    server_started line (measured with TLS on this machine)."""
+
+    def wait_serving(self, timeout):
+        host, port = self.address.rsplit(":", 1)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            try:
+                socket.create_connection((host, int(port)), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.02)
+        self.channel.close()
+        self.channel = self.new_channel()
+        self._bind_stubs(self.channel)
+        super().wait_serving(max(1.0, deadline - time.monotonic()))
+
+
+class TlsServer(QuickStartServer):
+    """A harness Server whose own channel (health checks) is TLS with the admin's certificate."""
+
+    def __init__(self, name, pki, admin, args):
+        super().__init__(name, args=args)
+        self.pki = pki
+        self.admin = admin
+
+    def new_channel(self):
+        return tls_channel(self.address, self.pki, self.admin)
+
+
 class ObservabilityTest(harness.ServerTestCase):
     @classmethod
     def setUpClass(cls):
         cls.metrics_address = "127.0.0.1:%d" % harness.free_port()
-        cls.server = harness.Server("obs", args=["--metrics_address=" + cls.metrics_address])
-        cls.servers = [cls.server]
+        cls.server = QuickStartServer("obs", args=[
+            "--metrics_address=" + cls.metrics_address,
+            "--max_queued_items=%d" % MAX_QUEUED_ITEMS, "--max_batch_items=%d" % MAX_QUEUED_ITEMS,
+            "--max_client_inflight=%d" % MAX_CLIENT_INFLIGHT])
+        cls.pki = pki = Pki()
+        server_cert, server_key = pki.leaf("server", "offload", san="IP:127.0.0.1,DNS:localhost",
+                                           server=True)
+        cls.ids = {"admin": pki.leaf("admin", "admin"),
+                   "app-c": pki.leaf("app-c", "app-c"),  # valid, granted nothing
+                   "intruder": pki.leaf("intruder", "admin", ca="other-ca")}
+        policy = pki.path("policy.json")
+        with open(policy, "w") as f:
+            json.dump(POLICY, f)
+        cls.tls_metrics_address = "127.0.0.1:%d" % harness.free_port()
+        cls.tls_server = TlsServer("obs-mtls", pki, cls.ids["admin"], args=[
+            "--metrics_address=" + cls.tls_metrics_address,
+            "--tls_cert_file=" + server_cert, "--tls_key_file=" + server_key,
+            "--tls_client_ca_file=" + pki.path("ca.crt"), "--policy_file=" + policy,
+            "--drain_timeout=5s"])
+        cls.servers = [cls.server, cls.tls_server]
         cls.prom = None
-        cls.server.start()
         try:
-            cls.prom = Prometheus([cls.metrics_address], rule_files=[ALERTS]).start()
+            # Started side by side: each spends seconds measuring the crypto backends.
+            errors = []
+
+            def start(server):
+                try:
+                    server.start()
+                except Exception as e:  # noqa: BLE001 - raised below
+                    errors.append(e)
+            threads = [threading.Thread(target=start, args=(x,)) for x in cls.servers]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            if errors:
+                raise errors[0]
+            cls.prom = Prometheus([cls.metrics_address, cls.tls_metrics_address],
+                                  rule_files=[ALERTS]).start()
             # Two scrapes before any traffic: every counter's first sample is 0, so rate() over
             # a window reaching back past it counts exactly the traffic.
             cls.prom.wait_for('count_over_time(up{job="offload"}[5m]) >= 2 and up == 1',
-                              lambda r: len(r) == 1, what="two scrapes of the server")
+                              lambda r: len(r) == 2, what="two scrapes of each server")
             cls.counts = cls.drive_traffic()
+            cls.drops = cls.drive_drops()
+            cls.refusals = cls.drive_refusals()
             cls.scraped = scrape(cls.metrics_address).decode()
             cls.samples = parse_exposition(cls.scraped)
+            cls.tls_scraped = scrape(cls.tls_metrics_address).decode()
+            cls.tls_samples = parse_exposition(cls.tls_scraped)
             # Prometheus has the final values, plus two more scrapes and rule evaluations.
             hits = cls.counts["verify"][0]
-            cls.prom.wait_for('offload_memo_hits_total{cache="verify"}',
+            denied = sample(cls.tls_samples, "offload_auth_denied_total")
+            dropped = sample(cls.samples, "offload_dropped_total")
+            cls.prom.wait_for('sum(offload_memo_hits_total{cache="verify"})',
                               lambda r: r and value_of(r[0]) == hits, what="the final counters")
+            cls.prom.wait_for('sum(offload_auth_denied_total)',
+                              lambda r: r and value_of(r[0]) == denied, what="the refusals")
+            cls.prom.wait_for('sum(offload_dropped_total)',
+                              lambda r: r and value_of(r[0]) == dropped, what="the drops")
             time.sleep(2.5)
             cls.window = "%ds" % (int(time.time() - cls.prom.started_at) + 30)
         except BaseException:
@@ -153,13 +277,19 @@ class ObservabilityTest(harness.ServerTestCase):
                 print(cls.prom.log_tail())
                 cls.prom.stop()
             cls.server.kill()
+            cls.tls_server.kill()
             raise
 
     @classmethod
     def tearDownClass(cls):
         if cls.prom:
             cls.prom.stop()
-        cls.server.stop()
+        for s in cls.servers:
+            s.channel.close()  # an idle client connection delays the server's exit
+            s.channel = None
+            s.signal(signal.SIGTERM)
+        for s in cls.servers:
+            s.stop()
 
     # ---- traffic --------------------------------------------------------------------------------
 
@@ -214,6 +344,67 @@ class ObservabilityTest(harness.ServerTestCase):
         s.keys.ListKeys(pb.keys.ListKeysRequest(), timeout=T)
         return EXPECTED
 
+    @classmethod
+    def flood(cls, items, calls):
+        """`calls` BatchSign calls of `items` items sent at once; counts them by outcome: ok, or
+        the admission refusal (queue_full, client_limit) that the error message names."""
+        req = pb.ed.BatchSignRequest(items=[
+            pb.ed.SignRequest(key_id="obs-ed", message=b"flood %d" % i) for i in range(items)])
+        futures = [cls.server.ed.BatchSign.future(req, timeout=T) for _ in range(calls)]
+        got = collections.Counter()
+        for f in futures:
+            try:
+                f.result()
+                got["ok"] += 1
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise
+                if "server overloaded" in e.details():
+                    got["queue_full"] += 1
+                elif "over its concurrency limit" in e.details():
+                    got["client_limit"] += 1
+                else:
+                    raise AssertionError("unexpected refusal: %s" % e.details())
+        return got
+
+    @classmethod
+    def drive_drops(cls):
+        """Floods until each of queue_full and client_limit has DROPS_PER_REASON refusals or more;
+        returns what the client saw (the server's counters must say the same)."""
+        total = collections.Counter()
+        for reason, items, calls in (("queue_full", QUEUE_FLOOD_ITEMS, QUEUE_FLOOD_CALLS),
+                                     ("client_limit", CLIENT_FLOOD_ITEMS, CLIENT_FLOOD_CALLS)):
+            floods = 0
+            while total[reason] < DROPS_PER_REASON:
+                floods += 1
+                if floods > 500:
+                    raise AssertionError("500 floods made only %d %s refusals: %s"
+                                         % (total[reason], reason, dict(total)))
+                total.update(cls.flood(items, calls))
+            print("  %d floods of %d x BatchSign(%d) for %s" % (floods, calls, items, reason))
+        print("  drops seen by the client: %s" % dict(total))
+        return total
+
+    @classmethod
+    def drive_refusals(cls):
+        """REFUSALS_PER_REASON Sign calls without a client certificate (unauthenticated) and with
+        one the policy grants nothing (permission_denied), and one call over a certificate of
+        another CA (its handshake is refused: handshake_refused, once or more as gRPC reconnects)."""
+        s = cls.tls_server
+        req = pb.ed.SignRequest(key_id="a-ed", message=b"m")
+        for who, code in ((None, grpc.StatusCode.UNAUTHENTICATED),
+                          (cls.ids["app-c"], grpc.StatusCode.PERMISSION_DENIED),
+                          (cls.ids["intruder"], grpc.StatusCode.UNAVAILABLE)):
+            channel = tls_channel(s.address, cls.pki, who)
+            try:
+                stub = s.stubs_on(channel)
+                for _ in range(REFUSALS_PER_REASON if code != grpc.StatusCode.UNAVAILABLE else 1):
+                    e = harness.rpc_error(stub.ed.Sign, req, timeout=T)
+                    assert e is not None and e.code() == code, (code, e)
+            finally:
+                channel.close()
+        return {"unauthenticated": REFUSALS_PER_REASON, "permission_denied": REFUSALS_PER_REASON}
+
     # ---- helpers --------------------------------------------------------------------------------
 
     def dashboard(self):
@@ -256,6 +447,28 @@ class ObservabilityTest(harness.ServerTestCase):
         self.assertEqual(sample(self.samples, "offload_ready"), 1)
         self.assertEqual(sample(self.samples, "offload_keys"), 3)
 
+    def test_scraped_refusals_and_drops_match_traffic(self):
+        for reason in ("queue_full", "client_limit"):
+            with self.subTest(reason=reason):
+                self.assertEqual(sample(self.samples, "offload_dropped_total", reason=reason),
+                                 self.drops[reason])
+        self.assertEqual(sample(self.samples, "offload_dropped_total", reason="deadline"), 0)
+        self.assertEqual(sample(self.samples, "offload_requests_total", method="BatchSign",
+                                code="RESOURCE_EXHAUSTED"),
+                         self.drops["queue_full"] + self.drops["client_limit"])
+        self.assertEqual(sample(self.samples, "offload_requests_total", method="BatchSign",
+                                code="OK"), self.drops["ok"])
+        self.assertEqual(sample(self.samples, "offload_queued_items"), 0)  # all finished
+        self.assertEqual(sample(self.samples, "offload_auth_denied_total"), 0)  # no TLS here
+        for reason, n in self.refusals.items():
+            with self.subTest(reason=reason):
+                self.assertEqual(sample(self.tls_samples, "offload_auth_denied_total",
+                                        reason=reason), n)
+        self.assertGreaterEqual(sample(self.tls_samples, "offload_auth_denied_total",
+                                       reason="handshake_refused"), 1)
+        self.assertEqual(sample(self.tls_samples, "offload_requests_total", method="Sign",
+                                code="UNAUTHENTICATED"), self.refusals["unauthenticated"])
+
     # ---- the dashboard --------------------------------------------------------------------------
 
     def test_dashboard_is_provisioning_ready(self):
@@ -286,7 +499,8 @@ class ObservabilityTest(harness.ServerTestCase):
                        "p50 latency by method", "p99 latency by method", HIT_RATIO_PANEL,
                        "Memo bytes vs capacity", "Worker queue depth", "Busy workers / workers",
                        "Key store operations", "Key store load time", "Managed keys",
-                       "Crypto operations", "Resident memory", "Build"):
+                       "Crypto operations", "Resident memory", "Build", REFUSALS_PANEL,
+                       DROPS_PANEL, "Queued items"):
             self.assertIn(needed, titles)
 
     def test_every_dashboard_query_returns_data(self):
@@ -325,6 +539,29 @@ class ObservabilityTest(harness.ServerTestCase):
                 print("  hit ratio %-6s expected %.4f (%d hits, %d misses), panel %.4f"
                       % (cache, expected, hits, misses, shown[cache]))
                 self.assertAlmostEqual(shown[cache], expected, delta=0.05)
+
+    def panel_counts_by_reason(self, title, instance):
+        """The panel's per-second rates integrated over the run (rate -> increase), by reason,
+        evaluated at the instant of `instance`'s last scrape: there increase() extrapolates
+        neither past the last sample nor (from a first sample of 0) before the first one, so it
+        is the exact count."""
+        [(_, target)] = [(ti, t) for ti, t in self.targets() if ti == title]
+        expr = grafana_substitute(target["expr"].replace("rate(", "increase("), self.window)
+        [last] = self.prom.query('timestamp(up{instance="%s"})' % instance)
+        data = self.prom.api("query", query=expr, time=last["value"][1])
+        return {r["metric"].get("reason"): float(r["value"][1]) for r in data["result"]}
+
+    def test_refusal_and_drop_panels_match_traffic(self):
+        shown = self.panel_counts_by_reason(DROPS_PANEL, self.metrics_address)
+        print("  %s: %s (traffic: %s)" % (DROPS_PANEL, shown, dict(self.drops)))
+        self.assertEqual(shown, {"queue_full": self.drops["queue_full"],
+                                 "client_limit": self.drops["client_limit"], "deadline": 0})
+        shown = self.panel_counts_by_reason(REFUSALS_PANEL, self.tls_metrics_address)
+        handshakes = sample(self.tls_samples, "offload_auth_denied_total",
+                            reason="handshake_refused")
+        print("  %s: %s (traffic: %s, %d handshakes)"
+              % (REFUSALS_PANEL, shown, self.refusals, handshakes))
+        self.assertEqual(shown, dict(self.refusals, handshake_refused=handshakes))
 
     def test_queries_name_exported_metrics(self):
         exported = {name for name, _ in self.samples}
@@ -388,9 +625,41 @@ class ObservabilityTest(harness.ServerTestCase):
                 print("  alert %-30s whole expression: %d series (%s)"
                       % (r["name"], len(whole), r["state"]))
 
-    def test_no_alert_fires_on_a_healthy_server(self):
+    def test_refusal_and_drop_alerts_are_pending(self):
+        """The drops and refusals above are over the alerts' thresholds: each alert is pending
+        for the reasons the traffic produced (firing would take its `for`, 10-15 minutes)."""
+        expected = {"OffloadCallsDropped": {"queue_full", "client_limit"},
+                    "OffloadCallsRefused": {"unauthenticated", "permission_denied"}}
+        deadline = time.monotonic() + 30
+        while True:
+            pending = collections.defaultdict(set)
+            for a in self.prom.api("alerts")["alerts"]:
+                if a["labels"]["alertname"] in expected and a["state"] == "pending":
+                    pending[a["labels"]["alertname"]].add(a["labels"]["reason"])
+            if all(reasons <= pending[name] for name, reasons in expected.items()):
+                break
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        for name, reasons in expected.items():
+            with self.subTest(alert=name):
+                print("  alert %s pending for %s" % (name, sorted(pending[name])))
+                self.assertLessEqual(reasons, pending[name])
+
+    def test_no_alert_fires(self):
         firing = [a for a in self.prom.api("alerts")["alerts"] if a["state"] == "firing"]
         self.assertEqual(firing, [])
+
+    def test_metrics_table_lists_every_exported_family(self):
+        with open(METRICS_README) as f:
+            text = f.read()
+        table = text[text.index("| family | type | labels |"):]
+        table = table[:table.index("\n\n")]
+        listed = set(re.findall(r"`((?:offload|exposer)_[a-z0-9_]+)`", table))
+        exported = set(re.findall(r"^# TYPE (\S+)", self.scraped + self.tls_scraped, re.M))
+        print("  metrics table: %d families, the servers export %d" % (len(listed), len(exported)))
+        self.assertEqual(sorted(exported - listed), [], "exported but not in the metrics table")
+        self.assertEqual(sorted(listed - exported), [], "in the metrics table but not exported")
 
     # ---- promtool -------------------------------------------------------------------------------
 

@@ -1,0 +1,207 @@
+"""Replicas on a PostgreSQL key store keep working when PostgreSQL drops their connections.
+
+Real processes on loopback, all started here: PostgreSQL (Debian's, initdb in a temporary folder,
+see pg_support.py) and three offload_server replicas with --keystore=postgres. Each replica holds
+two connections: the key store's and the change listener's (LISTEN offload_key_changes).
+
+  a  pg_terminate_backend of every client session (what a failover, a pooler's idle timeout or
+     an operator does): the first CreateKey, RotateKey and DeleteKey afterwards, each through
+     another replica and each after its own termination, succeed; the change reaches the other
+     replicas
+  b  the same after a restart of PostgreSQL (fast shutdown, start on the same port and data)
+
+Both check the answers (no UNAVAILABLE, the store holds what was acknowledged), that no
+replica's log reports a failed resync or reload (the listener resyncs on a fresh connection),
+and how long each change took to reach the other replicas: printed against the 1 s the issue
+asks for, asserted within PROPAGATION_BOUND_S (a bound loose enough for a busy machine; the
+printed figures are the measure).
+
+Run: OFFLOAD_SERVER=build/bin/offload_server /usr/bin/python3 -m unittest -v test_pg_reconnect.py
+     (from tests/integration; ctest sets the variables)
+"""
+
+import os
+import secrets
+import signal
+import sys
+import threading
+import time
+import unittest
+
+import grpc
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "e2e"))
+
+import harness  # noqa: E402
+from harness import pb  # noqa: E402
+from pg_support import Postgres  # noqa: E402
+
+REPLICAS = 3
+PROPAGATION_TARGET_S = 1.0  # issue 14: a change reaches the other replicas within 1 s
+PROPAGATION_BOUND_S = 5.0   # what the test asserts (a loaded machine may be slower than 1 s)
+# Log events that mean a replica used a dead connection, or missed a change for a while.
+BAD_EVENTS = ("keystore_resync_failed", "keystore_reload_failed")
+
+
+class PostgresReconnectTest(harness.ServerTestCase):
+    @classmethod
+    def setUpClass(cls):
+        t0 = time.monotonic()
+        cls.pg = Postgres().start()
+        cls.addClassCleanup(cls.pg.close)
+        os.environ["OFFLOAD_POSTGRES_DSN"] = cls.pg.dsn  # by environment, never on a command line
+        kek = secrets.token_hex(32)
+        cls.replicas = [harness.Server("pgr%d" % i, backend="libsodium", kek_hex=kek,
+                                       args=["--keystore=postgres"])
+                        for i in range(REPLICAS)]
+        cls.servers = cls.replicas
+        for r in cls.replicas:
+            cls.addClassCleanup(r.kill)
+        cls.addClassCleanup(cls.stop_replicas)
+        errors = []
+
+        def start(r):
+            try:
+                r.start()
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+        threads = [threading.Thread(target=start, args=(r,)) for r in cls.replicas]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        cls.figures = []
+        print("\npg-reconnect: postgres and %d replicas up in %.1fs"
+              % (REPLICAS, time.monotonic() - t0), file=sys.stderr)
+
+    @classmethod
+    def stop_replicas(cls):
+        live = [r for r in cls.replicas if r.proc is not None]
+        # Our idle client channels first: a server waits for its open connections on SIGTERM.
+        for r in live:
+            if r.channel is not None:
+                r.channel.close()
+                r.channel = None
+        for r in live:
+            r.signal(signal.SIGTERM)
+        codes = {r.name: r.terminate()[0] for r in live}
+        bad = {name: rc for name, rc in codes.items() if rc != 0}
+        if bad:
+            raise AssertionError("replicas did not exit cleanly after SIGTERM: %s" % bad)
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def terminate_sessions(self):
+        """pg_terminate_backend of every client session but psql's own, waiting (up to 5 s each)
+        until each has exited. Returns how many were terminated."""
+        out = self.pg.psql(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000)) FROM pg_stat_activity"
+            " WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()")
+        return int(out)
+
+    def sessions(self):
+        return int(self.pg.psql("SELECT count(*) FROM pg_stat_activity WHERE backend_type = "
+                                "'client backend' AND pid <> pg_backend_pid()"))
+
+    @staticmethod
+    def key_version(r, key_id):
+        """The replica's current version of `key_id`, None when it has no such key."""
+        try:
+            return r.keys.GetKey(pb.keys.GetKeyRequest(key_id=key_id), timeout=5).current_version
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.NOT_FOUND:
+                return None
+            raise
+
+    def wait_others(self, writer, key_id, version, what):
+        """Seconds until every replica but `writer` holds `key_id` at `version` (None: absent)."""
+        t0 = time.monotonic()
+        pending = [r for r in self.replicas if r is not writer]
+        while pending:
+            pending = [r for r in pending if self.key_version(r, key_id) != version]
+            took = time.monotonic() - t0
+            if pending and took > PROPAGATION_BOUND_S:
+                self.fail("%s: not on %s after %.1fs" % (what, [r.name for r in pending], took))
+            if pending:
+                time.sleep(0.005)
+        took = time.monotonic() - t0
+        self.figures.append((what, took))
+        print("pg-reconnect: %-42s reached the other replicas in %.3fs (target %.1fs: %s)"
+              % (what, took, PROPAGATION_TARGET_S,
+                 "met" if took <= PROPAGATION_TARGET_S else "MISSED"), file=sys.stderr)
+        return took
+
+    def stored_version(self, key_id):
+        out = self.pg.psql("SELECT current_version FROM offload_keys WHERE key_id = '%s'" % key_id)
+        return int(out) if out else None
+
+    def log_marks(self):
+        return [len(r.log_lines()) for r in self.replicas]
+
+    def assert_no_bad_events(self, marks):
+        for r, mark in zip(self.replicas, marks):
+            bad = [line for line in r.log_lines()[mark:] if any(e in line for e in BAD_EVENTS)]
+            self.assertEqual(bad, [], "%s used a dead connection" % r.name)
+
+    def run_key_lifecycle(self, prefix, disrupt):
+        """CreateKey through replica 0, RotateKey through 1, DeleteKey through 2, each the first
+        call after `disrupt()`; every change must reach the other replicas."""
+        r0, r1, r2 = self.replicas
+        key_id = "%s-key" % prefix
+        marks = self.log_marks()
+
+        disrupt("create")
+        info = r0.keys.CreateKey(pb.keys.CreateKeyRequest(
+            key_id=key_id, type=pb.keys.KEY_TYPE_XCHACHA20_POLY1305), timeout=10)
+        self.assertEqual(info.current_version, 1)
+        self.assertEqual(self.stored_version(key_id), 1)
+        self.wait_others(r0, key_id, 1, "%s: CreateKey" % prefix)
+
+        disrupt("rotate")
+        info = r1.keys.RotateKey(pb.keys.RotateKeyRequest(key_id=key_id), timeout=10)
+        self.assertEqual(info.current_version, 2)
+        self.assertEqual(self.stored_version(key_id), 2)
+        self.wait_others(r1, key_id, 2, "%s: RotateKey" % prefix)
+        # Every replica seals with the new version (the key material arrived, not just a number).
+        for r in self.replicas:
+            env = r.aead.Seal(pb.aead.AeadSealRequest(key_id=key_id, plaintext=b"p"),
+                              timeout=5).envelope
+            self.assertEqual(int.from_bytes(env[1:5], "big"), 2, r.name)
+
+        disrupt("delete")
+        r2.keys.DeleteKey(pb.keys.DeleteKeyRequest(key_id=key_id), timeout=10)
+        self.assertIsNone(self.stored_version(key_id))
+        self.wait_others(r2, key_id, None, "%s: DeleteKey" % prefix)
+
+        self.assert_no_bad_events(marks)
+        for r in self.replicas:
+            self.assertEqual(r.health_status(), pb.health.HealthCheckResponse.SERVING, r.name)
+
+    # -- a: sessions terminated ----------------------------------------------------------------
+
+    def test_a_first_writes_after_pg_terminate_backend_succeed(self):
+        # Each replica holds its store's and its listener's connection.
+        self.assertGreaterEqual(self.sessions(), REPLICAS)
+
+        def disrupt(what):
+            # The writer's store session too: it reconnected when it reloaded the last change.
+            n = self.terminate_sessions()
+            self.assertGreaterEqual(n, REPLICAS, "terminated sessions before %s" % what)
+        self.run_key_lifecycle("term", disrupt)
+
+    # -- b: PostgreSQL restarted ---------------------------------------------------------------
+
+    def test_b_first_writes_after_a_postgres_restart_succeed(self):
+        def disrupt(what):
+            t0 = time.monotonic()
+            self.pg.restart()
+            print("pg-reconnect: restart before %s took %.2fs" % (what, time.monotonic() - t0),
+                  file=sys.stderr)
+        self.run_key_lifecycle("restart", disrupt)
+
+
+if __name__ == "__main__":
+    unittest.main()
