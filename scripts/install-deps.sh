@@ -26,6 +26,9 @@ packages=(
   python3 python3-grpcio python3-protobuf python3-nacl
   # the Connect / gRPC-Web end-to-end test (tests/e2e/connect: @connectrpc/connect-node)
   nodejs npm
+  # the web example's browser test (tests/e2e/web): Debian's Chromium, driven headless by
+  # playwright-core (which never downloads a browser), and a font for the page and its screenshot
+  chromium fonts-dejavu-core
   # a real Prometheus (and promtool) for the observability test; the test runs its own process
   prometheus
   # the postgres key store (libpq) and the scale-out test: a real PostgreSQL and nginx, started
@@ -40,17 +43,19 @@ packages=(
 packages+=(docker-compose python3-yaml)  # nginx: above
 if ! command -v kubectl >/dev/null; then packages+=(kubernetes-client); fi
 
-# The npm packages of tests/e2e/connect, tests/deploy and the benchmark peer (tests/bench/peer),
-# exactly as their package-lock.json pin them: `npm ci` when node_modules is missing or older than
+# The npm packages of tests/e2e/connect, tests/deploy, the benchmark peer (tests/bench/peer), the
+# web example (examples/web) and its browser test (tests/e2e/web), exactly as their
+# package-lock.json pin them: `npm ci` when node_modules is missing or older than
 # the lock file. Works with Debian 12's node 18 and npm 9.
 npm_packages() {
   local root dir
   root="$(cd "$(dirname "$0")/.." && pwd)"
-  for dir in "$root/tests/e2e/connect" "$root/tests/deploy" "$root/tests/bench/peer"; do
+  for dir in "$root/tests/e2e/connect" "$root/tests/deploy" "$root/tests/bench/peer" \
+             "$root/examples/web" "$root/tests/e2e/web"; do
     if [ ! -f "$dir/node_modules/.package-lock.json" ] ||
        [ "$dir/package-lock.json" -nt "$dir/node_modules/.package-lock.json" ]; then
       echo "install-deps: npm ci in $dir" >&2
-      (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
+      (cd "$dir" && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error)
     fi
   done
 }
