@@ -52,7 +52,6 @@ const LANES = ["connect", "grpc-web"];
 let site; // the static server
 let context; // the Chromium (persistent context on a fresh user-data-dir)
 let userDataDir;
-let legacyCorsFlag = false; // the server knows only --http_cors_origin (one origin)
 const diagnostics = []; // the browser's console, page errors and failed requests, printed on failure
 
 function note(line) {
@@ -120,20 +119,9 @@ process.on("exit", () => {
   }
 });
 
-// Starts offload_server allowing `origins`, with --http_cors_origins; falls back to the old
-// one-origin --http_cors_origin when this server does not know the new flag.
-async function startWithOrigins(origins) {
-  if (!legacyCorsFlag) {
-    try {
-      return await startServer([`--http_cors_origins=${origins.join(",")}`]);
-    } catch (e) {
-      if (!/http_cors_origins/.test(String(e))) throw e;
-      legacyCorsFlag = true;
-      console.error("web.test: NOTE: this offload_server has no --http_cors_origins; using " +
-        "--http_cors_origin with the last origin of each list (case 2 then checks the browser only)");
-    }
-  }
-  return startServer([`--http_cors_origin=${origins.at(-1)}`]);
+// Starts offload_server allowing exactly `origins` (--http_cors_origins).
+function startWithOrigins(origins) {
+  return startServer([`--http_cors_origins=${origins.join(",")}`]);
 }
 
 // RPCs the server finished, from its Prometheus text: "Service/Method code" -> count.
@@ -335,16 +323,11 @@ describe("examples/web in headless Chromium", () => {
         // Chromium says why: a CORS refusal for each of the 5 calls (CreateKey, 2 x 2 verifies).
         const refusals = diagnostics.slice(from).filter((l) => /blocked by CORS policy/.test(l));
         assert.ok(refusals.length >= 5, `expected >= 5 CORS refusals in the console, got:\n${diagnostics.slice(from).join("\n")}`);
-        if (!legacyCorsFlag) {
-          // Strict CORS: the preflight got no Access-Control-Allow-*, so the browser sent no POST
-          // and no RPC reached the server.
-          for (const line of refusals) assert.match(line, /preflight/, line);
-          assert.deepEqual(await requestCounts(server), {});
-          assert.deepEqual(await keyIds(server), []);
-        } else {
-          console.error(`web.test: NOTE: with the old flag the server still ran, for a refused ` +
-            `origin: ${JSON.stringify(await requestCounts(server))}`);
-        }
+        // Strict CORS: the preflight got no Access-Control-Allow-*, so the browser sent no POST
+        // and no RPC reached the server.
+        for (const line of refusals) assert.match(line, /preflight/, line);
+        assert.deepEqual(await requestCounts(server), {});
+        assert.deepEqual(await keyIds(server), []);
         await page.close();
       });
     } finally {
