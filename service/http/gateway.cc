@@ -26,9 +26,6 @@ using google::protobuf::FieldDescriptor;
 using google::protobuf::Message;
 using Clock = std::chrono::steady_clock;
 
-// Connect responses at least this large are gzipped when the caller accepts gzip.
-constexpr size_t kGzipMinBytes = 1024;
-
 // How the items of a finished call ended (as the gRPC path counts them): OK with `valid` false
 // and INVALID_ARGUMENT are the caller's input; other errors are errors.
 metrics::ItemCounts CountOne(absl::StatusCode code, const Message* result) {
@@ -99,6 +96,18 @@ struct Gateway::Shared {
   ops::Admission* admission = nullptr;
   absl::flat_hash_map<const Method*, metrics::MethodMetrics*> method_metrics;
   std::atomic<bool> draining{false};
+  CompressionOptions compression;
+
+  // RPC bodies by encoding (index: Encoding) and compression decisions, read at scrape time.
+  // Not counted without metrics.
+  struct Bytes {
+    std::atomic<uint64_t> received[2] = {};
+    std::atomic<uint64_t> sent[2] = {};
+    std::atomic<uint64_t> results[5] = {};  // by CompressionResult
+    std::atomic<uint64_t> saved{0};
+  };
+  bool count_bytes = false;
+  Bytes bytes;
 
   // The HTTP server, for its counters at scrape time; null once stopped.
   absl::Mutex server_mu;
@@ -164,7 +173,7 @@ class Call final : public std::enable_shared_from_this<Call> {
       if (!timeout.ok()) return Finish(timeout.status());
       options_.timeout = *timeout;
     }
-    options_.gzip_response = AcceptsGzip(exchange_->header("accept-encoding").value_or(""));
+    options_.accept = NegotiateEncoding(exchange_->header("accept-encoding"));
     Decode(query->compression, query->message);
   }
 
@@ -181,6 +190,10 @@ class Call final : public std::enable_shared_from_this<Call> {
 
   // The body (or GET message) into the request message, then the call.
   void Decode(Encoding encoding, absl::string_view bytes) {
+    if (shared_->count_bytes) {
+      shared_->bytes.received[static_cast<int>(encoding)].fetch_add(bytes.size(),
+                                                                     std::memory_order_relaxed);
+    }
     if (shared_->draining.load()) return Finish(absl::UnavailableError("server is draining"));
     if (options_.timeout.has_value()) deadline_ = absl::Now() + *options_.timeout;
     if (auto origin = exchange_->header("origin")) origin_ = std::string(*origin);
@@ -303,6 +316,10 @@ class Call final : public std::enable_shared_from_this<Call> {
         origin_.has_value() ? std::optional<absl::string_view>(*origin_) : std::nullopt,
         &out.headers);
     Record(status, counts);
+    if (shared_->count_bytes) {
+      shared_->bytes.sent[static_cast<int>(sent_encoding_)].fetch_add(out.body_size(),
+                                                                       std::memory_order_relaxed);
+    }
     exchange_->Respond(std::move(out));
   }
 
@@ -310,21 +327,19 @@ class Call final : public std::enable_shared_from_this<Call> {
     std::string message;
     OFFLOAD_RETURN_IF_ERROR(
         EncodeResponse(type_.codec, *response_, shared_->max_message_bytes, &message));
+    const bool gzip = Compress(&message);
     out->status = 200;
     if (type_.protocol == Protocol::kGrpcWeb) {
-      std::string body = EncodeFrame(0, message);
+      // The message frame's flag and grpc-encoding say it is compressed; trailers never are.
+      std::string body = EncodeFrame(gzip ? kFrameCompressed : 0, message);
       body += EncodeFrame(kFrameTrailer, GrpcWebTrailers(absl::OkStatus()));
       out->headers.emplace_back("content-type", std::string(GrpcWebContentType(type_)));
+      if (gzip) out->headers.emplace_back("grpc-encoding", "gzip");
       out->body = type_.text ? EncodeGrpcWebText(body) : std::move(body);
       return absl::OkStatus();
     }
     out->headers.emplace_back("content-type", std::string(ConnectContentType(type_.codec)));
-    if (options_.gzip_response && message.size() >= kGzipMinBytes) {
-      if (absl::StatusOr<std::string> zipped = Gzip(message); zipped.ok()) {
-        message = *std::move(zipped);
-        out->headers.emplace_back("content-encoding", "gzip");
-      }
-    }
+    if (gzip) out->headers.emplace_back("content-encoding", "gzip");
     if (get_) {
       // A verify answer depends only on its request; keys change. Behind mTLS the answer is
       // for the authenticated caller only.
@@ -337,6 +352,22 @@ class Call final : public std::enable_shared_from_this<Call> {
     }
     out->body = std::move(message);
     return absl::OkStatus();
+  }
+
+  // Compresses the response `*message` when the caller asked and it pays (CompressResponse);
+  // true if it did. Counts the decision.
+  bool Compress(std::string* message) {
+    const size_t before = message->size();
+    const Compression c = CompressResponse(options_.accept, shared_->compression, message);
+    sent_encoding_ = c.encoding;
+    if (shared_->count_bytes && c.result != CompressionResult::kNotAsked) {
+      Gateway::Shared::Bytes& b = shared_->bytes;
+      b.results[static_cast<int>(c.result)].fetch_add(1, std::memory_order_relaxed);
+      if (c.encoding != Encoding::kIdentity) {
+        b.saved.fetch_add(before - message->size(), std::memory_order_relaxed);
+      }
+    }
+    return c.encoding == Encoding::kGzip;
   }
 
   httpd::Response EncodeError(const absl::Status& status, int http_status) {
@@ -385,6 +416,7 @@ class Call final : public std::enable_shared_from_this<Call> {
   ContentType type_;
   bool get_ = false;
   CallOptions options_;
+  Encoding sent_encoding_ = Encoding::kIdentity;  // of the response body
   absl::Time deadline_ = absl::InfiniteFuture();
   std::optional<std::string> origin_;  // the request's Origin header, for CORS
   std::unique_ptr<Message> request_;
@@ -407,7 +439,9 @@ Gateway::Gateway(const MethodTable* table, ops::WorkerPool* pool, metrics::Metri
   shared_->mtls = options_.tls != nullptr && options_.tls->mtls();
   shared_->authorizer = options_.authorizer;
   shared_->admission = options_.admission;
+  shared_->compression = options_.compression;
   if (metrics == nullptr) return;
+  shared_->count_bytes = true;
   for (const Method& m : table_->methods()) {
     shared_->method_metrics[&m] = metrics->Method(m.service, m.method, m.batch);
   }
@@ -436,6 +470,41 @@ Gateway::Gateway(const MethodTable* table, ops::WorkerPool* pool, metrics::Metri
                           "HTTP connections cut for a request that did not arrive in time "
                           "(--http_read_timeout)",
                           {}, read(&Stats::read_timeouts));
+  // RPC bodies by encoding, and what became of the responses callers asked to compress.
+  const auto bytes = [weak](auto pick) {
+    return [weak, pick] {
+      std::shared_ptr<Shared> s = weak.lock();
+      return s == nullptr ? 0.0 : static_cast<double>(pick(s->bytes).load(std::memory_order_relaxed));
+    };
+  };
+  for (const Encoding e : {Encoding::kIdentity, Encoding::kGzip}) {
+    const int i = static_cast<int>(e);
+    const std::string name(EncodingName(e));
+    metrics->AddPullCounter(
+        "offload_http_received_bytes_total",
+        "Request bodies of Connect and gRPC-Web calls as received, by their declared encoding "
+        "(Content-Encoding, grpc-encoding, a Connect GET's compression)",
+        {{"encoding", name}}, bytes([i](Shared::Bytes& b) -> auto& { return b.received[i]; }));
+    metrics->AddPullCounter(
+        "offload_http_sent_bytes_total",
+        "Response bodies of Connect and gRPC-Web calls as sent, by encoding",
+        {{"encoding", name}}, bytes([i](Shared::Bytes& b) -> auto& { return b.sent[i]; }));
+  }
+  for (const CompressionResult r : {CompressionResult::kCompressed, CompressionResult::kTooSmall,
+                                    CompressionResult::kIncompressible,
+                                    CompressionResult::kNoGain}) {
+    const int i = static_cast<int>(r);
+    metrics->AddPullCounter(
+        "offload_http_response_compression_total",
+        "Responses whose caller accepts gzip, by what the gateway did: compressed, or sent as "
+        "they were (too_small: under --http_compression_min_bytes; incompressible: a sample "
+        "looked random; no_gain: gzip saved under 1/16)",
+        {{"result", std::string(CompressionResultName(r))}},
+        bytes([i](Shared::Bytes& b) -> auto& { return b.results[i]; }));
+  }
+  metrics->AddPullCounter("offload_http_compression_saved_bytes_total",
+                          "Bytes gzip took off the responses it compressed",
+                          {}, bytes([](Shared::Bytes& b) -> auto& { return b.saved; }));
 }
 
 Gateway::~Gateway() { Stop(absl::Now()); }
@@ -474,6 +543,8 @@ absl::Status Gateway::Start() {
        {"protocols", options_.tls == nullptr ? "http/1.1, h2c" : "http/1.1, h2 (ALPN)"},
        {"cors_origins", shared_->cors.origins()},
        {"max_connections", options_.max_connections},
+       {"compression_level", options_.compression.level},
+       {"compression_min_bytes", options_.compression.min_bytes},
        {"methods", table_->methods().size()}});
   return absl::OkStatus();
 }

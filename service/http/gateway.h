@@ -36,6 +36,7 @@
 #include "service/auth/tls.h"
 #include "service/http/method_table.h"
 #include "service/http/protocol.h"
+#include "service/http/rpc_codec.h"
 #include "service/httpd/server.h"
 #include "service/metrics/metrics.h"
 #include "service/ops/admission.h"
@@ -61,6 +62,8 @@ class Gateway final : public httpd::Handler {
     int64_t max_header_bytes = 16 << 10;
     int http2_max_streams = 100;
     bool tcp_nodelay = true;
+    // When responses are gzipped (for callers that ask: Accept-Encoding, grpc-accept-encoding).
+    CompressionOptions compression;
     // Fraction of calls logged (method, code, latency, items; never payloads).
     double log_sample_rate = 0;
     // HTTPS when set (mTLS when it has client CAs; see auth::TlsFiles). Not owned.

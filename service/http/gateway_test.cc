@@ -14,10 +14,13 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "offload/v1/aead.pb.h"
 #include "offload/v1/ed25519.pb.h"
 #include "offload/v1/keys.pb.h"
 #include "service/crypto/backend.h"
@@ -255,6 +258,184 @@ TEST_F(GatewayTest, GzipBothWays) {
   v1::VerifyResponse response;
   ASSERT_TRUE(response.ParseFromString(r.body));
   EXPECT_TRUE(response.valid());
+}
+
+// 55,000 bytes shaped like JSON records (compressible), or from a fixed-seed generator (not).
+std::string JsonLike(size_t n) {
+  std::string s = "[";
+  for (int i = 0; s.size() < n; ++i) {
+    absl::StrAppend(&s, R"({"id":)", i, R"(,"name":"user-)", i * 7919 % 10007,
+                    R"(","email":"user)", i, R"(@example.com","score":)", (i * 37) % 1000, "},");
+  }
+  s.resize(n);
+  return s;
+}
+std::string RandomBytes(size_t n) {
+  std::string s(n, '\0');
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  for (char& c : s) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    c = static_cast<char>(x >> 24);
+  }
+  return s;
+}
+
+// The value of the metric line starting with `series` in `scrape`, or -1.
+double MetricValue(const std::string& scrape, const std::string& series) {
+  for (absl::string_view line : absl::StrSplit(scrape, '\n')) {
+    if (absl::StartsWith(line, series + " ")) {
+      double v = 0;
+      if (absl::SimpleAtod(line.substr(series.size() + 1), &v)) return v;
+    }
+  }
+  return -1;
+}
+
+TEST_F(GatewayTest, ResponsesAreCompressedOnlyWhenAskedAndWorthIt) {
+  v1::CreateKeyRequest create;
+  create.set_key_id("blobs");
+  create.set_type(v1::KEY_TYPE_XCHACHA20_POLY1305);
+  ASSERT_TRUE(keys_->CreateKey(create).ok());
+  // Sealed through the gateway (so the open memo holds them), then opened with every header.
+  const auto seal = [&](const std::string& plaintext) {
+    v1::AeadSealRequest request;
+    request.set_key_id("blobs");
+    request.set_plaintext(plaintext);
+    const Response r = Post("/offload.v1.AeadService/Seal", "application/proto",
+                            request.SerializeAsString(), "Accept-Encoding: gzip");
+    EXPECT_EQ(r.status, 200) << r.body;
+    EXPECT_FALSE(r.has("content-encoding")) << "ciphertext does not compress";
+    v1::AeadSealResponse sealed;
+    EXPECT_TRUE(sealed.ParseFromString(r.body));
+    v1::AeadOpenRequest open;
+    open.set_key_id("blobs");
+    open.set_envelope(sealed.envelope());
+    return open.SerializeAsString();
+  };
+  const std::string text = JsonLike(55000), random = RandomBytes(55000);
+  const std::string open_text = seal(text), open_random = seal(random);
+  constexpr char kOpen[] = "/offload.v1.AeadService/Open";
+  const auto plaintext_of = [](const Response& r) {
+    std::string body = r.body;
+    if (r.header("content-encoding") == "gzip") body = *Gunzip(body, 1 << 20);
+    v1::AeadOpenResponse response;
+    EXPECT_TRUE(response.ParseFromString(body));
+    EXPECT_TRUE(response.memo_hit());
+    return response.plaintext();
+  };
+
+  // Compressible and asked for: gzip, smaller.
+  Response r = Post(kOpen, "application/proto", open_text, "Accept-Encoding: gzip, deflate, br");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.header("content-encoding"), "gzip");
+  EXPECT_LT(r.body.size(), text.size() / 3);
+  EXPECT_EQ(plaintext_of(r), text);
+  // Refused, not asked for, or identity only: as it is.
+  for (const char* header : {"Accept-Encoding: gzip;q=0", "Accept-Encoding: identity",
+                             "Accept-Encoding: *;q=0", "Accept-Encoding: br", "X-None: 1",
+                             "Connect-Accept-Encoding: gzip"}) {
+    r = Post(kOpen, "application/proto", open_text, header);
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_FALSE(r.has("content-encoding")) << header;
+    EXPECT_EQ(plaintext_of(r), text) << header;
+  }
+  // Random data: asked for, and still sent as it is.
+  r = Post(kOpen, "application/proto", open_random, "Accept-Encoding: gzip");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_FALSE(r.has("content-encoding"));
+  EXPECT_EQ(r.body.size(), 55000u + 8u);  // plaintext, its tag and length, version, memo_hit
+  EXPECT_EQ(plaintext_of(r), random);
+
+  // gRPC-Web: the frame's flag and grpc-encoding, asked for by grpc-accept-encoding.
+  const auto web_message = [](const Response& r, bool* compressed) {
+    const std::string& b = r.body;
+    const uint32_t n = (uint8_t(b[1]) << 24) | (uint8_t(b[2]) << 16) | (uint8_t(b[3]) << 8) |
+                       uint8_t(b[4]);
+    *compressed = (b[0] & kFrameCompressed) != 0;
+    EXPECT_EQ(b.substr(kFrameHeaderBytes + n), EncodeFrame(kFrameTrailer, "grpc-status: 0\r\n"));
+    return b.substr(kFrameHeaderBytes, n);
+  };
+  bool compressed = false;
+  r = Post(kOpen, "application/grpc-web+proto", EncodeFrame(0, open_text),
+           "X-Grpc-Web: 1\r\ngrpc-accept-encoding: gzip,br");
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(r.header("grpc-encoding"), "gzip");
+  EXPECT_FALSE(r.has("content-encoding"));
+  std::string m = web_message(r, &compressed);
+  EXPECT_TRUE(compressed);
+  EXPECT_LT(m.size(), text.size() / 3);
+  v1::AeadOpenResponse open;
+  ASSERT_TRUE(open.ParseFromString(*Gunzip(m, 1 << 20)));
+  EXPECT_EQ(open.plaintext(), text);
+  for (const char* header : {"X-Grpc-Web: 1\r\nAccept-Encoding: gzip", "X-Grpc-Web: 1"}) {
+    r = Post(kOpen, "application/grpc-web+proto", EncodeFrame(0, open_text), header);
+    ASSERT_EQ(r.status, 200);
+    EXPECT_FALSE(r.has("grpc-encoding")) << header;
+    m = web_message(r, &compressed);
+    EXPECT_FALSE(compressed) << header;
+  }
+  r = Post(kOpen, "application/grpc-web+proto", EncodeFrame(0, open_random),
+           "grpc-accept-encoding: gzip");
+  EXPECT_FALSE(r.has("grpc-encoding"));
+  m = web_message(r, &compressed);
+  EXPECT_FALSE(compressed);
+  EXPECT_EQ(m.size(), 55008u);
+
+  // Counted: bytes by encoding and the decisions.
+  const std::string scrape = metrics_->Scrape();
+  EXPECT_EQ(MetricValue(scrape, R"(offload_http_response_compression_total{result="compressed"})"), 2);
+  EXPECT_EQ(
+      MetricValue(scrape, R"(offload_http_response_compression_total{result="incompressible"})"),
+      4);  // two opens of random data, two seals
+  EXPECT_GT(MetricValue(scrape, R"(offload_http_sent_bytes_total{encoding="gzip"})"), 0);
+  EXPECT_GT(MetricValue(scrape, R"(offload_http_sent_bytes_total{encoding="identity"})"),
+            9 * 55000);
+  EXPECT_GT(MetricValue(scrape, "offload_http_compression_saved_bytes_total"), 2 * 55000 * 2 / 3);
+  EXPECT_GT(MetricValue(scrape, R"(offload_http_received_bytes_total{encoding="identity"})"), 0);
+  EXPECT_EQ(MetricValue(scrape, R"(offload_http_received_bytes_total{encoding="gzip"})"), 0);
+
+  // Level 0: never compressed.
+  Restart([](Gateway::Options& o) { o.compression.level = 0; });
+  r = Post(kOpen, "application/proto", open_text, "Accept-Encoding: gzip");
+  ASSERT_EQ(r.status, 200);
+  EXPECT_FALSE(r.has("content-encoding"));
+  // A threshold above the proto message (55 KB) but under its JSON (base64, 73 KB), level 9.
+  Restart([](Gateway::Options& o) {
+    o.compression = {9, 60000};
+    o.max_message_bytes = 1 << 20;
+  });
+  r = Post(kOpen, "application/proto", open_text, "Accept-Encoding: gzip");
+  ASSERT_EQ(r.status, 200);
+  EXPECT_FALSE(r.has("content-encoding"));
+  v1::AeadOpenRequest parsed;
+  ASSERT_TRUE(parsed.ParseFromString(open_text));
+  const std::string json = absl::StrCat(R"({"keyId":"blobs","envelope":")",
+                                        absl::Base64Escape(parsed.envelope()), "\"}");
+  r = Post(kOpen, "application/json", json, "Accept-Encoding: gzip");
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(r.header("content-encoding"), "gzip");
+  EXPECT_THAT(*Gunzip(r.body, 1 << 20), HasSubstr(absl::Base64Escape(text)));
+  // Errors are never compressed.
+  r = Post(kOpen, "application/json", R"({"keyId":"blobs","envelope":""})", "Accept-Encoding: gzip");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_FALSE(r.has("content-encoding"));
+}
+
+TEST_F(GatewayTest, GzipBombIsRefusedAtTheBound) {
+  // 16 MiB of zeros in ~16 KB of gzip, claiming (in its trailer) to be 100 bytes.
+  std::string bomb = *Gzip(std::string(16 << 20, '\0'), 9);
+  for (int i = 0; i < 4; ++i) bomb[bomb.size() - 4 + i] = i == 0 ? 100 : 0;
+  ASSERT_LT(bomb.size(), static_cast<size_t>(kMaxMessage));
+  Response r = Post(kVerify, "application/proto", bomb, "Content-Encoding: gzip");
+  EXPECT_EQ(r.status, 429);
+  EXPECT_THAT(r.body, HasSubstr("once decompressed"));
+  r = Post(kVerify, "application/grpc-web+proto", EncodeFrame(kFrameCompressed, bomb),
+           "grpc-encoding: gzip");
+  EXPECT_EQ(r.header("grpc-status"), "8");
+  EXPECT_GT(MetricValue(metrics_->Scrape(), R"(offload_http_received_bytes_total{encoding="gzip"})"),
+            2 * bomb.size() - 1);
 }
 
 TEST_F(GatewayTest, ChunkedBodyOverTheLimitIsRefused) {

@@ -2,7 +2,10 @@
 
 #include <zlib.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -380,61 +383,240 @@ absl::StatusOr<Encoding> ParseEncoding(absl::string_view value) {
       absl::StrCat("encoding: expected identity or gzip, got ", Quote(value)));
 }
 
-bool AcceptsGzip(absl::string_view value) {
-  for (absl::string_view item : absl::StrSplit(value, ',')) {
-    item = absl::StripAsciiWhitespace(item.substr(0, item.find(';')));
-    if (absl::AsciiStrToLower(item) == "gzip") return true;
-  }
-  return false;
+absl::string_view EncodingName(Encoding encoding) {
+  return encoding == Encoding::kGzip ? "gzip" : "identity";
 }
 
-absl::StatusOr<std::string> Gzip(absl::string_view data) {
-  z_stream z{};
-  // windowBits 15 + 16: a gzip header and trailer rather than zlib's.
-  if (deflateInit2(&z, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK) {
-    return absl::InternalError("gzip: deflateInit2 failed");
+namespace {
+
+// An RFC 9110 qvalue: "0" ["." 0*3DIGIT] or "1" ["." 0*3("0")], in thousandths; -1 if malformed.
+int ParseQValue(absl::string_view v) {
+  if (v.empty() || v.size() > 5 || (v[0] != '0' && v[0] != '1')) return -1;
+  int value = v[0] == '1' ? 1000 : 0;
+  if (v.size() == 1) return value;
+  if (v[1] != '.') return -1;
+  int scale = 100;
+  for (char c : v.substr(2)) {
+    if (!absl::ascii_isdigit(static_cast<unsigned char>(c))) return -1;
+    value += (c - '0') * scale;
+    scale /= 10;
   }
-  std::string out(deflateBound(&z, data.size()), '\0');
-  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
-  z.avail_in = static_cast<uInt>(data.size());
-  z.next_out = reinterpret_cast<Bytef*>(out.data());
-  z.avail_out = static_cast<uInt>(out.size());
-  const int rc = deflate(&z, Z_FINISH);
-  out.resize(z.total_out);
-  deflateEnd(&z);
+  return value > 1000 ? -1 : value;
+}
+
+}  // namespace
+
+Encoding NegotiateEncoding(std::optional<absl::string_view> accept_encoding) {
+  if (!accept_encoding.has_value()) return Encoding::kIdentity;
+  // q-values in thousandths; -1: not listed. A coding listed twice keeps its lowest weight.
+  int gzip = -1, identity = -1, star = -1;
+  for (absl::string_view item : absl::StrSplit(*accept_encoding, ',')) {
+    std::vector<absl::string_view> parts = absl::StrSplit(item, ';');
+    const std::string coding = absl::AsciiStrToLower(absl::StripAsciiWhitespace(parts[0]));
+    if (coding.empty()) continue;
+    int q = 1000;
+    for (size_t i = 1; i < parts.size(); ++i) {
+      const absl::string_view param = absl::StripAsciiWhitespace(parts[i]);
+      const size_t eq = param.find('=');
+      if (eq == absl::string_view::npos) continue;
+      if (!absl::EqualsIgnoreCase(absl::StripAsciiWhitespace(param.substr(0, eq)), "q")) continue;
+      q = ParseQValue(absl::StripAsciiWhitespace(param.substr(eq + 1)));
+    }
+    if (q < 0) continue;  // a malformed weight: the entry is ignored
+    int* slot = nullptr;
+    if (coding == "gzip" || coding == "x-gzip") slot = &gzip;
+    else if (coding == "identity") slot = &identity;
+    else if (coding == "*") slot = &star;
+    if (slot != nullptr) *slot = *slot < 0 ? q : std::min(*slot, q);
+  }
+  // "*" stands for every coding not listed by name, identity included; an identity neither
+  // listed nor covered by "*" is acceptable but preferred last.
+  const int gzip_q = gzip >= 0 ? gzip : std::max(star, 0);
+  const int identity_q = identity >= 0 ? identity : std::max(star, 0);
+  return gzip_q > 0 && gzip_q >= identity_q ? Encoding::kGzip : Encoding::kIdentity;
+}
+
+namespace {
+
+// One deflate stream per thread and level, reset per call: deflateInit2 allocates ~270 KB and
+// clears a 64 KB hash table, which would otherwise be paid (and the pages faulted) per response.
+class ThreadDeflater {
+ public:
+  ~ThreadDeflater() {
+    if (level_ != 0) deflateEnd(&z_);
+  }
+  z_stream* Get(int level) {
+    if (level_ == level) {
+      if (deflateReset(&z_) == Z_OK) return &z_;
+      deflateEnd(&z_);
+      level_ = 0;
+    } else if (level_ != 0) {
+      deflateEnd(&z_);
+      level_ = 0;
+    }
+    z_ = z_stream{};
+    // windowBits 15 + 16: a gzip header and trailer rather than zlib's.
+    if (deflateInit2(&z_, level, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK) {
+      return nullptr;
+    }
+    level_ = level;
+    return &z_;
+  }
+
+ private:
+  z_stream z_{};
+  int level_ = 0;  // 0: no stream
+};
+
+thread_local ThreadDeflater deflater;
+
+}  // namespace
+
+absl::StatusOr<std::string> Gzip(absl::string_view data, int level) {
+  if (level < 1 || level > 9) {
+    return absl::InvalidArgumentError(absl::StrCat("gzip: expected a level of 1 to 9, got ", level));
+  }
+  if (data.size() > std::numeric_limits<uInt>::max() / 2) {
+    return absl::InvalidArgumentError("gzip: input too large");
+  }
+  z_stream* z = deflater.Get(level);
+  if (z == nullptr) return absl::InternalError("gzip: deflateInit2 failed");
+  std::string out(deflateBound(z, data.size()), '\0');
+  z->next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
+  z->avail_in = static_cast<uInt>(data.size());
+  z->next_out = reinterpret_cast<Bytef*>(out.data());
+  z->avail_out = static_cast<uInt>(out.size());
+  const int rc = deflate(z, Z_FINISH);
+  out.resize(z->total_out);
   if (rc != Z_STREAM_END) return absl::InternalError("gzip: deflate did not finish");
   return out;
 }
 
-absl::StatusOr<std::string> Gunzip(absl::string_view data, size_t max_bytes) {
+namespace {
+
+// A gzip stream's own claim of its size: the last member's ISIZE (length mod 2^32). Untrusted.
+size_t GzipSizeClaim(absl::string_view data) {
+  if (data.size() < 18) return 0;  // 10-byte header + 8-byte trailer at least
+  const auto* p = reinterpret_cast<const unsigned char*>(data.data() + data.size() - 4);
+  return size_t{p[0]} | (size_t{p[1]} << 8) | (size_t{p[2]} << 16) | (size_t{p[3]} << 24);
+}
+
+// Inflates all of `data` (every member), writing the first `dst_size` bytes of output to `dst`
+// and only counting the rest (through a scratch buffer on the stack). Stops with
+// ResourceExhausted as soon as more than `max_bytes` came out. `*total`: the output's size.
+absl::Status Inflate(absl::string_view data, size_t max_bytes, char* dst, size_t dst_size,
+                     size_t* total) {
+  if (data.size() > std::numeric_limits<uInt>::max()) {
+    return absl::InvalidArgumentError("gzip: the compressed message is too large");
+  }
   z_stream z{};
   if (inflateInit2(&z, 15 + 16) != Z_OK) return absl::InternalError("gzip: inflateInit2 failed");
   z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
   z.avail_in = static_cast<uInt>(data.size());
-  std::string out;
-  char chunk[16384];
-  int rc = Z_OK;
-  while (rc != Z_STREAM_END) {
-    z.next_out = reinterpret_cast<Bytef*>(chunk);
-    z.avail_out = sizeof(chunk);
-    rc = inflate(&z, Z_NO_FLUSH);
-    if (rc != Z_OK && rc != Z_STREAM_END) {
-      inflateEnd(&z);
-      return absl::InvalidArgumentError("gzip: the compressed message is malformed or truncated");
+  char scratch[16384];
+  size_t out = 0;
+  absl::Status status;
+  for (;;) {
+    char* next;
+    size_t room;
+    if (out < dst_size) {
+      next = dst + out;
+      room = std::min<size_t>(dst_size - out, std::numeric_limits<uInt>::max());
+    } else {
+      next = scratch;
+      room = sizeof(scratch);
     }
-    out.append(chunk, sizeof(chunk) - z.avail_out);
-    if (out.size() > max_bytes) {
-      inflateEnd(&z);
-      return absl::ResourceExhaustedError(
+    z.next_out = reinterpret_cast<Bytef*>(next);
+    z.avail_out = static_cast<uInt>(room);
+    const int rc = inflate(&z, Z_NO_FLUSH);
+    out += room - z.avail_out;
+    if (out > max_bytes) {
+      status = absl::ResourceExhaustedError(
           absl::StrCat("message: expected at most ", max_bytes, " bytes once decompressed"));
+      break;
     }
-    if (rc == Z_OK && z.avail_in == 0 && z.avail_out != 0) {
-      inflateEnd(&z);
-      return absl::InvalidArgumentError("gzip: the compressed message is truncated");
+    if (rc == Z_STREAM_END) {
+      if (z.avail_in == 0) break;
+      // Another member follows (gzip(1) concatenates them): go on with it.
+      if (inflateReset(&z) != Z_OK) {
+        status = absl::InternalError("gzip: inflateReset failed");
+        break;
+      }
+      continue;
     }
+    if (rc == Z_OK) continue;
+    if (rc == Z_BUF_ERROR && z.avail_in == 0) {
+      status = absl::InvalidArgumentError("gzip: the compressed message is truncated");
+    } else if (rc == Z_MEM_ERROR) {
+      status = absl::InternalError("gzip: out of memory");
+    } else {
+      status = absl::InvalidArgumentError("gzip: the compressed message is malformed");
+    }
+    break;
   }
   inflateEnd(&z);
-  return out;
+  *total = out;
+  return status;
+}
+
+// Output written at once up to the stream's claim when the claim is at most this; beyond it (or
+// beyond the claim) the stream is counted first. Bounds what a bomb makes us write.
+constexpr size_t kEagerGunzipBytes = 1 << 20;
+
+}  // namespace
+
+absl::StatusOr<std::string> Gunzip(absl::string_view data, size_t max_bytes) {
+  // One pass for an honest stream of up to 1 MiB: a buffer of the claimed size.
+  std::string out(std::min({GzipSizeClaim(data), max_bytes, kEagerGunzipBytes}), '\0');
+  size_t total = 0;
+  if (absl::Status s = Inflate(data, max_bytes, out.data(), out.size(), &total); !s.ok()) {
+    return s;
+  }
+  if (total <= out.size()) {
+    out.resize(total);
+    return out;
+  }
+  // It came out larger than claimed, and at most `max_bytes` (counted, not kept): now into a
+  // buffer of exactly that size.
+  std::string().swap(out);
+  std::string exact(total, '\0');
+  size_t again = 0;
+  if (absl::Status s = Inflate(data, max_bytes, exact.data(), exact.size(), &again); !s.ok()) {
+    return s;
+  }
+  if (again != total) return absl::InternalError("gzip: the second pass differs");
+  return exact;
+}
+
+double SampledEntropyBits(absl::string_view data) {
+  if (data.empty()) return 0;
+  constexpr size_t kSlices = 8, kSlice = 512;
+  uint32_t counts[4][256] = {};  // four tables: consecutive bytes do not wait on one counter
+  size_t n = 0;
+  const auto add = [&](absl::string_view piece) {
+    const auto* p = reinterpret_cast<const unsigned char*>(piece.data());
+    size_t i = 0;
+    for (; i + 4 <= piece.size(); i += 4) {
+      ++counts[0][p[i]];
+      ++counts[1][p[i + 1]];
+      ++counts[2][p[i + 2]];
+      ++counts[3][p[i + 3]];
+    }
+    for (; i < piece.size(); ++i) ++counts[0][p[i]];
+    n += piece.size();
+  };
+  if (data.size() <= kSlices * kSlice) {
+    add(data);
+  } else {
+    const size_t step = (data.size() - kSlice) / (kSlices - 1);
+    for (size_t k = 0; k < kSlices; ++k) add(data.substr(k * step, kSlice));
+  }
+  double sum = 0;  // sum of c * log2(c)
+  for (int b = 0; b < 256; ++b) {
+    const uint32_t c = counts[0][b] + counts[1][b] + counts[2][b] + counts[3][b];
+    if (c > 1) sum += c * std::log2(static_cast<double>(c));
+  }
+  return std::log2(static_cast<double>(n)) - sum / static_cast<double>(n);
 }
 
 std::string EncodeFrame(uint8_t flags, absl::string_view payload) {

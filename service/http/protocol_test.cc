@@ -1,7 +1,10 @@
 #include "service/http/protocol.h"
 
+#include <optional>
 #include <string>
 
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -105,9 +108,85 @@ TEST(Encoding, IdentityGzipAndUnknown) {
   EXPECT_EQ(*ParseEncoding("identity"), Encoding::kIdentity);
   EXPECT_EQ(*ParseEncoding("GZIP"), Encoding::kGzip);
   EXPECT_EQ(ParseEncoding("br").status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_TRUE(AcceptsGzip("br, gzip;q=0.8"));
-  EXPECT_FALSE(AcceptsGzip("identity, br"));
-  EXPECT_FALSE(AcceptsGzip(""));
+  EXPECT_EQ(EncodingName(Encoding::kGzip), "gzip");
+  EXPECT_EQ(EncodingName(Encoding::kIdentity), "identity");
+}
+
+TEST(NegotiateEncoding, QValuesIdentityAndStar) {
+  struct Case {
+    std::optional<absl::string_view> header;
+    Encoding want;
+  };
+  const Case cases[] = {
+      // Asked for, in the forms clients send.
+      {"gzip", Encoding::kGzip},
+      {"gzip, deflate, br, zstd", Encoding::kGzip},  // a browser
+      {"gzip,br", Encoding::kGzip},                  // connect-node
+      {"br, gzip;q=0.8", Encoding::kGzip},
+      {"GZIP", Encoding::kGzip},
+      {"x-gzip", Encoding::kGzip},
+      {"gzip; q=1.000", Encoding::kGzip},
+      {"gzip;Q=0.001", Encoding::kGzip},
+      {"*", Encoding::kGzip},
+      {"br, *;q=0.5", Encoding::kGzip},
+      {"gzip;q=0.5, identity;q=0.5", Encoding::kGzip},  // a tie: the server's choice
+      {"gzip;q=0.5, identity;q=0.1", Encoding::kGzip},
+      {"identity;q=0, gzip", Encoding::kGzip},
+      // Not asked for, or refused (RFC 9110 12.5.3: q=0 means "not acceptable").
+      {std::nullopt, Encoding::kIdentity},  // no header: nothing is compressed unasked
+      {"", Encoding::kIdentity},
+      {"identity", Encoding::kIdentity},
+      {"br", Encoding::kIdentity},
+      {"br, deflate", Encoding::kIdentity},
+      {"gzip;q=0", Encoding::kIdentity},
+      {"gzip;q=0.0", Encoding::kIdentity},
+      {"gzip;q=0.000", Encoding::kIdentity},
+      {"gzip; q=0, *", Encoding::kIdentity},  // named beats "*"
+      {"*;q=0", Encoding::kIdentity},
+      {"*;q=0, identity", Encoding::kIdentity},
+      {"gzip;q=0.4, identity;q=0.5", Encoding::kIdentity},  // identity preferred
+      {"gzip, gzip;q=0", Encoding::kIdentity},              // a refusal anywhere wins
+      {"identity, *;q=0", Encoding::kIdentity},
+      // Malformed weights: the entry is ignored.
+      {"gzip;q=2", Encoding::kIdentity},
+      {"gzip;q=1.5", Encoding::kIdentity},
+      {"gzip;q=0.0001", Encoding::kIdentity},
+      {"gzip;q=", Encoding::kIdentity},
+      {"gzip;q=abc", Encoding::kIdentity},
+      {"gzip;q=-1", Encoding::kIdentity},
+      {"gzip;q=2, *;q=0.1", Encoding::kGzip},  // the bad entry gone, "*" covers gzip
+      // Other parameters do not matter; empty items are skipped.
+      {"gzip;level=9", Encoding::kGzip},
+      {" , ,gzip", Encoding::kGzip},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(NegotiateEncoding(c.header), c.want)
+        << (c.header.has_value() ? std::string(*c.header) : "(absent)");
+  }
+}
+
+std::string RandomBytes(size_t n, uint32_t seed) {
+  std::string s(n, '\0');
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (char& c : s) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    c = static_cast<char>(x >> 24);
+  }
+  return s;
+}
+
+// Text shaped like a JSON document: what a compressible plaintext looks like.
+std::string JsonLike(size_t n) {
+  std::string s = "[";
+  for (int i = 0; s.size() < n; ++i) {
+    absl::StrAppend(&s, R"({"id":)", i, R"(,"name":"user-)", i * 7919 % 10007,
+                    R"(","email":"user)", i, R"(@example.com","active":)",
+                    i % 3 == 0 ? "true" : "false", R"(,"score":)", (i * 37) % 1000, "},");
+  }
+  s.resize(n);
+  return s;
 }
 
 TEST(Gzip, RoundTripAndLimits) {
@@ -120,12 +199,82 @@ TEST(Gzip, RoundTripAndLimits) {
   EXPECT_EQ(*back, data);
   // A bomb: stops at the bound.
   EXPECT_EQ(Gunzip(*zipped, 1000).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(Gunzip(*zipped, data.size() - 1).status().code(),
+            absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(Gunzip(zipped->substr(0, zipped->size() / 2), data.size()).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Gunzip("not gzip at all", 1000).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Gunzip("", 1000).status().code(), absl::StatusCode::kInvalidArgument);
   auto empty = Gzip("");
   ASSERT_TRUE(empty.ok());
   EXPECT_EQ(*Gunzip(*empty, 10), "");
+}
+
+TEST(Gzip, LevelsAndOneCompressorPerThread) {
+  const std::string text = JsonLike(55000);
+  size_t fast = 0, best = 0;
+  for (int level : {1, 9, 1, 6, 1}) {  // switching levels re-creates the thread's compressor
+    auto z = Gzip(text, level);
+    ASSERT_TRUE(z.ok()) << level;
+    EXPECT_EQ(*Gunzip(*z, text.size()), text) << level;
+    if (level == 1) fast = z->size();
+    if (level == 9) best = z->size();
+  }
+  EXPECT_LE(best, fast);
+  EXPECT_LT(fast, text.size() / 3);
+  for (int bad : {0, -1, 10}) {
+    EXPECT_EQ(Gzip(text, bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+TEST(Gunzip, SeveralMembersAsGzipWritesThem) {
+  const std::string a = JsonLike(3000), b(5000, 'b');
+  const std::string both = *Gzip(a) + *Gzip(b);
+  auto back = Gunzip(both, 1 << 20);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, a + b);
+  // Trailing bytes that are not another member.
+  EXPECT_EQ(Gunzip(*Gzip(a) + "junk", 1 << 20).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// Sets the gzip trailer's size claim (ISIZE, the last 4 bytes) to `claim`.
+std::string WithClaim(std::string zipped, uint32_t claim) {
+  for (int i = 0; i < 4; ++i) zipped[zipped.size() - 4 + i] = static_cast<char>(claim >> (8 * i));
+  return zipped;
+}
+
+TEST(Gunzip, ASizeClaimIsOnlyAHint) {
+  const std::string data = JsonLike(300000);
+  const std::string zipped = *Gzip(data);
+  // Claims of 0, too little, and far too much (beyond the bound): the data decides, and the
+  // bound holds whatever the claim. (zlib checks ISIZE only at the very end: a wrong claim is
+  // refused as malformed once the output is whole, never before.)
+  for (uint32_t claim : {0u, 100u, 1u << 31}) {
+    auto back = Gunzip(WithClaim(zipped, claim), data.size());
+    EXPECT_EQ(back.status().code(), absl::StatusCode::kInvalidArgument) << claim;
+    EXPECT_EQ(Gunzip(WithClaim(zipped, claim), data.size() - 1).status().code(),
+              absl::StatusCode::kResourceExhausted)
+        << claim;
+  }
+  // Honest claims below and above the eager size both come back whole.
+  const std::string big = JsonLike(3 << 20);
+  auto back = Gunzip(*Gzip(big), big.size());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, big);
+}
+
+TEST(SampledEntropyBits, RandomVersusText) {
+  EXPECT_EQ(SampledEntropyBits(""), 0);
+  EXPECT_EQ(SampledEntropyBits(std::string(5000, 'x')), 0);
+  for (size_t n : {1024u, 4096u, 56320u, 1u << 20}) {
+    EXPECT_GT(SampledEntropyBits(RandomBytes(n, 7)), 7.7) << n;
+    EXPECT_LT(SampledEntropyBits(JsonLike(n)), 5.5) << n;
+  }
+  // base64 of random bytes: 6 bits a byte.
+  const double b64 = SampledEntropyBits(absl::Base64Escape(RandomBytes(40000, 3)));
+  EXPECT_GT(b64, 5.8);
+  EXPECT_LT(b64, 6.05);
 }
 
 TEST(Frames, EncodeAndParseOne) {

@@ -30,7 +30,7 @@ absl::StatusOr<CallOptions> ParseCallHeaders(Protocol protocol, HeaderLookup hea
     absl::StatusOr<Encoding> e = ParseEncoding(header("Content-Encoding").value_or(""));
     if (!e.ok()) return e.status();
     options.encoding = *e;
-    options.gzip_response = AcceptsGzip(header("Accept-Encoding").value_or(""));
+    options.accept = NegotiateEncoding(header("Accept-Encoding"));
   } else {
     if (auto t = header("grpc-timeout")) {
       absl::StatusOr<absl::Duration> timeout = ParseGrpcTimeout(*t);
@@ -40,6 +40,7 @@ absl::StatusOr<CallOptions> ParseCallHeaders(Protocol protocol, HeaderLookup hea
     absl::StatusOr<Encoding> e = ParseEncoding(header("grpc-encoding").value_or(""));
     if (!e.ok()) return e.status();
     options.encoding = *e;
+    options.accept = NegotiateEncoding(header("grpc-accept-encoding"));
   }
   return options;
 }
@@ -101,6 +102,40 @@ absl::Status EncodeResponse(Codec codec, const google::protobuf::Message& respon
         absl::StrCat("response: expected at most ", max_message_bytes, " bytes"));
   }
   return absl::OkStatus();
+}
+
+absl::string_view CompressionResultName(CompressionResult result) {
+  switch (result) {
+    case CompressionResult::kNotAsked: return "not_asked";
+    case CompressionResult::kTooSmall: return "too_small";
+    case CompressionResult::kIncompressible: return "incompressible";
+    case CompressionResult::kNoGain: return "no_gain";
+    case CompressionResult::kCompressed: return "compressed";
+  }
+  return "not_asked";
+}
+
+Compression CompressResponse(Encoding accept, const CompressionOptions& options,
+                             std::string* message) {
+  Compression c;
+  if (accept != Encoding::kGzip || options.level == 0) return c;
+  if (static_cast<int64_t>(message->size()) < options.min_bytes) {
+    c.result = CompressionResult::kTooSmall;
+    return c;
+  }
+  if (SampledEntropyBits(*message) > kMaxCompressibleEntropyBits) {
+    c.result = CompressionResult::kIncompressible;
+    return c;
+  }
+  absl::StatusOr<std::string> zipped = Gzip(*message, options.level);
+  if (!zipped.ok() || zipped->size() > message->size() - message->size() / 16) {
+    c.result = CompressionResult::kNoGain;
+    return c;
+  }
+  *message = *std::move(zipped);
+  c.encoding = Encoding::kGzip;
+  c.result = CompressionResult::kCompressed;
+  return c;
 }
 
 }  // namespace offload::http

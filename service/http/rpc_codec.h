@@ -7,6 +7,8 @@
 //   OFFLOAD_RETURN_IF_ERROR(DecodeRequest(*type, options->encoding, body, max, request.get()));
 //   ... run the method ...
 //   OFFLOAD_RETURN_IF_ERROR(EncodeResponse(type->codec, *response, max, &out));
+//   Compression c = CompressResponse(options->accept, CompressionOptions{}, &out);
+//   // c.encoding: what `out` now is (Content-Encoding, or the gRPC-Web frame flag)
 //
 // Thread-safety: every function is thread-safe.
 #ifndef SERVICE_HTTP_RPC_CODEC_H_
@@ -30,14 +32,18 @@ namespace offload::http {
 struct CallOptions {
   Encoding encoding = Encoding::kIdentity;  // of the body (Connect) or of the frame (gRPC-Web)
   std::optional<absl::Duration> timeout;    // Connect-Timeout-Ms or grpc-timeout
-  bool gzip_response = false;               // Connect: Accept-Encoding names gzip
+  // The response encoding the caller asks for (NegotiateEncoding): Accept-Encoding for Connect,
+  // grpc-accept-encoding for gRPC-Web. Whether it is used is CompressResponse's decision.
+  Encoding accept = Encoding::kIdentity;
 };
 
 // A request header by name (case-insensitive), or nullopt when absent.
 using HeaderLookup = absl::FunctionRef<std::optional<absl::string_view>(const char* name)>;
 
 // Reads the headers `protocol` defines: Connect-Protocol-Version, Connect-Timeout-Ms,
-// Content-Encoding and Accept-Encoding (Connect); grpc-timeout and grpc-encoding (gRPC-Web).
+// Content-Encoding and Accept-Encoding (Connect unary; Connect-Content-Encoding and
+// Connect-Accept-Encoding are the streaming protocol's and are not read); grpc-timeout,
+// grpc-encoding and grpc-accept-encoding (gRPC-Web).
 // InvalidArgument for a malformed value, Unimplemented for an unknown encoding.
 absl::StatusOr<CallOptions> ParseCallHeaders(Protocol protocol, HeaderLookup header);
 
@@ -53,6 +59,39 @@ absl::Status DecodeRequest(ContentType type, Encoding encoding, absl::string_vie
 // `max_message_bytes`, Internal if the message cannot be encoded.
 absl::Status EncodeResponse(Codec codec, const google::protobuf::Message& response,
                             int64_t max_message_bytes, std::string* out);
+
+// When a response is worth compressing.
+struct CompressionOptions {
+  // zlib level, 1 (fastest) .. 9; 0: responses are never compressed.
+  int level = 1;
+  // Messages smaller than this are sent as they are.
+  int64_t min_bytes = 1024;
+};
+
+// Sampled entropy (SampledEntropyBits) above which a message is sent as it is: gzip could save
+// at most ~12% of it, not worth a deflate pass over every byte.
+inline constexpr double kMaxCompressibleEntropyBits = 7.0;
+
+// What CompressResponse did, for metrics and tests.
+enum class CompressionResult {
+  kNotAsked,        // the caller accepts identity only (or compression is off)
+  kTooSmall,        // under CompressionOptions::min_bytes
+  kIncompressible,  // the sample's entropy says gzip would not pay (ciphertext, keys, random)
+  kNoGain,          // compressed, but saved under 1/16 of the size: sent as it was
+  kCompressed,
+};
+absl::string_view CompressionResultName(CompressionResult result);
+
+struct Compression {
+  Encoding encoding = Encoding::kIdentity;  // of `*message` after the call
+  CompressionResult result = CompressionResult::kNotAsked;
+};
+
+// Compresses `*message` (a whole encoded response message) with `accept` when that pays: the
+// caller asked for it, the message is at least `options.min_bytes`, a 4 KiB sample does not look
+// incompressible, and the output saves at least 1/16. Otherwise `*message` is left as it is.
+Compression CompressResponse(Encoding accept, const CompressionOptions& options,
+                             std::string* message);
 
 }  // namespace offload::http
 

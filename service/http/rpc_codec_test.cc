@@ -3,6 +3,7 @@
 #include <map>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "offload/v1/aead.pb.h"
@@ -29,12 +30,21 @@ TEST(ParseCallHeaders, ConnectHeaders) {
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->encoding, Encoding::kGzip);
   EXPECT_EQ(o->timeout, absl::Milliseconds(2500));
-  EXPECT_TRUE(o->gzip_response);
+  EXPECT_EQ(o->accept, Encoding::kGzip);
   o = Parse(Protocol::kConnect, {});
   ASSERT_TRUE(o.ok());
   EXPECT_EQ(o->encoding, Encoding::kIdentity);
   EXPECT_FALSE(o->timeout.has_value());
-  EXPECT_FALSE(o->gzip_response);
+  EXPECT_EQ(o->accept, Encoding::kIdentity);
+  // Refused, or only in the streaming protocol's header (not read for unary calls).
+  for (const char* refused : {"gzip;q=0", "identity", "*;q=0", ""}) {
+    o = Parse(Protocol::kConnect, {{"Accept-Encoding", refused}});
+    ASSERT_TRUE(o.ok());
+    EXPECT_EQ(o->accept, Encoding::kIdentity) << refused;
+  }
+  o = Parse(Protocol::kConnect, {{"Connect-Accept-Encoding", "gzip"}});
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->accept, Encoding::kIdentity);
   EXPECT_EQ(Parse(Protocol::kConnect, {{"Connect-Protocol-Version", "2"}}).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Parse(Protocol::kConnect, {{"Content-Encoding", "br"}}).status().code(),
@@ -50,7 +60,13 @@ TEST(ParseCallHeaders, GrpcWebHeadersOnly) {
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->timeout, absl::Seconds(3));
   EXPECT_EQ(o->encoding, Encoding::kGzip);
-  EXPECT_FALSE(o->gzip_response);
+  EXPECT_EQ(o->accept, Encoding::kIdentity);  // Accept-Encoding is not gRPC-Web's
+  o = Parse(Protocol::kGrpcWeb, {{"grpc-accept-encoding", "gzip,br"}});
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->accept, Encoding::kGzip);
+  o = Parse(Protocol::kGrpcWeb, {{"grpc-accept-encoding", "identity, deflate"}});
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->accept, Encoding::kIdentity);
   EXPECT_EQ(Parse(Protocol::kGrpcWeb, {{"grpc-timeout", "3"}}).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(Parse(Protocol::kConnect, {{"grpc-timeout", "x"}}).ok());
@@ -122,6 +138,101 @@ TEST(EncodeResponse, ProtoJsonAndLimit) {
   const absl::Status s = EncodeResponse(Codec::kProto, r, 4, &out);
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(out.empty());
+}
+
+std::string RandomBytes(size_t n, uint32_t seed) {
+  std::string s(n, '\0');
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (char& c : s) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    c = static_cast<char>(x >> 24);
+  }
+  return s;
+}
+
+std::string JsonLike(size_t n) {
+  std::string s = "[";
+  for (int i = 0; s.size() < n; ++i) {
+    absl::StrAppend(&s, R"({"id":)", i, R"(,"name":"user-)", i * 7919 % 10007,
+                    R"(","email":"user)", i, R"(@example.com","score":)", (i * 37) % 1000, "},");
+  }
+  s.resize(n);
+  return s;
+}
+
+// An AEAD Open answer of `plaintext`, encoded as the gateway encodes it.
+std::string OpenResponse(Codec codec, const std::string& plaintext) {
+  v1::AeadOpenResponse r;
+  r.set_plaintext(plaintext);
+  r.set_key_version(1);
+  r.set_memo_hit(true);
+  std::string out;
+  EXPECT_TRUE(EncodeResponse(codec, r, 1 << 20, &out).ok());
+  return out;
+}
+
+TEST(CompressResponse, OnlyWhatShrinksAndWasAskedFor) {
+  const CompressionOptions options;  // level 1, 1024 bytes at least
+  // A compressible 55 KB plaintext: compressed, much smaller, and it decompresses back.
+  const std::string text = OpenResponse(Codec::kProto, JsonLike(55000));
+  std::string m = text;
+  Compression c = CompressResponse(Encoding::kGzip, options, &m);
+  EXPECT_EQ(c.result, CompressionResult::kCompressed);
+  EXPECT_EQ(c.encoding, Encoding::kGzip);
+  EXPECT_LT(m.size(), text.size() / 3);
+  EXPECT_EQ(*Gunzip(m, text.size()), text);
+  // Not asked for: untouched.
+  m = text;
+  c = CompressResponse(Encoding::kIdentity, options, &m);
+  EXPECT_EQ(c.result, CompressionResult::kNotAsked);
+  EXPECT_EQ(c.encoding, Encoding::kIdentity);
+  EXPECT_EQ(m, text);
+  // Compression off.
+  m = text;
+  c = CompressResponse(Encoding::kGzip, CompressionOptions{0, 1024}, &m);
+  EXPECT_EQ(c.result, CompressionResult::kNotAsked);
+  EXPECT_EQ(m, text);
+  // Random 55 KB (ciphertext, keys, random plaintext): sent as it is, without a deflate pass.
+  const std::string random = OpenResponse(Codec::kProto, RandomBytes(55000, 1));
+  m = random;
+  c = CompressResponse(Encoding::kGzip, options, &m);
+  EXPECT_EQ(c.result, CompressionResult::kIncompressible);
+  EXPECT_EQ(c.encoding, Encoding::kIdentity);
+  EXPECT_EQ(m, random);
+  // Small: under min_bytes, whatever it is.
+  const std::string small = OpenResponse(Codec::kProto, std::string(900, 'a'));
+  m = small;
+  c = CompressResponse(Encoding::kGzip, options, &m);
+  EXPECT_EQ(c.result, CompressionResult::kTooSmall);
+  EXPECT_EQ(m, small);
+  m = small;
+  c = CompressResponse(Encoding::kGzip, CompressionOptions{1, 0}, &m);
+  EXPECT_EQ(c.result, CompressionResult::kCompressed);
+  // JSON of random bytes is base64 (6 bits a byte): gzip still saves a fifth.
+  const std::string b64 = OpenResponse(Codec::kJson, RandomBytes(55000, 2));
+  m = b64;
+  c = CompressResponse(Encoding::kGzip, options, &m);
+  EXPECT_EQ(c.result, CompressionResult::kCompressed);
+  EXPECT_LT(m.size(), b64.size() * 85 / 100);
+  EXPECT_EQ(*Gunzip(m, b64.size()), b64);
+}
+
+TEST(CompressResponse, ASampleThatLiesCostsOnePassAndNothingElse) {
+  // Low-entropy samples around random bytes that gzip cannot shrink: compressed, found to save
+  // under 1/16, and sent as they were.
+  std::string m = RandomBytes(200000, 5);
+  const size_t step = (m.size() - 512) / 7;
+  for (size_t k = 0; k < 8; ++k) {
+    for (size_t i = 0; i < 512; ++i) m[k * step + i] = static_cast<char>('a' + i % 4);
+  }
+  const std::string before = m;
+  ASSERT_LT(SampledEntropyBits(m), kMaxCompressibleEntropyBits);
+  const Compression c = CompressResponse(Encoding::kGzip, CompressionOptions{}, &m);
+  EXPECT_EQ(c.result, CompressionResult::kNoGain);
+  EXPECT_EQ(c.encoding, Encoding::kIdentity);
+  EXPECT_EQ(m, before);
 }
 
 }  // namespace

@@ -58,6 +58,12 @@ ABSL_FLAG(int, http2_max_concurrent_streams, 100,
           "Concurrent requests per HTTP/2 connection on the HTTP port.");
 ABSL_FLAG(bool, http_tcp_nodelay, true,
           "TCP_NODELAY on HTTP connections (false only to measure what Nagle's algorithm costs).");
+ABSL_FLAG(int, http_compression_level, 1,
+          "gzip level of HTTP responses for callers that accept gzip (Accept-Encoding, "
+          "grpc-accept-encoding): 1 (fastest) to 9 (smallest); 0 never compresses responses "
+          "(compressed requests are still accepted).");
+ABSL_FLAG(int64_t, http_compression_min_bytes, 1024,
+          "HTTP response messages smaller than this are never compressed.");
 ABSL_FLAG(bool, metrics, true,
           "Count calls for Prometheus; false turns metrics off entirely (for the cost benchmark).");
 ABSL_FLAG(double, log_requests_sample_rate, 0,
@@ -127,6 +133,8 @@ int main(int argc, char** argv) {
   config.http_max_header_bytes = absl::GetFlag(FLAGS_http_max_header_bytes);
   config.http2_max_concurrent_streams = absl::GetFlag(FLAGS_http2_max_concurrent_streams);
   config.http_tcp_nodelay = absl::GetFlag(FLAGS_http_tcp_nodelay);
+  config.http_compression_level = absl::GetFlag(FLAGS_http_compression_level);
+  config.http_compression_min_bytes = absl::GetFlag(FLAGS_http_compression_min_bytes);
   config.metrics_enabled = absl::GetFlag(FLAGS_metrics);
   config.log_requests_sample_rate = absl::GetFlag(FLAGS_log_requests_sample_rate);
   config.memo_enabled = absl::GetFlag(FLAGS_memo);

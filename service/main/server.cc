@@ -90,6 +90,13 @@ absl::Status CheckConfig(const ServerConfig& config) {
         "http2_max_concurrent_streams >= 1, http_max_header_bytes >= 1024 and positive "
         "http_idle_timeout and http_read_timeout");
   }
+  if (config.http_compression_level < 0 || config.http_compression_level > 9 ||
+      config.http_compression_min_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "http compression flags: expected http_compression_level 0 (off) to 9 and "
+        "http_compression_min_bytes >= 0, got ", config.http_compression_level, " and ",
+        config.http_compression_min_bytes));
+  }
   if (config.max_message_bytes < 1024 || config.max_message_bytes > (1LL << 30)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_message_bytes: expected 1024 to 1073741824, got ", config.max_message_bytes));
@@ -395,6 +402,8 @@ absl::Status RunServer(const ServerConfig& config) {
     http_options.max_header_bytes = config.http_max_header_bytes;
     http_options.http2_max_streams = config.http2_max_concurrent_streams;
     http_options.tcp_nodelay = config.http_tcp_nodelay;
+    http_options.compression.level = config.http_compression_level;
+    http_options.compression.min_bytes = config.http_compression_min_bytes;
     http_options.log_sample_rate = config.log_requests_sample_rate;
     http_options.tls = tls.get();
     http_options.authorizer = authorizer.get();

@@ -42,6 +42,8 @@ struct ServerConfig {
   int64_t http_max_header_bytes = 16 << 10;
   int http2_max_concurrent_streams = 100;
   bool http_tcp_nodelay = true;
+  int http_compression_level = 1;            // gzip level of responses, 1..9; 0: never compress
+  int64_t http_compression_min_bytes = 1024;  // smaller response messages are sent as they are
   bool metrics_enabled = true;                      // false: calls are not even counted
   double log_requests_sample_rate = 0;              // fraction of calls logged (0 = none)
   // Memo cache bounds in bytes; memo_enabled = false turns every cache off (for baselines).
