@@ -78,6 +78,7 @@ export async function startServer(extraArgs = [], { scheme = "http", ca } = {}) 
     grpc: `${scheme}://127.0.0.1:${grpcPort}`,
     metrics: `http://127.0.0.1:${metricsPort}/metrics`,
     httpPort,
+    pid: child.pid,
     log: () => log,
     alive: () => child.exitCode === null,
     async stop() {
