@@ -5,6 +5,8 @@
 // a loop thread; memo hits of Verify, BatchVerify, Derive and AEAD Open are answered there (no
 // crypto primitive), every other call runs on the worker pool and its answer is handed back to
 // the loop. Same operations, limits, admission, grants, audit and metrics as the gRPC path.
+// Responses are gzipped for callers that ask, when it pays (CompressResponse, rpc_codec.h), where
+// the call finished (the loop for a memo hit).
 //
 //   MethodTable table(&operations, &key_manager);
 //   Gateway::Options options;

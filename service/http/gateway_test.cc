@@ -593,6 +593,8 @@ TEST_F(GatewayTest, CorsOnlyForListedOrigins) {
   EXPECT_EQ(r.status, 200);
   EXPECT_EQ(r.header("access-control-allow-origin"), "http://127.0.0.1:5173");
   EXPECT_THAT(r.header("access-control-expose-headers"), HasSubstr("grpc-status"));
+  // A browser's gRPC-Web client must read grpc-encoding to know a frame is compressed.
+  EXPECT_THAT(r.header("access-control-expose-headers"), HasSubstr("grpc-encoding"));
   EXPECT_THAT(r.header("vary"), HasSubstr("Origin"));
   r = Post(kVerify, "application/proto", verify_.SerializeAsString(),
            "Origin: https://evil.example.com");

@@ -157,7 +157,7 @@ class CorsPolicy {
       "connect-content-encoding, content-encoding, accept-encoding, grpc-timeout, "
       "grpc-accept-encoding, grpc-encoding, x-grpc-web, x-user-agent, x-offload-key";
   static constexpr absl::string_view kExposeHeaders =
-      "grpc-status, grpc-message, grpc-status-details-bin, content-encoding, "
+      "grpc-status, grpc-message, grpc-status-details-bin, grpc-encoding, content-encoding, "
       "connect-content-encoding, content-length";
 
  private:
