@@ -15,8 +15,8 @@ packages=(
   libh2o-evloop-dev
   # the embedded client (client/embedded): nanopb generator (protoc-gen-nanopb) and runtime
   nanopb libnanopb-dev
-  # tests and benchmarks
-  libgtest-dev libgmock-dev libbenchmark-dev
+  # tests and benchmarks (h2load drives the HTTP and gRPC benchmarks of tests/bench)
+  libgtest-dev libgmock-dev libbenchmark-dev nghttp2-client
   # the ASan + UBSan build and its libFuzzer targets (tests/fuzz) are built with clang; llvm-14
   # holds the llvm-symbolizer that the sanitizer runtimes and libFuzzer (NEW_FUNC lines) name
   # stack frames with: clang only recommends it, and without it every fuzzer writes "invalid path
