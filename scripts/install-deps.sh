@@ -15,11 +15,9 @@ packages=(
   libh2o-evloop-dev
   # the embedded client (client/embedded): nanopb generator (protoc-gen-nanopb) and runtime
   nanopb libnanopb-dev
-  # tests and benchmarks
-  libgtest-dev libgmock-dev libbenchmark-dev
-  # the HTTP compression benchmark (tests/bench/http_compression.py) drives Connect POSTs with
-  # nghttp2's h2load
-  nghttp2-client
+  # tests and benchmarks (h2load drives the HTTP and gRPC benchmarks of tests/bench: http_edge.py,
+  # http_compression.py)
+  libgtest-dev libgmock-dev libbenchmark-dev nghttp2-client
   # the ASan + UBSan build and its libFuzzer targets (tests/fuzz) are built with clang; llvm-14
   # holds the llvm-symbolizer that the sanitizer runtimes and libFuzzer (NEW_FUNC lines) name
   # stack frames with: clang only recommends it, and without it every fuzzer writes "invalid path

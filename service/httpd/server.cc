@@ -28,6 +28,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "service/common/log.h"
 
 namespace offload::httpd {
@@ -213,6 +214,9 @@ struct Loop {
   bool stopping = false;
   bool exit = false;
   uint64_t stop_started = 0;
+  int listen_fd = -1;  // this loop's copy of the listening socket, until Setup takes it
+  absl::Notification ready;  // Setup done (see setup_status)
+  absl::Status setup_status;
   std::thread thread;
 
   void Link(Conn* c) {
@@ -228,7 +232,12 @@ struct Loop {
     c->prev = c->next = nullptr;
     --conn_count;
   }
+  // The thread: Setup, turns of the event loop until `exit`, Teardown. Everything H2O of this
+  // loop is made, used and freed on this thread: H2O keeps per-thread buffer recyclers, and a
+  // socket remembers the recycler of the thread that made it.
   void Run();
+  void Setup();
+  void Teardown();
   void Sweep();
   void Cut(Conn* c);
   void OnMessage(Message* m);
@@ -442,10 +451,57 @@ void Access::Send(Exchange& e, Response response) {
 
 void Loop::Run() {
   internal::current_loop = this;
-  while (!exit) {
-    if (h2o_evloop_run(ctx.loop, INT32_MAX) != 0) break;
+  Setup();
+  const bool ok = setup_status.ok();
+  ready.Notify();
+  if (ok) {
+    while (!exit) {
+      if (h2o_evloop_run(ctx.loop, INT32_MAX) != 0) break;
+    }
+    Teardown();
   }
   internal::current_loop = nullptr;
+}
+
+void Loop::Setup() {
+  h2o_context_init(&ctx, h2o_evloop_create(), &impl->config);
+  accept_ctx.ctx = &ctx;
+  accept_ctx.hosts = impl->config.hosts;
+  accept_ctx.ssl_ctx = impl->ssl_ctx;
+  receiver.loop = this;
+  h2o_multithread_register_receiver(ctx.queue, &receiver.super, &Server::Impl::OnMessages);
+  mailbox = std::make_shared<Mailbox>(&receiver.super);
+  listener = h2o_evloop_socket_create(ctx.loop, listen_fd, H2O_SOCKET_FLAG_DONT_READ);
+  listen_fd = -1;  // the socket owns it
+  listener->data = this;
+  h2o_socket_read_start(listener, &Server::Impl::OnAccept);
+  h2o_timeout_init(ctx.loop, &sweep_timeout, 1000);
+  sweep_entry.cb = &Server::Impl::OnSweep;
+  h2o_timeout_link(ctx.loop, &sweep_timeout, &sweep_entry);
+}
+
+void Loop::Teardown() {
+  // Nothing more can be posted; what was posted before is delivered (and dropped: the requests
+  // are gone) by one last turn of the loop.
+  mailbox->Close();
+  h2o_evloop_run(ctx.loop, 0);
+  h2o_timeout_unlink(&sweep_entry);
+  h2o_timeout_dispose(ctx.loop, &sweep_timeout);
+  // Linked by h2o_context_request_shutdown; h2o_context_dispose wants its timers empty.
+  h2o_timeout_unlink(&ctx.http2._graceful_shutdown_timeout);
+  if (listener != nullptr) {
+    h2o_socket_close(listener);
+    listener = nullptr;
+  }
+  h2o_multithread_unregister_receiver(ctx.queue, &receiver.super);
+  if (conn_count == 0) {
+    h2o_evloop_t* evloop = ctx.loop;
+    h2o_context_dispose(&ctx);
+    h2o_evloop_destroy(evloop);
+  } else {
+    // Connections that did not close within the stop grace: their memory stays.
+    Log(LogLevel::kWarning, "http_stop_stragglers", {{"connections", conn_count}});
+  }
 }
 
 void Loop::Cut(Conn* c) {
@@ -664,12 +720,10 @@ void Server::Impl::OnMessages(h2o_multithread_receiver_t* receiver, h2o_linklist
 }
 
 void Server::Impl::OnSweep(h2o_timeout_entry_t* entry) {
-  Loop* loop = reinterpret_cast<Loop*>(reinterpret_cast<char*>(entry) -
-                                       offsetof(Loop, sweep_entry));
+  Loop* loop = internal::current_loop;  // the sweep runs on its own loop's thread
   loop->Sweep();
   if (loop->stopping && loop->conn_count > 0 &&
       h2o_now(loop->ctx.loop) - loop->stop_started > 2000) {
-    Log(LogLevel::kWarning, "http_stop_stragglers", {{"connections", loop->conn_count}});
     loop->exit = true;
     return;
   }
@@ -687,6 +741,9 @@ Server::~Server() {
   if (impl_->ssl_ctx != nullptr) SSL_CTX_free(impl_->ssl_ctx);
   if (impl_->config_inited) h2o_config_dispose(&impl_->config);
   if (impl_->listen_fd >= 0) close(impl_->listen_fd);
+  for (auto& loop : impl_->loops) {
+    if (loop->listen_fd >= 0) close(loop->listen_fd);  // a loop that never started
+  }
 }
 
 absl::Status Server::Start() {
@@ -753,21 +810,8 @@ absl::Status Server::Start() {
   for (int i = 0; i < threads; ++i) {
     auto loop = std::make_unique<Loop>();
     loop->impl = &impl;
-    h2o_context_init(&loop->ctx, h2o_evloop_create(), &impl.config);
-    loop->accept_ctx.ctx = &loop->ctx;
-    loop->accept_ctx.hosts = impl.config.hosts;
-    loop->accept_ctx.ssl_ctx = impl.ssl_ctx;
-    loop->receiver.loop = loop.get();
-    h2o_multithread_register_receiver(loop->ctx.queue, &loop->receiver.super, &Impl::OnMessages);
-    loop->mailbox = std::make_shared<internal::Mailbox>(&loop->receiver.super);
-    const int copy = dup(fd);
-    if (copy < 0) return absl::InternalError(absl::StrCat("http: dup: ", strerror(errno)));
-    loop->listener = h2o_evloop_socket_create(loop->ctx.loop, copy, H2O_SOCKET_FLAG_DONT_READ);
-    loop->listener->data = loop.get();
-    h2o_socket_read_start(loop->listener, &Impl::OnAccept);
-    h2o_timeout_init(loop->ctx.loop, &loop->sweep_timeout, 1000);
-    loop->sweep_entry.cb = &Impl::OnSweep;
-    h2o_timeout_link(loop->ctx.loop, &loop->sweep_timeout, &loop->sweep_entry);
+    loop->listen_fd = dup(fd);
+    if (loop->listen_fd < 0) return absl::InternalError(absl::StrCat("http: dup: ", strerror(errno)));
     impl.loops.push_back(std::move(loop));
   }
   close(fd);  // each loop has its own copy
@@ -775,6 +819,10 @@ absl::Status Server::Start() {
   for (auto& loop : impl.loops) {
     Loop* l = loop.get();
     l->thread = std::thread([l] { l->Run(); });
+  }
+  for (auto& loop : impl.loops) {
+    loop->ready.WaitForNotification();
+    if (!loop->setup_status.ok()) return loop->setup_status;
   }
   return absl::OkStatus();
 }
@@ -784,6 +832,7 @@ void Server::Drain() {
   if (!impl.started || impl.drained || impl.loops.empty()) return;
   impl.drained = true;
   for (auto& loop : impl.loops) {
+    if (!loop->thread.joinable() || loop->mailbox == nullptr) continue;
     auto* m = new Message;
     m->kind = MessageKind::kDrain;
     if (!loop->mailbox->Post(&m->link)) delete m;
@@ -803,36 +852,13 @@ void Server::Stop(absl::Time deadline) {
         deadline);
   }
   for (auto& loop : impl.loops) {
-    if (!loop->thread.joinable()) continue;
+    if (!loop->thread.joinable() || loop->mailbox == nullptr) continue;
     auto* m = new Message;
     m->kind = MessageKind::kStop;
     if (!loop->mailbox->Post(&m->link)) delete m;
   }
   for (auto& loop : impl.loops) {
     if (loop->thread.joinable()) loop->thread.join();
-  }
-  for (auto& loop : impl.loops) {
-    // Nothing more can be posted; what was posted before is delivered (and dropped: the
-    // requests are gone) by one last turn of the loop.
-    loop->mailbox->Close();
-    internal::current_loop = loop.get();
-    h2o_evloop_run(loop->ctx.loop, 0);
-    internal::current_loop = nullptr;
-    h2o_timeout_unlink(&loop->sweep_entry);
-    h2o_timeout_dispose(loop->ctx.loop, &loop->sweep_timeout);
-    // Linked by h2o_context_request_shutdown; h2o_context_dispose wants its timers empty.
-    h2o_timeout_unlink(&loop->ctx.http2._graceful_shutdown_timeout);
-    if (loop->listener != nullptr) {
-      h2o_socket_close(loop->listener);
-      loop->listener = nullptr;
-    }
-    h2o_multithread_unregister_receiver(loop->ctx.queue, &loop->receiver.super);
-    if (loop->conn_count == 0) {
-      h2o_evloop_t* evloop = loop->ctx.loop;
-      h2o_context_dispose(&loop->ctx);
-      h2o_evloop_destroy(evloop);
-    }
-    // else: connections that did not close within the stop grace; their memory stays.
   }
 }
 

@@ -220,10 +220,25 @@ class Server:
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log,
                                      stderr=self._log, env=env)
         _LIVE_SERVERS.append(self)
+        # A channel made before the port listens backs off (about 1 s, then longer) before it
+        # tries again: wait for the port first, then connect once.
+        self._wait_listening(START_TIMEOUT_S)
         self.channel = self.new_channel()
         self._bind_stubs(self.channel)
         self.wait_serving(START_TIMEOUT_S)
         return self
+
+    def _wait_listening(self, timeout):
+        host, port = self.address.rsplit(":", 1)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return  # wait_serving reports the exit
+            try:
+                socket.create_connection((host, int(port)), timeout=1.0).close()
+                return
+            except OSError:
+                time.sleep(0.02)
 
     def new_channel(self):
         return grpc.insecure_channel(self.address, options=[

@@ -161,5 +161,38 @@ class DrainTest(ServerTestCase):
         self.assertLess(took, EXIT_LIMIT, "exit took %.1fs" % took)
 
 
+class IdleShutdownTest(ServerTestCase):
+    """SIGTERM with nothing in flight exits 0 within IDLE_EXIT_LIMIT, also with idle client
+    connections open on both ports: a pooled gRPC channel that made calls, an HTTP/1.1 keep-alive
+    connection, an HTTP/2 connection, and a gRPC-port TCP connection that never finished its
+    handshake (each of these used to hold the exit for 4-7 s)."""
+
+    IDLE_EXIT_LIMIT = 1.0
+
+    def test_idle_server_exits_at_once(self):
+        import http.client
+        import socket
+        from harness import free_port
+        http_port = free_port()
+        server = Server("idle-exit", args=["--http_address=127.0.0.1:%d" % http_port]).start()
+        self.addCleanup(server.kill)
+        server.keys.ListKeys(pb.keys.ListKeysRequest(), timeout=T)  # the pooled channel is used
+        conn = http.client.HTTPConnection("127.0.0.1", http_port, timeout=10)
+        conn.request("GET", "/readyz")
+        self.assertEqual(conn.getresponse().read(), b"ready\n")  # kept alive, idle from here on
+        h2 = socket.create_connection(("127.0.0.1", http_port))
+        h2.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        h2.recv(4096)  # the server's SETTINGS: an established, idle HTTP/2 connection
+        host, port = server.address.split(":")
+        half = socket.create_connection((host, int(port)))  # no HTTP/2 preface, ever
+        time.sleep(0.2)
+        took = server.stop(timeout=15)
+        for c in (conn, h2, half):
+            c.close()
+        print("SIGTERM with idle gRPC, HTTP/1.1, HTTP/2 and half-open connections: exit 0 after "
+              "%.3f s" % took)
+        self.assertLess(took, self.IDLE_EXIT_LIMIT)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
