@@ -814,8 +814,8 @@ absl::Status Server::Start() {
     if (loop->listen_fd < 0) return absl::InternalError(absl::StrCat("http: dup: ", strerror(errno)));
     impl.loops.push_back(std::move(loop));
   }
-  close(fd);  // each loop has its own copy
-  impl.listen_fd = -1;
+  // `fd` stays open (impl.listen_fd) beside the loops' copies: Drain shuts the shared socket
+  // down through it, which stops every copy listening at once.
   for (auto& loop : impl.loops) {
     Loop* l = loop.get();
     l->thread = std::thread([l] { l->Run(); });
@@ -831,6 +831,9 @@ void Server::Drain() {
   Impl& impl = *impl_;
   if (!impl.started || impl.drained || impl.loops.empty()) return;
   impl.drained = true;
+  // No new connection from here on (the loops' copies of the socket close on their next turn;
+  // until then they would still take connections into the shared backlog).
+  if (impl.listen_fd >= 0) ::shutdown(impl.listen_fd, SHUT_RDWR);
   for (auto& loop : impl.loops) {
     if (!loop->thread.joinable() || loop->mailbox == nullptr) continue;
     auto* m = new Message;
