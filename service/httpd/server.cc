@@ -494,9 +494,15 @@ void Loop::Teardown() {
     listener = nullptr;
   }
   h2o_multithread_unregister_receiver(ctx.queue, &receiver.super);
+  // Closed sockets are freed on the loop's next turn: give the last connections and the
+  // listener theirs before the loop goes.
+  h2o_evloop_run(ctx.loop, 0);
   if (conn_count == 0) {
     h2o_evloop_t* evloop = ctx.loop;
-    h2o_context_dispose(&ctx);
+    h2o_multithread_queue_t* queue = ctx.queue;
+    h2o_context_dispose(&ctx);   // closes the queue's socket
+    h2o_evloop_run(evloop, 0);  // and frees it
+    free(queue);                // h2o 2.2.5's h2o_multithread_destroy_queue does not
     h2o_evloop_destroy(evloop);
   } else {
     // Connections that did not close within the stop grace: their memory stays.
