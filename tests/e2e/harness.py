@@ -12,6 +12,8 @@ Configuration comes from the environment (CMake passes it to every e2e test):
   OFFLOAD_TESTVECTORS_DIR   the shared test vectors folder (default: ../../../shared/testvectors)
   OFFLOAD_SERVER_EXTRA_ARGS extra flags for every server, split like a shell would
   OFFLOAD_E2E_KEEP          keep server data and log folders after the run when set to 1
+  OFFLOAD_SANITIZER         the build's sanitizer (address, thread) or empty: RSS bounds are
+                            only checked without one
 
 Python stubs are generated from proto/ at import time (once per process) into a temporary folder
 with protoc and Debian's grpc_python_plugin. Run with /usr/bin/python3: the Debian python3-grpcio
@@ -45,6 +47,7 @@ PROTO_DIR = os.environ.get("OFFLOAD_PROTO_DIR", os.path.join(_REPO, "proto"))
 TESTVECTORS_DIR = os.environ.get(
     "OFFLOAD_TESTVECTORS_DIR", os.path.join(os.path.dirname(_REPO), "shared", "testvectors"))
 KEEP = os.environ.get("OFFLOAD_E2E_KEEP") == "1"
+SANITIZED = bool(os.environ.get("OFFLOAD_SANITIZER"))
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
