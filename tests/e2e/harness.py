@@ -219,7 +219,15 @@ class Server:
                 cmd.append("--%s=%d" % (flag, free_port()))
         cmd += shlex.split(os.environ.get("OFFLOAD_SERVER_EXTRA_ARGS", ""))
         cmd += self.extra_args
+        self.command_line = cmd
         return cmd
+
+    def flag_value(self, flag):
+        """The value the running server got for --`flag` (the last one given wins)."""
+        for arg in reversed(self.command_line):
+            if arg.startswith("--%s=" % flag):
+                return arg.split("=", 1)[1]
+        raise KeyError(flag)
 
     def start(self):
         """Starts the process and waits until health reports SERVING (fails fast if it exits)."""
