@@ -60,7 +60,7 @@ while [[ $# -gt 0 ]]; do
     --server_arg) server_args+=("$2"); shift 2 ;;
     --load_arg=*) load_args+=("${1#--load_arg=}"); shift ;;
     --load_arg) load_args+=("$2"); shift 2 ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
