@@ -90,6 +90,12 @@ ABSL_FLAG(int64_t, max_queued_items, 16384,
           "0 = no bound.");
 ABSL_FLAG(int, max_client_inflight, 256,
           "Calls in flight per client (mTLS identity, else peer address); 0 = no bound.");
+ABSL_FLAG(int64_t, grpc_memory_quota_bytes, 256 << 20,
+          "gRPC ResourceQuota: memory gRPC's transports and calls may hold. Past it gRPC shrinks "
+          "flow-control windows, refuses new connections and cancels streams. 0 = no quota.");
+ABSL_FLAG(int, grpc_max_concurrent_streams, 256,
+          "HTTP/2 streams (calls) open at once per gRPC connection; a client's further calls wait "
+          "in the client. 0 = no limit.");
 
 int main(int argc, char** argv) {
   // glibc's defaults hand freed memory back to the kernel as soon as 128 KB sit free at the top
@@ -149,6 +155,8 @@ int main(int argc, char** argv) {
   config.audit_log_file = absl::GetFlag(FLAGS_audit_log_file);
   config.max_queued_items = absl::GetFlag(FLAGS_max_queued_items);
   config.max_client_inflight = absl::GetFlag(FLAGS_max_client_inflight);
+  config.grpc_memory_quota_bytes = absl::GetFlag(FLAGS_grpc_memory_quota_bytes);
+  config.grpc_max_concurrent_streams = absl::GetFlag(FLAGS_grpc_max_concurrent_streams);
 
   absl::Status status = offload::RunServer(config);
   if (!status.ok()) {

@@ -20,6 +20,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
 #include "grpcpp/security/tls_certificate_provider.h"
 #include "grpcpp/security/tls_certificate_verifier.h"
 #include "grpcpp/security/tls_credentials_options.h"
@@ -45,6 +46,10 @@
 
 namespace offload {
 namespace {
+
+// Threads gRPC may start for synchronous services (server reflection; our services and the
+// health service use the callback API and run on gRPC's event engine) while a memory quota is set.
+constexpr int kGrpcSyncThreads = 16;
 
 absl::StatusOr<crypto::BackendChoice> ChooseBackends(const std::string& backend) {
   if (backend == "auto") return crypto::BackendChoice::Measure();
@@ -96,6 +101,18 @@ absl::Status CheckConfig(const ServerConfig& config) {
         "http compression flags: expected http_compression_level 0 (off) to 9 and "
         "http_compression_min_bytes >= 0, got ", config.http_compression_level, " and ",
         config.http_compression_min_bytes));
+  }
+  if (config.grpc_memory_quota_bytes < 0 || config.grpc_max_concurrent_streams < 0) {
+    return absl::InvalidArgumentError(
+        "grpc_memory_quota_bytes, grpc_max_concurrent_streams: expected >= 0");
+  }
+  if (config.grpc_memory_quota_bytes > 0 &&
+      config.grpc_memory_quota_bytes < 2 * config.max_message_bytes) {
+    // One largest message is read into slices and parsed into a copy: below this the quota
+    // would cancel the calls the server is configured to take.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "grpc_memory_quota_bytes: expected 0 or at least twice max_message_bytes (",
+        2 * config.max_message_bytes, "), got ", config.grpc_memory_quota_bytes));
   }
   if (config.max_message_bytes < 1024 || config.max_message_bytes > (1LL << 30)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -421,6 +438,18 @@ absl::Status RunServer(const ServerConfig& config) {
                            GrpcCredentials(config, tls.get(), authorizer.get()), &port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(config.max_message_bytes));
+  // Declared before the server, which holds a reference to it anyway.
+  grpc::ResourceQuota quota("offload_grpc");
+  if (config.grpc_memory_quota_bytes > 0) {
+    quota.Resize(static_cast<size_t>(config.grpc_memory_quota_bytes));
+    // Threads of gRPC's synchronous services (server reflection): one per open stream otherwise.
+    quota.SetMaxThreads(kGrpcSyncThreads);
+    builder.SetResourceQuota(quota);
+  }
+  if (config.grpc_max_concurrent_streams > 0) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                               config.grpc_max_concurrent_streams);
+  }
   services.RegisterAll(builder);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
@@ -442,6 +471,8 @@ absl::Status RunServer(const ServerConfig& config) {
        {"policy_file", config.policy_file},
        {"max_queued_items", config.max_queued_items},
        {"max_client_inflight", config.max_client_inflight},
+       {"grpc_memory_quota_bytes", config.grpc_memory_quota_bytes},
+       {"grpc_max_concurrent_streams", config.grpc_max_concurrent_streams},
        {"memo", {{"enabled", config.memo_enabled},
                  {"verify_bytes", config.memo_verify_bytes},
                  {"derive_bytes", config.memo_derive_bytes},

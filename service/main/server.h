@@ -65,6 +65,14 @@ struct ServerConfig {
   // Overload protection (service/ops/admission.h); 0 = no bound.
   int64_t max_queued_items = 16384;
   int max_client_inflight = 256;
+  // gRPC transport bounds, so that memory stays bounded while calls arrive faster than they are
+  // admitted (a stalled server reads a whole backlog at once). The memory quota is gRPC's
+  // ResourceQuota: past it, gRPC shrinks flow-control windows, refuses new connections and
+  // cancels streams (RESOURCE_EXHAUSTED) until it is back under. The stream limit is HTTP/2's
+  // SETTINGS_MAX_CONCURRENT_STREAMS per connection: a client's calls beyond it wait in the client.
+  // 0 = gRPC's default (no quota; no stream limit).
+  int64_t grpc_memory_quota_bytes = 256 << 20;
+  int grpc_max_concurrent_streams = 256;
 };
 
 // Blocks SIGTERM and SIGINT in the calling thread (and so in every thread it starts later).

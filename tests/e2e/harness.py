@@ -12,6 +12,8 @@ Configuration comes from the environment (CMake passes it to every e2e test):
   OFFLOAD_TESTVECTORS_DIR   the shared test vectors folder (default: ../../../shared/testvectors)
   OFFLOAD_SERVER_EXTRA_ARGS extra flags for every server, split like a shell would
   OFFLOAD_E2E_KEEP          keep server data and log folders after the run when set to 1
+  OFFLOAD_SANITIZER         the build's sanitizer (address, thread) or empty: RSS bounds are
+                            only checked without one
 
 Python stubs are generated from proto/ at import time (once per process) into a temporary folder
 with protoc and Debian's grpc_python_plugin. Run with /usr/bin/python3: the Debian python3-grpcio
@@ -45,6 +47,7 @@ PROTO_DIR = os.environ.get("OFFLOAD_PROTO_DIR", os.path.join(_REPO, "proto"))
 TESTVECTORS_DIR = os.environ.get(
     "OFFLOAD_TESTVECTORS_DIR", os.path.join(os.path.dirname(_REPO), "shared", "testvectors"))
 KEEP = os.environ.get("OFFLOAD_E2E_KEEP") == "1"
+SANITIZED = bool(os.environ.get("OFFLOAD_SANITIZER"))
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
@@ -59,6 +62,18 @@ ALREADY_EXISTS = 6
 FAILED_PRECONDITION = 9
 RESOURCE_EXHAUSTED = 8
 UNAVAILABLE = 14
+
+# Channel options for a channel made before its server listens (Server.start). The first
+# connection attempt then fails, and gRPC waits out a reconnect backoff (1 s, growing) and, for
+# 127.0.0.1 too, a minimum time between re-resolutions: each start took 5 s of waiting for a
+# server that was up in 0.1-0.3 s. With these a start takes what the server takes. Not
+# grpc.min_reconnect_backoff_ms: gRPC also uses it as the time a connection attempt (TCP, TLS,
+# HTTP/2 settings) may take, and a short one fails handshakes on a busy machine.
+FAST_RECONNECT = [
+    ("grpc.dns_min_time_between_resolutions_ms", 50),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
 
 _WORK = tempfile.mkdtemp(prefix="offload-e2e-")
 _LIVE_SERVERS = []
@@ -205,7 +220,15 @@ class Server:
                 cmd.append("--%s=%d" % (flag, free_port()))
         cmd += shlex.split(os.environ.get("OFFLOAD_SERVER_EXTRA_ARGS", ""))
         cmd += self.extra_args
+        self.command_line = cmd
         return cmd
+
+    def flag_value(self, flag):
+        """The value the running server got for --`flag` (the last one given wins)."""
+        for arg in reversed(self.command_line):
+            if arg.startswith("--%s=" % flag):
+                return arg.split("=", 1)[1]
+        raise KeyError(flag)
 
     def start(self):
         """Starts the process and waits until health reports SERVING (fails fast if it exits)."""
@@ -246,7 +269,7 @@ class Server:
             ("grpc.max_receive_message_length", MAX_MESSAGE),
             ("grpc.enable_http_proxy", 0),
             ("grpc.enable_retries", 0),
-        ])
+        ] + FAST_RECONNECT)
 
     def stubs_on(self, channel):
         return types.SimpleNamespace(

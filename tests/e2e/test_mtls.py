@@ -133,7 +133,8 @@ class MtlsTest(harness.ServerTestCase):
                 creds = grpc.ssl_channel_credentials(root_certificates=root, private_key=k.read(),
                                                      certificate_chain=c.read())
         return grpc.secure_channel(cls.server.address, creds, options=[
-            ("grpc.ssl_target_name_override", "localhost"), ("grpc.enable_http_proxy", 0)])
+            ("grpc.ssl_target_name_override", "localhost"), ("grpc.enable_http_proxy", 0)]
+            + harness.FAST_RECONNECT)
 
     @classmethod
     def stubs(cls, who):

@@ -1,10 +1,14 @@
 """Overload protection against a real server: a bounded queue answers RESOURCE_EXHAUSTED at once
 for the excess, a per-client concurrency limit holds, calls whose deadline passed while queued
-are dropped unrun, every refusal is counted in /metrics, and the server answers normally when the
-flood is over. Counts and codes are asserted, never timings (the figures are in tests/load)."""
+are dropped unrun, every refusal is counted in /metrics, the server answers normally when the
+flood is over, and its memory stays under a stated bound when a flood arrives while it is stopped
+(SIGSTOP). Counts, codes, answers and RSS are asserted, never timings (the figures are in
+tests/load)."""
 import os
+import signal
 import time
 import re
+import sys
 import unittest
 import urllib.request
 
@@ -26,6 +30,30 @@ def bad_signatures(n, size=64):
         items.append(pb.ed.VerifyRequest(public_key=bytes(key.verify_key), message=msg,
                                          signature=sig))
     return items
+
+
+def signed_items(n, size=256):
+    """n VerifyRequests of `size`-byte messages, alternately valid and invalid (signature over
+    another message); returns (items, expected validity)."""
+    key = nacl.signing.SigningKey.generate()
+    items, valid = [], []
+    for i in range(n):
+        msg = os.urandom(size)
+        good = i % 2 == 0
+        sig = key.sign(msg if good else msg + b"x").signature
+        items.append(pb.ed.VerifyRequest(public_key=bytes(key.verify_key), message=msg,
+                                         signature=sig))
+        valid.append(good)
+    return items, valid
+
+
+def status_kib(pid, field):
+    """A /proc/<pid>/status field in kB (VmRSS, VmHWM)."""
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise AssertionError("no %s in /proc/%d/status" % (field, pid))
 
 
 def metric(server, name, labels):
@@ -85,6 +113,69 @@ class OverloadTest(harness.ServerTestCase):
         self.assertEqual(float(queued.group(1)), 0.0)  # every ticket given back
         # The flood is over: a call is answered normally.
         self.assertEqual(len(server.ed.BatchVerify(batch, timeout=60).results), 1024)
+
+    # The sized configuration of tests/load/README.md ("Memory while the server stalls"), whose
+    # stated bound is 64 MiB of RSS.
+    SIZED = ["--max_queued_items=2048", "--max_client_inflight=32",
+             "--grpc_max_concurrent_streams=32", "--grpc_memory_quota_bytes=16777216",
+             "--max_message_bytes=8388608"]
+    RSS_BOUND_KIB = 64 * 1024
+    FLOOD_CALLS = 3000   # 32 items of 1 KiB each: ~36 KB per request, ~100 MB in all
+    CONNECTIONS = 4
+
+    def test_memory_stays_bounded_when_a_flood_arrives_while_the_server_is_stopped(self):
+        # Calls sent while the server is stopped (SIGSTOP) reach it all at once when it goes on.
+        # Without the stream limit and the gRPC memory quota, gRPC accepts every one of them
+        # before admission can refuse any (about 45 KB each: well over the bound); with them,
+        # each connection holds 32 calls and the rest wait in the client. Every call must end OK
+        # with the right answers or RESOURCE_EXHAUSTED at admission; the server's peak RSS
+        # (VmHWM) must stay under the bound. RSS says nothing under AddressSanitizer (shadow
+        # memory, quarantine): there only the answers are checked.
+        server = self.start(*self.SIZED)
+        items, valid = signed_items(32, size=1024)
+        batch = pb.ed.BatchVerifyRequest(items=items)
+        self.assertEqual([r.valid for r in server.ed.BatchVerify(batch, timeout=60).results], valid)
+        channels = [grpc.insecure_channel(server.address, options=[
+            ("grpc.use_local_subchannel_pool", 1), ("grpc.enable_retries", 0),
+            ("grpc.enable_http_proxy", 0)]) for _ in range(self.CONNECTIONS)]
+        for c in channels:
+            self.addCleanup(c.close)
+            grpc.channel_ready_future(c).result(timeout=30)
+        stubs = [server.stubs_on(c).ed for c in channels]
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        try:
+            futures = [stubs[i % len(stubs)].BatchVerify.future(batch, timeout=120)
+                       for i in range(self.FLOOD_CALLS)]
+            time.sleep(1.5)  # the stall; what the client sends meanwhile waits in the kernel
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        codes, wrong = {}, 0
+        for f in futures:
+            try:
+                results = f.result().results
+                code = grpc.StatusCode.OK
+                if [r.valid for r in results] != valid or any(r.status.code for r in results):
+                    wrong += 1
+            except grpc.RpcError as e:
+                code = e.code()
+                if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    self.assertIn(e.details().split(":")[0],
+                                  ("server overloaded", "client over its concurrency limit"))
+            codes[code] = codes.get(code, 0) + 1
+        self.assertEqual(wrong, 0, codes)
+        self.assertGreater(codes.get(grpc.StatusCode.OK, 0), 0, codes)
+        self.assertEqual(codes.get(grpc.StatusCode.OK, 0)
+                         + codes.get(grpc.StatusCode.RESOURCE_EXHAUSTED, 0),
+                         self.FLOOD_CALLS, codes)
+        hwm = status_kib(server.proc.pid, "VmHWM")
+        print("\n  flood of %d calls over %d connections while stopped 1.5 s: %s; server VmHWM "
+              "%.1f MiB (bound %d MiB)" % (self.FLOOD_CALLS, self.CONNECTIONS,
+                                          {k.name: v for k, v in codes.items()}, hwm / 1024,
+                                          self.RSS_BOUND_KIB // 1024), file=sys.stderr)
+        if not harness.SANITIZED:
+            self.assertLess(hwm, self.RSS_BOUND_KIB)
+        # And it still answers normally.
+        self.assertEqual([r.valid for r in server.ed.BatchVerify(batch, timeout=60).results], valid)
 
     def test_per_client_concurrency_limit(self):
         server = self.start("--max_client_inflight=2", "--max_queued_items=0")

@@ -70,6 +70,11 @@ ABSL_FLAG(int, server_pid, 0, "Server process id, for its RSS (0: not reported).
 ABSL_FLAG(std::string, mode, "closed", "open (--rate calls/s offered) | closed (--inflight calls)");
 ABSL_FLAG(double, rate, 1000, "Open loop: calls per second offered, whatever the answers.");
 ABSL_FLAG(int, inflight, 16, "Closed loop: calls kept outstanding.");
+ABSL_FLAG(int64_t, calls, 0,
+          "Closed loop: send this many calls, then stop (0: --duration decides; with --calls, "
+          "--duration is only a cap, 0 = none). The summary's rss_warm_mib is then read once "
+          "--rss_warmup_fraction of the calls were sent: the same point of the work, whatever "
+          "the machine's speed.");
 ABSL_FLAG(int, senders, 1, "Open loop: threads sending calls, each at --rate / --senders.");
 ABSL_FLAG(double, duration, 30, "Seconds of load after priming; 0 = until SIGINT or SIGTERM.");
 ABSL_FLAG(double, warmup, 0,
@@ -108,7 +113,8 @@ ABSL_FLAG(double, normal_ok_per_s, 0,
 ABSL_FLAG(double, recovery_fraction, 0.8,
           "Recovered: the first 1 s window whose probe throughput reaches this share of normal.");
 ABSL_FLAG(double, rss_warmup_fraction, 0.2,
-          "The summary's rss_warm_mib is the server RSS at this fraction of --duration.");
+          "The summary's rss_warm_mib is the server RSS at this fraction of --duration (of "
+          "--calls with --calls).");
 ABSL_FLAG(uint64_t, seed, 0, "Seed of the traffic mix (0: random, printed).");
 ABSL_FLAG(int, print_unexpected, 5, "Unexpected outcomes described on stderr (the first N).");
 
@@ -916,12 +922,20 @@ class Driver {
   void set_summary_from(int64_t ns) { summary_from_ns_ = ns; }
   int64_t outstanding() const { return outstanding_.load(); }
 
-  // Closed loop: keeps `n` calls outstanding until StopClosed. `probe_origin_ns` > 0 tags the
-  // calls as recovery probes, binned by completion time since that origin.
-  void StartClosed(int n, int64_t probe_origin_ns = 0) {
+  // Closed loop: keeps `n` calls outstanding until StopClosed, or until `call_limit` (> 0) calls
+  // were sent. `probe_origin_ns` > 0 tags the calls as recovery probes, binned by completion
+  // time since that origin.
+  void StartClosed(int n, int64_t probe_origin_ns = 0, int64_t call_limit = 0) {
     probe_origin_ns_.store(probe_origin_ns);
+    call_limit_.store(call_limit);
+    closed_issued_.store(0);
     closed_running_.store(true);
     for (int i = 0; i < n; ++i) IssueClosed();
+  }
+  // Calls the closed loop has sent since StartClosed (at most its `call_limit`).
+  int64_t closed_issued() const {
+    const int64_t limit = call_limit_.load(), issued = closed_issued_.load();
+    return limit > 0 ? std::min(limit, issued) : issued;
   }
   void StopClosed() { closed_running_.store(false); }
 
@@ -971,6 +985,8 @@ class Driver {
  private:
   void IssueClosed() {
     if (!closed_running_.load() || g_interrupted.load()) return;
+    const int64_t limit = call_limit_.load();
+    if (closed_issued_.fetch_add(1) >= limit && limit > 0) return;
     Issue(ThreadRng(seed_), /*closed=*/true, probe_origin_ns_.load());
   }
 
@@ -999,6 +1015,8 @@ class Driver {
   std::atomic<int64_t> outstanding_{0};
   std::atomic<size_t> next_channel_{0};
   std::atomic<bool> closed_running_{false};
+  std::atomic<int64_t> call_limit_{0};
+  std::atomic<int64_t> closed_issued_{0};
   std::atomic<int64_t> summary_from_ns_{0};
   std::atomic<int64_t> probe_origin_ns_{0};
 };
@@ -1108,6 +1126,7 @@ int Main() {
   Tally tally(absl::GetFlag(FLAGS_print_unexpected));
   Driver driver(&traffic, &tally, channel_count, seed);
   const double duration = absl::GetFlag(FLAGS_duration);
+  const int64_t call_limit = open ? 0 : std::max<int64_t>(0, absl::GetFlag(FLAGS_calls));
   const double report_every = std::max(0.1, absl::GetFlag(FLAGS_report_every));
   const int64_t start = NowNs();
   const int64_t end = duration > 0 ? start + static_cast<int64_t>(duration * 1e9) : INT64_MAX;
@@ -1130,7 +1149,7 @@ int Main() {
         const int64_t rss = RssKib(server_pid);
         rss_last = rss;
         rss_max = std::max(rss_max, rss);
-        if (rss_warm < 0 && duration > 0 && t >= rss_warm_at) rss_warm = rss;
+        if (call_limit == 0 && rss_warm < 0 && duration > 0 && t >= rss_warm_at) rss_warm = rss;
       }
       if (now - last_report >= report_every * 1e9) {
         const Counts c = tally.TakeInterval();
@@ -1153,8 +1172,22 @@ int Main() {
                          std::max(1, absl::GetFlag(FLAGS_senders)));
     load_end = NowNs();
   } else {
-    driver.StartClosed(std::max(1, absl::GetFlag(FLAGS_inflight)));
-    while (!g_interrupted.load() && NowNs() < end) std::this_thread::sleep_for(Ms(20));
+    driver.StartClosed(std::max(1, absl::GetFlag(FLAGS_inflight)), 0, call_limit);
+    const int64_t warm_calls = static_cast<int64_t>(
+        static_cast<double>(call_limit) * absl::GetFlag(FLAGS_rss_warmup_fraction));
+    while (!g_interrupted.load() && NowNs() < end) {
+      if (call_limit > 0) {
+        // rss_warm: only this thread writes it in this mode (the reporter leaves it alone).
+        if (rss_warm < 0 && driver.closed_issued() >= warm_calls) {
+          rss_warm = RssKib(server_pid);
+          std::printf("warm calls=%" PRId64 " rss_mib=%.1f\n", driver.closed_issued(),
+                      Mib(rss_warm));
+          std::fflush(stdout);
+        }
+        if (driver.closed_issued() >= call_limit && driver.outstanding() == 0) break;
+      }
+      std::this_thread::sleep_for(Ms(20));
+    }
     driver.StopClosed();
     load_end = NowNs();
   }

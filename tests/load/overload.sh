@@ -8,6 +8,10 @@
 #   3. recovery: the offered load stops (its calls still out) and a closed-loop probe with the same
 #      --inflight measures how long until its throughput is back to --recovery_fraction (80%) of
 #      normal, in 1 s windows.
+# With --pause_seconds S, the server is stopped (SIGSTOP) for S seconds --pause_at seconds into the
+# overload phase and then continued (SIGCONT), as a long stall (a noisy neighbour, a debugger)
+# would: the offered load keeps coming meanwhile. With --rss_bound_mib M the run fails if the
+# server's peak RSS (VmHWM) reached M MiB: memory must stay bounded whatever the server's pace.
 # Traffic (tests/load/offload_mixed_load): BatchVerify/BatchDerive/BatchOpen calls of --batch (32)
 # items, 20% warm (memo hits), the rest fresh from a pool bigger than the server's (small) memo
 # bounds (misses), 1% bad items. Batches of mostly misses let one generator on the same machine
@@ -19,6 +23,12 @@
 #   tests/load/overload.sh                                  # builds ./build (Release) if needed
 #   tests/load/overload.sh --build_dir build --seconds 30 --factor 4
 #   tests/load/overload.sh --server_arg=--max_queued_items=4096 --server_arg=--max_client_inflight=64
+#   tests/load/overload.sh --sized --pause_at 10 --pause_seconds 1.5 --rss_bound_mib 64   # the stall run
+#
+# --sized is the configuration sized for a 2-core machine whose bound tests/load/README.md
+# states: --max_queued_items=2048 --max_client_inflight=32 --grpc_max_concurrent_streams=32
+# --grpc_memory_quota_bytes=16777216 (16 MiB) --max_message_bytes=8388608 (the quota must be at
+# least twice the largest message).
 #
 # Timing figures depend on the machine and on what else runs on it: they are printed, never
 # asserted.
@@ -42,6 +52,9 @@ batch=32
 warm_fraction=0.2
 fresh_pool=30000
 deadline_ms=2000
+pause_at=10
+pause_seconds=0
+rss_bound_mib=0
 server_args=()
 load_args=()
 while [[ $# -gt 0 ]]; do
@@ -59,11 +72,18 @@ while [[ $# -gt 0 ]]; do
     --deadline_ms) deadline_ms="$2"; shift 2 ;;
     --server_nice) server_nice="$2"; shift 2 ;;
     --senders) senders="$2"; shift 2 ;;
+    --pause_at) pause_at="$2"; shift 2 ;;
+    --pause_seconds) pause_seconds="$2"; shift 2 ;;
+    --rss_bound_mib) rss_bound_mib="$2"; shift 2 ;;
+    --sized) server_args+=(--max_queued_items=2048 --max_client_inflight=32
+                           --grpc_max_concurrent_streams=32 --grpc_memory_quota_bytes=16777216
+                           --max_message_bytes=8388608)
+             shift ;;
     --server_arg=*) server_args+=("${1#--server_arg=}"); shift ;;
     --server_arg) server_args+=("$2"); shift 2 ;;
     --load_arg=*) load_args+=("${1#--load_arg=}"); shift ;;
     --load_arg) load_args+=("$2"); shift 2 ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
@@ -73,7 +93,13 @@ server_bin="$build_dir/bin/offload_server"
 load_bin="$build_dir/bin/offload_mixed_load"
 
 work="$(mktemp -d /tmp/offload-overload-XXXXXX)"
-cleanup() { stop_server; rm -rf "$work"; }
+load_pid=""
+cleanup() {
+  if [[ -n "$load_pid" ]]; then kill -INT "$load_pid" 2>/dev/null || true; wait "$load_pid" 2>/dev/null || true; fi
+  if [[ -n "$server_pid" ]]; then kill -CONT "$server_pid" 2>/dev/null || true; fi
+  stop_server
+  rm -rf "$work"
+}
 trap cleanup EXIT
 
 echo "overload: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, load: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -103,13 +129,30 @@ fi
 rate="$(awk -v c="$cap_calls" -v f="$factor" 'BEGIN { printf "%.0f", c * f }')"
 
 echo "overload: 2. ${factor}x capacity: open loop, $rate calls/s for ${seconds} s; 3. recovery probe ${recovery_seconds} s"
-if ! "$load_bin" "${common[@]}" --mode=open --rate="$rate" --duration="$seconds" \
-     --report_every=2 --deadline_exceeded_ok --max_outstanding=1000000 --senders="$senders" \
-     --recovery_seconds="$recovery_seconds" --recovery_inflight="$inflight" \
-     --normal_ok_per_s="$cap_items" --recovery_fraction="$recovery_fraction" \
-     >"$work/overload.out"; then
-  failed=1
+"$load_bin" "${common[@]}" --mode=open --rate="$rate" --duration="$seconds" \
+  --report_every=2 --deadline_exceeded_ok --max_outstanding=1000000 --senders="$senders" \
+  --recovery_seconds="$recovery_seconds" --recovery_inflight="$inflight" \
+  --normal_ok_per_s="$cap_items" --recovery_fraction="$recovery_fraction" \
+  >"$work/overload.out" &
+load_pid=$!
+paused=""
+if awk -v p="$pause_seconds" 'BEGIN { exit !(p > 0) }'; then
+  # The generator's first interval line comes 2 s after its load starts (priming done).
+  while kill -0 "$load_pid" 2>/dev/null && ! grep -q '^interval ' "$work/overload.out"; do
+    sleep 0.1
+  done
+  sleep "$(awk -v a="$pause_at" 'BEGIN { print (a > 2) ? a - 2 : 0 }')"
+  if kill -0 "$load_pid" 2>/dev/null; then
+    rss_before_pause="$(awk '/^VmRSS:/ { printf "%.1f", $2 / 1024 }' "/proc/$server_pid/status")"
+    kill -STOP "$server_pid"
+    sleep "$pause_seconds"
+    kill -CONT "$server_pid"
+    paused="${pause_seconds} s at ${pause_at} s into the overload (server RSS ${rss_before_pause} MiB before)"
+    echo "overload: server paused (SIGSTOP) for $paused"
+  fi
 fi
+wait "$load_pid" || failed=1
+load_pid=""
 sed 's/^/  /' "$work/overload.out"
 over="$(grep '^summary ' "$work/overload.out" || true)"
 echo "overload: server counters after the run (calls by code; drops, where the server counts them):"
@@ -134,4 +177,13 @@ recovered="$(field recovered_after_s "$rec")"
 [[ "$recovered" == never ]] && recovered="not within ${recovery_seconds}"
 echo "| back to ${recovery_fraction} x normal after the load stopped | $recovered s |"
 echo "| unexpected outcomes | $(field unexpected "$cap") + $(field unexpected "$over") |"
+[[ -z "$paused" ]] || echo "| server paused (SIGSTOP / SIGCONT) | $paused |"
+if awk -v b="$rss_bound_mib" 'BEGIN { exit !(b > 0) }'; then
+  if [[ -z "$hwm" ]] || awk -v h="$hwm" -v b="$rss_bound_mib" 'BEGIN { exit !(h >= b) }'; then
+    echo "overload: FAIL: server peak RSS (VmHWM) ${hwm:-unknown} MiB, bound $rss_bound_mib MiB" >&2
+    failed=1
+  else
+    echo "overload: server peak RSS (VmHWM) $hwm MiB < bound $rss_bound_mib MiB"
+  fi
+fi
 exit $failed

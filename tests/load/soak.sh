@@ -15,8 +15,15 @@
 # concurrent calls whose memory the allocator keeps afterwards - an RSS step that is not a leak.
 # Calls due while 64 are out are skipped, counted, and fail the run past 1%.
 #
+# --calls N is the bounded-count form the test command runs (ctest soak.smoke): a closed loop of
+# --inflight (16) calls until N calls were sent, with no rate and no deadline that a busy machine
+# could miss (60 s deadlines); warm-up is the first --warmup_fraction of the calls, and smaller
+# memo bounds (verify 64 KiB, derive 128 KiB, open 256 KiB) are full by then. It fails on any
+# unexpected outcome, on any call shed (RESOURCE_EXHAUSTED: 16 calls in flight are under every
+# bound) and on RSS growth; it never looks at a rate or a latency.
+#
 #   tests/load/soak.sh --minutes 30                  # builds ./build (Release) if needed
-#   tests/load/soak.sh --minutes 2 --build_dir build # what ctest's soak.2min runs
+#   tests/load/soak.sh --calls 60000 --build_dir build   # what ctest's soak.smoke runs
 #   tests/load/soak.sh --minutes 30 --rate 2000 --server_arg=--workers=2
 #
 # Exit status: 0 if every check passed, 1 otherwise, 2 for bad arguments or no Release build.
@@ -34,6 +41,8 @@ warmup_fraction=0.2
 max_rss_growth=0.05
 report_every=10
 max_inflight=64
+calls=0
+inflight=16
 server_args=()
 load_args=()
 while [[ $# -gt 0 ]]; do
@@ -45,11 +54,13 @@ while [[ $# -gt 0 ]]; do
     --max_rss_growth) max_rss_growth="$2"; shift 2 ;;
     --report_every) report_every="$2"; shift 2 ;;
     --max_inflight) max_inflight="$2"; shift 2 ;;
+    --calls) calls="$2"; shift 2 ;;
+    --inflight) inflight="$2"; shift 2 ;;
     --server_arg=*) server_args+=("${1#--server_arg=}"); shift ;;
     --server_arg) server_args+=("$2"); shift 2 ;;
     --load_arg=*) load_args+=("${1#--load_arg=}"); shift ;;
     --load_arg) load_args+=("$2"); shift 2 ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
@@ -70,15 +81,24 @@ trap cleanup EXIT
 seconds="$(awk -v m="$minutes" 'BEGIN { printf "%d", m * 60 }')"
 warm_at="$(awk -v s="$seconds" -v f="$warmup_fraction" 'BEGIN { printf "%.0f", s * f }')"
 echo "soak: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, load: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "soak: ${minutes} min at ${rate} calls/s, at most $max_inflight in flight; warm-up = first ${warm_at} s; server $server_bin"
+if (( calls > 0 )); then
+  echo "soak: $calls calls, closed loop of $inflight; warm-up = first $warmup_fraction of them; server $server_bin"
+  memo_bounds=(--memo_verify_bytes=65536 --memo_derive_bytes=131072
+               --memo_open_bytes_per_key=262144 --memo_open_bytes_total=524288)
+  load_mode=(--mode=closed --inflight="$inflight" --calls="$calls" --duration=0
+             --deadline_ms=60000)
+else
+  echo "soak: ${minutes} min at ${rate} calls/s, at most $max_inflight in flight; warm-up = first ${warm_at} s; server $server_bin"
+  memo_bounds=(--memo_verify_bytes=131072 --memo_derive_bytes=262144
+               --memo_open_bytes_per_key=524288 --memo_open_bytes_total=1048576)
+  load_mode=(--mode=open --rate="$rate" --duration="$seconds" --max_outstanding="$max_inflight")
+fi
 
-start_server "$work/server" --memo_verify_bytes=131072 --memo_derive_bytes=262144 \
-  --memo_open_bytes_per_key=524288 --memo_open_bytes_total=1048576 "${server_args[@]}"
+start_server "$work/server" "${memo_bounds[@]}" "${server_args[@]}"
 echo "soak: server pid $server_pid, gRPC 127.0.0.1:$grpc_port, metrics 127.0.0.1:$metrics_port"
 
-"$load_bin" --server="127.0.0.1:$grpc_port" --server_pid="$server_pid" --mode=open \
-  --rate="$rate" --duration="$seconds" --report_every="$report_every" \
-  --max_outstanding="$max_inflight" \
+"$load_bin" --server="127.0.0.1:$grpc_port" --server_pid="$server_pid" "${load_mode[@]}" \
+  --report_every="$report_every" \
   --rss_warmup_fraction="$warmup_fraction" "${load_args[@]}" >"$work/load.out" 2>"$work/load.err" &
 load_pid=$!
 tail -n +1 -f "$work/load.out" --pid="$load_pid" &
@@ -98,7 +118,11 @@ sleep_while_loading() {  # SECONDS: false if the generator ended first
     sleep 1
   done
 }
-if sleep_while_loading "$warm_at"; then
+if (( calls > 0 )); then
+  # The generator prints "warm calls=..." at its warm-up point.
+  while kill -0 "$load_pid" 2>/dev/null && ! grep -q '^warm ' "$work/load.out"; do sleep 0.2; done
+  if grep -q '^warm ' "$work/load.out"; then echo "soak: memo at warm-up: $(memo_line)"; fi
+elif sleep_while_loading "$warm_at"; then
   echo "soak: memo at warm-up: $(memo_line)"
   if (( seconds - warm_at > 6 )) && sleep_while_loading $(( seconds - warm_at - 3 )); then
     echo "soak: memo near the end: $(memo_line)"
@@ -129,7 +153,13 @@ if [[ "$load_status" != 0 || "$unexpected" != 0 ]]; then
   echo "soak: FAIL: $unexpected unexpected outcomes (generator exit $load_status)" >&2
   failed=1
 fi
-if awk -v s="$exhausted_share" -v k="$skipped_share" 'BEGIN { exit !(s >= 0.01 || k >= 0.01) }'; then
+if (( calls > 0 )); then
+  # A closed loop of $inflight calls is under every bound: a shed call is a bug, not load.
+  if [[ "$(field exhausted "$summary")" != 0 ]]; then
+    echo "soak: FAIL: $(field exhausted "$summary") calls shed (RESOURCE_EXHAUSTED) with $inflight in flight" >&2
+    failed=1
+  fi
+elif awk -v s="$exhausted_share" -v k="$skipped_share" 'BEGIN { exit !(s >= 0.01 || k >= 0.01) }'; then
   echo "soak: FAIL: $exhausted_share of calls shed (RESOURCE_EXHAUSTED), $skipped_share skipped: ${rate} calls/s is not sustainable here" >&2
   failed=1
 fi
