@@ -6,8 +6,8 @@ set -euo pipefail
 packages=(
   # build
   build-essential cmake ninja-build pkg-config git
-  # the openssl command: throwaway certificates in the TLS tests (e2e, integration)
-  openssl
+  # the openssl command (throwaway certificates in the TLS tests) and curl (e2e.cors)
+  openssl curl
   # libraries (Debian 12: gRPC 1.51, Protobuf 3.21, libsodium 1.0.18, OpenSSL 3.0, Abseil 20220623)
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libsodium-dev libssl-dev libabsl-dev nlohmann-json3-dev prometheus-cpp-dev

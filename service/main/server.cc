@@ -102,6 +102,10 @@ absl::Status CheckConfig(const ServerConfig& config) {
         "http_compression_min_bytes >= 0, got ", config.http_compression_level, " and ",
         config.http_compression_min_bytes));
   }
+  if (absl::StatusOr<http::CorsPolicy> cors = http::CorsPolicy::Parse(config.http_cors_origins);
+      !cors.ok()) {
+    return cors.status();
+  }
   if (config.grpc_memory_quota_bytes < 0 || config.grpc_max_concurrent_streams < 0) {
     return absl::InvalidArgumentError(
         "grpc_memory_quota_bytes, grpc_max_concurrent_streams: expected >= 0");
