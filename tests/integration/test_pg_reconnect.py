@@ -143,7 +143,18 @@ class PostgresReconnectTest(harness.ServerTestCase):
 
     def assert_no_bad_events(self, marks):
         for r, mark in zip(self.replicas, marks):
-            bad = [line for line in r.log_lines()[mark:] if any(e in line for e in BAD_EVENTS)]
+            lines = r.log_lines()[mark:]
+            bad = []
+            for i, line in enumerate(lines):
+                if not any(e in line for e in BAD_EVENTS):
+                    continue
+                # A reload that a NOTIFY queued before a PostgreSQL restart and that ran while
+                # PostgreSQL was down cannot connect: not a dead connection used, and healed by
+                # the resync that follows the listener's reconnect (required here).
+                if ("keystore_reload_failed" in line and "connect:" in line and
+                        any("keys_resynced" in later for later in lines[i + 1:])):
+                    continue
+                bad.append(line)
             self.assertEqual(bad, [], "%s used a dead connection" % r.name)
 
     def run_key_lifecycle(self, prefix, disrupt):
