@@ -310,6 +310,19 @@ absl::Status Operations::AeadOpen(const v1::AeadOpenRequest& request,
 bool Operations::AeadOpenFromMemo(const v1::AeadOpenRequest& request,
                                   v1::AeadOpenResponse* response, OpenProbe* probe,
                                   absl::Status* status) const {
+  OpenResult result;
+  if (!AeadOpenFromMemoShared(request, &result, probe, status)) return false;
+  if (result.plaintext != nullptr) {
+    response->set_plaintext(reinterpret_cast<const char*>(result.plaintext->data()),
+                            result.plaintext->size());
+    response->set_key_version(result.key_version);
+    response->set_memo_hit(true);
+  }
+  return true;
+}
+
+bool Operations::AeadOpenFromMemoShared(const v1::AeadOpenRequest& request, OpenResult* result,
+                                        OpenProbe* probe, absl::Status* status) const {
   *status = [&]() -> absl::Status {
     OFFLOAD_ASSIGN_OR_RETURN(probe->key,
                              FindKey(*keys_, request.key_id(), IsAeadType, "an AEAD type"));
@@ -327,28 +340,94 @@ bool Operations::AeadOpenFromMemo(const v1::AeadOpenRequest& request,
                                     probe->view.ciphertext_and_tag,
                                     Bytes(request.associated_data()));
   if (!memo_->OpenLookup(probe->key->key_id, probe->digest, probe->view.ciphertext_and_tag,
-                         response->mutable_plaintext())) {
+                         &result->plaintext)) {
     return false;
   }
-  response->set_key_version(probe->version->version);
-  response->set_memo_hit(true);
+  result->key_version = probe->version->version;
+  result->memo_hit = true;
   return true;
 }
 
+namespace {
+// Decrypts `probe`'s envelope into a new buffer (no zero-fill: the cipher writes every byte).
+absl::StatusOr<std::shared_ptr<memo::WipedBuffer>> OpenInto(const Operations::OpenProbe& probe,
+                                                            const std::string& aad) {
+  std::shared_ptr<memo::WipedBuffer> plaintext =
+      memo::WipedBuffer::Make(probe.view.plaintext_size());
+  OFFLOAD_RETURN_IF_ERROR(probe.version->aead->Open(
+      probe.view.nonce, Bytes(aad), probe.view.ciphertext_and_tag,
+      absl::MakeSpan(plaintext->data(), plaintext->size())));
+  return plaintext;
+}
+}  // namespace
+
 absl::Status Operations::AeadOpenFresh(const v1::AeadOpenRequest& request, const OpenProbe& probe,
                                        v1::AeadOpenResponse* response) const {
-  absl::Span<uint8_t> plaintext =
-      Resize(response->mutable_plaintext(), probe.view.plaintext_size());
-  absl::Status opened = probe.version->aead->Open(
-      probe.view.nonce, Bytes(request.associated_data()), probe.view.ciphertext_and_tag, plaintext);
-  if (!opened.ok()) {
+  absl::StatusOr<std::shared_ptr<memo::WipedBuffer>> plaintext =
+      OpenInto(probe, request.associated_data());
+  if (!plaintext.ok()) {
     response->Clear();
-    return opened;  // failed opens are never cached: the next try fails afresh
+    return plaintext.status();  // failed opens are never cached: the next try fails afresh
   }
-  memo_->OpenInsert(probe.key->key_id, probe.digest, probe.view.ciphertext_and_tag, plaintext);
+  const absl::Span<const uint8_t> ct = probe.view.ciphertext_and_tag;
+  response->set_plaintext(reinterpret_cast<const char*>((*plaintext)->data()),
+                          (*plaintext)->size());
+  memo_->OpenInsert(probe.key->key_id, probe.digest,
+                    std::string(reinterpret_cast<const char*>(ct.data()), ct.size()), 0,
+                    *std::move(plaintext));
   response->set_key_version(probe.version->version);
   response->set_memo_hit(false);
   return absl::OkStatus();
+}
+
+absl::Status Operations::AeadOpenFreshShared(v1::AeadOpenRequest* request,
+                                             const OpenProbe& probe, OpenResult* result) const {
+  absl::StatusOr<std::shared_ptr<memo::WipedBuffer>> plaintext =
+      OpenInto(probe, request->associated_data());
+  if (!plaintext.ok()) return plaintext.status();  // never cached: the next try fails afresh
+  result->plaintext = *plaintext;
+  result->key_version = probe.version->version;
+  result->memo_hit = false;
+  // The envelope's heap buffer moves into the entry as its stored copy: no ciphertext copy.
+  const size_t offset = static_cast<size_t>(
+      probe.view.ciphertext_and_tag.data() -
+      reinterpret_cast<const uint8_t*>(request->envelope().data()));
+  memo_->OpenInsert(probe.key->key_id, probe.digest, std::move(*request->mutable_envelope()),
+                    offset, *std::move(plaintext));
+  request->clear_envelope();
+  return absl::OkStatus();
+}
+
+namespace {
+size_t PutVarint(uint64_t v, uint8_t* out) {
+  size_t n = 0;
+  while (v >= 0x80) {
+    out[n++] = static_cast<uint8_t>(v | 0x80);
+    v >>= 7;
+  }
+  out[n++] = static_cast<uint8_t>(v);
+  return n;
+}
+}  // namespace
+
+size_t Operations::OpenResult::WirePrefix(uint8_t out[kMaxWirePrefix]) const {
+  const size_t size = plaintext == nullptr ? 0 : plaintext->size();
+  if (size == 0) return 0;  // proto3 omits an empty bytes field
+  out[0] = 0x0a;            // field 1 (plaintext), length-delimited
+  return 1 + PutVarint(static_cast<uint32_t>(size), out + 1);
+}
+
+size_t Operations::OpenResult::WireSuffix(uint8_t out[kMaxWireSuffix]) const {
+  size_t n = 0;
+  if (key_version != 0) {
+    out[n++] = 0x10;  // field 2 (key_version), varint
+    n += PutVarint(key_version, out + n);
+  }
+  if (memo_hit) {
+    out[n++] = 0x18;  // field 3 (memo_hit), varint
+    out[n++] = 1;
+  }
+  return n;
 }
 
 absl::Status Operations::CheckBatchSize(int items) const {

@@ -98,6 +98,32 @@ class Operations final {
   absl::Status AeadOpenFresh(const v1::AeadOpenRequest& request, const OpenProbe& probe,
                              v1::AeadOpenResponse* response) const;
 
+  // AeadOpen without a copy of the plaintext, for transports that write it as it is (the gRPC
+  // Open handler, the HTTP gateway's Connect proto answer). OpenResult holds the plaintext by
+  // reference: the memo entry's buffer on a hit, else the buffer the cipher wrote (no zero-fill)
+  // that the memo then shares. The serialized AeadOpenResponse is WirePrefix() + plaintext +
+  // WireSuffix(), byte for byte what protobuf's serializer writes for the same message.
+  struct OpenResult {
+    static constexpr size_t kMaxWirePrefix = 6;  // tag + 32-bit varint length
+    static constexpr size_t kMaxWireSuffix = 8;  // key_version (tag + varint), memo_hit
+    memo::SharedPlaintext plaintext;  // non-null once the call succeeded
+    uint32_t key_version = 0;
+    bool memo_hit = false;
+    // Field 1's tag and length into `out` (nothing for an empty plaintext); returns the size.
+    size_t WirePrefix(uint8_t out[kMaxWirePrefix]) const;
+    // Fields 2 and 3 (memo_hit only when true) into `out`; returns the size.
+    size_t WireSuffix(uint8_t out[kMaxWireSuffix]) const;
+  };
+  // As AeadOpenFromMemo, filling `*result` on a hit (no plaintext copy: the memcmp of the stored
+  // ciphertext is the hit's only pass over the bytes).
+  bool AeadOpenFromMemoShared(const v1::AeadOpenRequest& request, OpenResult* result,
+                              OpenProbe* probe, absl::Status* status) const;
+  // As AeadOpenFresh. The envelope is moved out of `*request` into the memo entry (its stored
+  // ciphertext): `request->envelope()` is empty afterwards (whatever the outcome of the insert).
+  // REQUIRES: `probe` was filled from `*request` by AeadOpenFromMemoShared.
+  absl::Status AeadOpenFreshShared(v1::AeadOpenRequest* request, const OpenProbe& probe,
+                                   OpenResult* result) const;
+
   // REQUIRES: `request` and `response` stay alive until `done` has been called.
   void BatchSign(const v1::BatchSignRequest& request, v1::BatchSignResponse* response,
                  Done done, Alive alive = nullptr) const;

@@ -199,6 +199,76 @@ TEST_F(OperationsTest, OpenInTwoStepsAnswersAsOpenAndCountsOneLookup) {
   }
 }
 
+// The zero-copy path of the gRPC Open handler: the wire form (prefix + shared plaintext +
+// suffix) is byte for byte protobuf's serialization of AeadOpen's answer, a hit hands out the
+// very buffer the fresh open wrote (no copy), and a tampered body that keeps nonce and tag fails
+// on every try, as it would fresh.
+TEST_F(OperationsTest, SharedOpenSerializesAsProtobufAndHitsWithoutACopy) {
+  CreateKey("k", v1::KEY_TYPE_CHACHA20_POLY1305);
+  std::mt19937_64 rng(15);
+  auto wire = [](const Operations::OpenResult& r) {
+    uint8_t prefix[Operations::OpenResult::kMaxWirePrefix];
+    uint8_t suffix[Operations::OpenResult::kMaxWireSuffix];
+    std::string out(reinterpret_cast<const char*>(prefix), r.WirePrefix(prefix));
+    out.append(reinterpret_cast<const char*>(r.plaintext->data()), r.plaintext->size());
+    out.append(reinterpret_cast<const char*>(suffix), r.WireSuffix(suffix));
+    return out;
+  };
+  for (size_t size : {0, 1, 127, 128, 16383, 16384, 55000, 2100000}) {
+    SCOPED_TRACE(size);
+    const std::string plaintext = RandomBytes(size, rng);
+    const std::string envelope = Seal("k", plaintext, "aad");
+    memo_->DropKey("k");  // as if sealed elsewhere: the first open decrypts
+    std::string tampered = envelope;
+    if (size > 0) tampered[30] ^= 1;
+    const uint64_t before = CryptoOpCount(CryptoOp::kAeadOpen);
+    const uint8_t* fresh_buffer = nullptr;
+    for (int round = 0; round < 2; ++round) {
+      v1::AeadOpenRequest request;
+      request.set_key_id("k");
+      request.set_envelope(envelope);
+      request.set_associated_data("aad");
+      Operations::OpenResult result;
+      Operations::OpenProbe probe;
+      absl::Status status;
+      const bool complete = ops_->AeadOpenFromMemoShared(request, &result, &probe, &status);
+      ASSERT_EQ(complete, round == 1);
+      if (!complete) {
+        ASSERT_TRUE(ops_->AeadOpenFreshShared(&request, probe, &result).ok());
+        EXPECT_TRUE(request.envelope().empty());  // moved into the memo entry
+        fresh_buffer = result.plaintext->data();
+      } else {
+        ASSERT_TRUE(status.ok()) << status;
+        EXPECT_EQ(result.plaintext->data(), fresh_buffer);  // the same bytes, not a copy
+      }
+      EXPECT_EQ(result.memo_hit, round == 1);
+      v1::AeadOpenResponse expected;
+      expected.set_plaintext(plaintext);
+      expected.set_key_version(1);
+      expected.set_memo_hit(round == 1);
+      EXPECT_EQ(wire(result), expected.SerializeAsString());
+      v1::AeadOpenResponse parsed;
+      ASSERT_TRUE(parsed.ParseFromString(wire(result)));
+      EXPECT_EQ(parsed.plaintext(), plaintext);
+    }
+    EXPECT_EQ(CryptoOpCount(CryptoOp::kAeadOpen) - before, 1u);
+    if (size == 0) continue;
+    for (int i = 0; i < 2; ++i) {
+      v1::AeadOpenRequest request;
+      request.set_key_id("k");
+      request.set_envelope(tampered);
+      request.set_associated_data("aad");
+      Operations::OpenResult result;
+      Operations::OpenProbe probe;
+      absl::Status status;
+      ASSERT_FALSE(ops_->AeadOpenFromMemoShared(request, &result, &probe, &status));
+      EXPECT_EQ(ops_->AeadOpenFreshShared(&request, probe, &result).code(),
+                absl::StatusCode::kInvalidArgument);
+      EXPECT_EQ(result.plaintext, nullptr);
+    }
+  }
+}
+
 TEST_F(OperationsTest, Derive15PeersOver100RoundsRuns15X25519) {
   CreateKey("dev", v1::KEY_TYPE_X25519);
   std::vector<std::string> peers;
