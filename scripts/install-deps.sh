@@ -17,6 +17,8 @@ packages=(
   nanopb libnanopb-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev
+  # tests/bench/run_all.py's fixed-body rows (issue 15): h2load, and curl to check one gRPC answer
+  nghttp2-client curl
   # the ASan + UBSan build and its libFuzzer targets (tests/fuzz) are built with clang; llvm-14
   # holds the llvm-symbolizer that the sanitizer runtimes and libFuzzer (NEW_FUNC lines) name
   # stack frames with: clang only recommends it, and without it every fuzzer writes "invalid path
