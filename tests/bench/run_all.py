@@ -292,10 +292,11 @@ def h2load(pid, url, body_file, headers, h1, seconds, warmup):
     for h in headers:
         cmd += ['-H', h]
     cmd += ['--h1', '-c', '8', '-m', '1'] if h1 else ['-c', '2', '-m', '4']
-    subprocess.run(cmd + ['-D', str(max(warmup, 0.5)), url], stdout=subprocess.DEVNULL,
+    # h2load's -D takes whole seconds.
+    subprocess.run(cmd + ['-D', str(max(1, round(warmup))), url], stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL)
     c0 = proc_cpu_seconds(pid)
-    p = subprocess.run(cmd + ['-D', str(seconds), url], stdout=subprocess.PIPE,
+    p = subprocess.run(cmd + ['-D', str(max(1, round(seconds))), url], stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, text=True)
     c1 = proc_cpu_seconds(pid)
     m = re.search(r'finished in [^,]*, ([\d.]+) req/s', p.stdout)
@@ -639,6 +640,8 @@ def main():
     ap.add_argument('--out', default=None, help='report file (default <build_dir>/bench-table.md)')
     ap.add_argument('--warmup', type=float, default=None)
     ap.add_argument('--duration', type=float, default=None)
+    ap.add_argument('--h2load_only', action='store_true',
+                    help='only the issue-15 h2load rows and memo_bench (no offload_load, no peer)')
     ap.add_argument('--h2load_rounds', type=int, default=3,
                     help='alternations of the servers in the h2load rows (median and spread)')
     args = ap.parse_args()
@@ -686,13 +689,13 @@ def main():
         try:
             servers['ours'] = start_ours(build_dir, workdir)
             servers['minimal'] = start_minimal(build_dir, workdir)
-            for mode in ('cached', 'parse'):
+            for mode in (() if args.h2load_only else ('cached', 'parse')):
                 servers[mode] = start_peer(mode, workdir)
             with open(servers['ours'].log_path) as f:
                 m = re.search(r'"choice":"([^"]*)"', f.read())
             ctx['backends'] = f'`{m.group(1)}`' if m else 'not logged'
             half_names = {'ours': 'ours', 'cached': 'Node peer (cached)', 'parse': 'Node peer (parse)'}
-            for label, flags, base, kind in workloads(peer=False):
+            for label, flags, base, kind in ([] if args.h2load_only else workloads(peer=False)):
                 names = ('ours', 'cached', 'parse') if kind == 'cold' else ('ours',)
                 if kind == 'cold' and any(w in flags for w in MINIMAL_WORKLOADS):
                     names = ('ours', 'minimal', 'cached', 'parse')
@@ -711,7 +714,8 @@ def main():
                             'capacity': cap, 'rate': cap / 2, 'row': runner.run(
                                 servers[name], 'Verify cold at half capacity', flags, rate=cap / 2)}
             for name in ('cached', 'parse'):  # idle from here on
-                servers.pop(name).stop()
+                if name in servers:
+                    servers.pop(name).stop()
             log('== issue 15: h2load, fixed bodies (minimal server, ours memo off, ours memo on)')
             servers['ours_nomemo'] = start_ours(build_dir, workdir, 'ours-nomemo', ['--memo=false'])
             ctx['h2'] = h2load_section(build_dir, workdir, servers, args.h2load_rounds,
