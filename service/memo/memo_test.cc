@@ -108,9 +108,9 @@ TEST_F(MemoTest, SharedOpenEntryHandsOutItsBufferWithoutACopy) {
   EXPECT_EQ(hit->size(), 1000u);
   // The stored header is not part of the compared ciphertext.
   SharedPlaintext other;
-  EXPECT_FALSE(memo.OpenLookup(
-      "k", d, absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(envelope.data()), envelope.size()),
-      &other));
+  const auto whole =
+      absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(envelope.data()), envelope.size());
+  EXPECT_FALSE(memo.OpenLookup("k", d, whole, &other));
   auto tampered = ct;
   tampered[500] ^= 1;
   EXPECT_FALSE(memo.OpenLookup("k", d, tampered, &other));

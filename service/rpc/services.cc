@@ -312,7 +312,8 @@ class Dispatcher {
         // As gRPC's own deserialization answers a malformed message (not logged: the caller's).
         ServerUnaryReactor* reactor = context->DefaultReactor();
         if (method->metrics != nullptr) {
-          method->metrics->Record(absl::StatusCode::kInternal, 0, CountOne(absl::StatusCode::kInternal), 0);
+          method->metrics->Record(absl::StatusCode::kInternal, 0,
+                                  CountOne(absl::StatusCode::kInternal), 0);
         }
         reactor->Finish(grpc::Status(grpc::StatusCode::INTERNAL, "failed to parse the request"));
         in_flight_.fetch_sub(1, std::memory_order_acq_rel);

@@ -754,7 +754,8 @@ int Main() {
     std::string framed(5, '\0');
     for (int i = 0; i < 4; ++i) framed[1 + i] = static_cast<char>(bytes.size() >> (24 - 8 * i));
     framed += bytes;
-    for (const auto& [file, content] : {std::pair{path, &bytes}, std::pair{path + ".grpc", &framed}}) {
+    for (const auto& [file, content] :
+         {std::pair{path, &bytes}, std::pair{path + ".grpc", &framed}}) {
       FILE* f = std::fopen(file.c_str(), "wb");
       if (f == nullptr || std::fwrite(content->data(), 1, content->size(), f) != content->size()) {
         std::fprintf(stderr, "--write_request: cannot write %s\n", file.c_str());

@@ -365,7 +365,7 @@ def h2load_section(build_dir, workdir, servers, rounds, warmup, duration, runner
 
 
 def memo_bench(build_dir, short, workdir):
-    """memo_bench's 55,000 B figures (CPU ns -> us): the zero-copy hit, its memcmp, the copying hit."""
+    """memo_bench's 55,000 B figures (CPU ns -> us): the zero-copy hit and its memcmp."""
     out = os.path.join(workdir, 'memo_bench.json')
     cmd = [os.path.join(build_dir, 'bin', 'memo_bench'),
            '--benchmark_filter=^BM_(MemoOpenHitShared/alg:0/size:55000|PartMemcmp/size:55000|'
@@ -564,7 +564,8 @@ def targets15(ctx):
     add('in process: 55,000 B hit (ops::Operations) <= memcmp + 1 us', mb.get(
         'BM_OpsAeadOpenSharedHit/size:55000'), memcmp + 1 if memcmp else None, unit=' us')
     g = h('Open 55,000 B memo hit', 'ours gRPC')
-    add('memo hit over Connect h2c / over gRPC', ratio(h('Open 55,000 B memo hit', 'ours Connect h2c'), g), 1.3)
+    add('memo hit over Connect h2c / over gRPC',
+        ratio(h('Open 55,000 B memo hit', 'ours Connect h2c'), g), 1.3)
     add('memo hit over Connect HTTP/1.1 keep-alive / over gRPC',
         ratio(h('Open 55,000 B memo hit', 'ours Connect HTTP/1.1'), g), 1.3)
     for base, limit in (('BatchVerify(64)', 30), ('BatchDerive(64)', 20)):
