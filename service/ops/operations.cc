@@ -533,7 +533,58 @@ void Operations::BatchSign(const v1::BatchSignRequest& request, v1::BatchSignRes
 }
 void Operations::BatchDerive(const v1::BatchDeriveRequest& request,
                              v1::BatchDeriveResponse* response, Done done, Alive alive) const {
-  BatchOf(request, response, &Operations::Derive, std::move(done), std::move(alive));
+  BatchDeriveProbe probe;
+  absl::Status status;
+  if (BatchDeriveFromMemo(request, response, &probe, &status)) return std::move(done)(status);
+  BatchDeriveFresh(request, probe, response, std::move(done), std::move(alive));
+}
+
+bool Operations::BatchDeriveFromMemo(const v1::BatchDeriveRequest& request,
+                                     v1::BatchDeriveResponse* response, BatchDeriveProbe* probe,
+                                     absl::Status* status) const {
+  *status = CheckBatchSize(request.items_size());
+  if (!status->ok()) return true;
+  const int n = request.items_size();
+  for (int i = 0; i < n; ++i) response->add_results();
+  const int limit = std::min(n, kMaxInlineVerifyItems);
+  for (int i = 0; i < limit; ++i) {
+    auto* result = response->mutable_results(i);
+    absl::Status item_status;
+    if (!DeriveFromMemo(request.items(i), result->mutable_response(), &probe->probe,
+                        &item_status)) {
+      probe->next = i;
+      probe->have_probe = true;
+      return false;
+    }
+    if (!item_status.ok()) result->clear_response();
+    SetItemStatus(item_status, result->mutable_status());
+  }
+  probe->next = limit;
+  probe->have_probe = false;
+  return limit == n;
+}
+
+void Operations::BatchDeriveFresh(const v1::BatchDeriveRequest& request,
+                                  const BatchDeriveProbe& probe,
+                                  v1::BatchDeriveResponse* response, Done done,
+                                  Alive alive) const {
+  const int first = probe.next;
+  auto first_probe =
+      probe.have_probe ? std::make_shared<const DeriveProbe>(probe.probe) : nullptr;
+  RunBatch(
+      request.items_size() - first,
+      [this, &request, response, first, first_probe](int j) {
+        const int i = first + j;
+        auto* result = response->mutable_results(i);
+        // The first item was looked up already (one memo lookup per item): only its X25519 is left.
+        v1::DeriveResponse* out = result->mutable_response();
+        absl::Status s = (j == 0 && first_probe != nullptr)
+                             ? DeriveFresh(request.items(i), *first_probe, out)
+                             : Derive(request.items(i), out);
+        if (!s.ok()) result->clear_response();
+        SetItemStatus(s, result->mutable_status());
+      },
+      std::move(done), std::move(alive));
 }
 void Operations::BatchBoxSeal(const v1::BatchBoxSealRequest& request,
                               v1::BatchBoxSealResponse* response, Done done, Alive alive) const {

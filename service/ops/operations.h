@@ -9,8 +9,8 @@
 // Single-item operations run on the calling thread, which must be a worker, never a transport
 // thread. Batch operations check the item count, then spread the items over the worker pool and
 // call `done` once, from a worker, after every item has its result (or at once if the whole call
-// is refused). BatchVerify first answers its leading memo hits on the calling thread and calls
-// `done` there when they are all its items (see BatchVerifyFromMemo). Every size is checked
+// is refused). BatchVerify and BatchDerive first answer their leading memo hits on the calling
+// thread and call `done` there when they are all its items (see BatchVerifyFromMemo). Every size is checked
 // before use; errors name the field. Results come from the memo caches when they hold them
 // (`memo_hit`), and successful results are recorded there.
 // Thread-safety: all methods are const and may run concurrently.
@@ -150,6 +150,22 @@ class Operations final {
                         Alive alive = nullptr) const;
   void BatchDerive(const v1::BatchDeriveRequest& request, v1::BatchDeriveResponse* response,
                    Done done, Alive alive = nullptr) const;
+  // BatchDerive in two steps, as BatchVerify: BatchDeriveFromMemo answers on the calling thread
+  // the leading items that need no X25519 (memo hits, request errors; ~0.5 us each), at most
+  // kMaxInlineVerifyItems, stopping at the first that does, whose probe it keeps;
+  // BatchDeriveFresh runs the rest on the pool. BatchDerive() is exactly the two in sequence.
+  struct BatchDeriveProbe {
+    int next = 0;              // the first item without a result
+    bool have_probe = false;   // `probe` is item `next`'s (it was looked up and missed)
+    DeriveProbe probe;
+  };
+  bool BatchDeriveFromMemo(const v1::BatchDeriveRequest& request,
+                           v1::BatchDeriveResponse* response, BatchDeriveProbe* probe,
+                           absl::Status* status) const;
+  // REQUIRES: `request` and `response` stay alive until `done` has been called.
+  void BatchDeriveFresh(const v1::BatchDeriveRequest& request, const BatchDeriveProbe& probe,
+                        v1::BatchDeriveResponse* response, Done done,
+                        Alive alive = nullptr) const;
   void BatchBoxSeal(const v1::BatchBoxSealRequest& request, v1::BatchBoxSealResponse* response,
                     Done done, Alive alive = nullptr) const;
   void BatchBoxOpen(const v1::BatchBoxOpenRequest& request, v1::BatchBoxOpenResponse* response,

@@ -654,7 +654,8 @@ class X25519Service final : public v1::X25519Service::CallbackService {
   }
   ServerUnaryReactor* BatchDerive(CallbackServerContext* c, const v1::BatchDeriveRequest* q,
                                   v1::BatchDeriveResponse* r) override {
-    return d_->Batch(c, batch_derive_, q, r, &Operations::BatchDerive);
+    return d_->BatchMemoFirst(c, batch_derive_, q, r, &Operations::BatchDeriveFromMemo,
+                              &Operations::BatchDeriveFresh);
   }
 
  private:
