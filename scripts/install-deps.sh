@@ -16,7 +16,7 @@ packages=(
   # the embedded client (client/embedded): nanopb generator (protoc-gen-nanopb) and runtime
   nanopb libnanopb-dev
   # tests and benchmarks (h2load drives the HTTP and gRPC benchmarks of tests/bench: http_edge.py,
-  # http_compression.py)
+  # http_compression.py, run_all.py's fixed-body rows)
   libgtest-dev libgmock-dev libbenchmark-dev nghttp2-client
   # the ASan + UBSan build and its libFuzzer targets (tests/fuzz) are built with clang; llvm-14
   # holds the llvm-symbolizer that the sanitizer runtimes and libFuzzer (NEW_FUNC lines) name

@@ -260,7 +260,13 @@ class Call final : public std::enable_shared_from_this<Call> {
     if (m->from_memo) {
       // A hit (or a malformed request) is answered here, on the loop: no crypto, no queue.
       absl::Status status;
-      if (m->from_memo(*request_, response_.get(), &probe, &status)) return Finish(status);
+      if (SharedOpenBody()) {
+        // [issue 15] AEAD Open over Connect proto: the hit's plaintext is written from the
+        // memo's buffer (EncodeSharedOpen), never copied into the response message.
+        if (m->from_memo_shared(*request_, &shared_open_, &probe, &status)) return Finish(status);
+      } else if (m->from_memo(*request_, response_.get(), &probe, &status)) {
+        return Finish(status);
+      }
     }
     if (absl::Status s = Admit(); !s.ok()) return Finish(s);
     shared_->pool->Submit([self = shared_from_this(), probe = std::move(probe)]() mutable {
@@ -323,7 +329,41 @@ class Call final : public std::enable_shared_from_this<Call> {
     exchange_->Respond(std::move(out));
   }
 
+  // [issue 15] Whether an AEAD Open memo hit may be answered by EncodeSharedOpen: a Connect POST
+  // in binary proto, answered without gzip (the plaintext is written as it is).
+  bool SharedOpenBody() const {
+    return method_->from_memo_shared != nullptr && type_.protocol == Protocol::kConnect &&
+           type_.codec == Codec::kProto && !get_ && !options_.gzip_response;
+  }
+
+  // [issue 15] The AeadOpenResponse of a memo hit in Connect proto: field 1's tag and length in
+  // `body`, then the memo's plaintext buffer and fields 2-3 as shared pieces (no copy), held by
+  // `owner` until written. The bytes are those protobuf's serializer would write.
+  void EncodeSharedOpen(httpd::Response* out) {
+    struct Owned {
+      memo::SharedPlaintext plaintext;
+      uint8_t suffix[ops::Operations::OpenResult::kMaxWireSuffix];
+      size_t suffix_size = 0;
+    };
+    auto owned = std::make_shared<Owned>();
+    owned->plaintext = shared_open_.plaintext;
+    owned->suffix_size = shared_open_.WireSuffix(owned->suffix);
+    uint8_t prefix[ops::Operations::OpenResult::kMaxWirePrefix];
+    out->status = 200;
+    out->headers.emplace_back("content-type", std::string(ConnectContentType(type_.codec)));
+    out->body.assign(reinterpret_cast<const char*>(prefix), shared_open_.WirePrefix(prefix));
+    out->shared_body = {
+        absl::string_view(reinterpret_cast<const char*>(owned->plaintext->data()),
+                          owned->plaintext->size()),
+        absl::string_view(reinterpret_cast<const char*>(owned->suffix), owned->suffix_size)};
+    out->owner = std::move(owned);
+  }
+
   absl::Status EncodeSuccess(httpd::Response* out) {
+    if (shared_open_.plaintext != nullptr) {  // [issue 15] see EncodeSharedOpen
+      EncodeSharedOpen(out);
+      return absl::OkStatus();
+    }
     std::string message;
     OFFLOAD_RETURN_IF_ERROR(
         EncodeResponse(type_.codec, *response_, shared_->max_message_bytes, &message));
@@ -421,6 +461,7 @@ class Call final : public std::enable_shared_from_this<Call> {
   std::optional<std::string> origin_;  // the request's Origin header, for CORS
   std::unique_ptr<Message> request_;
   std::unique_ptr<Message> response_;
+  ops::Operations::OpenResult shared_open_;  // [issue 15] a Connect proto AEAD Open memo hit
   int batch_size_ = 0;
   auth::Peer peer_;
   ops::Admission::Ticket ticket_;

@@ -488,6 +488,52 @@ TEST_F(GatewayTest, MemoHitIsAnsweredAndMarked) {
   }
 }
 
+// Issue 15: an AEAD Open memo hit over Connect proto is written from the memo's buffer; the body
+// is byte for byte protobuf's serialization of the answer, and a tampered envelope that keeps
+// nonce and tag fails as it would fresh. JSON and gzip answers still go through the message.
+TEST_F(GatewayTest, ConnectProtoOpenHitIsTheSerializedAnswer) {
+  v1::CreateKeyRequest create;
+  create.set_key_id("blobs");
+  create.set_type(v1::KEY_TYPE_CHACHA20_POLY1305);
+  ASSERT_TRUE(keys_->CreateKey(create).ok());
+  const std::string plaintext(40000, 'b');  // JSON (base64) within kMaxMessage
+  v1::AeadSealRequest seal;
+  seal.set_key_id("blobs");
+  seal.set_plaintext(plaintext);
+  v1::AeadSealResponse sealed;
+  ASSERT_TRUE(ops_->AeadSeal(seal, &sealed).ok());  // recorded: the first open is a hit
+  v1::AeadOpenRequest open;
+  open.set_key_id("blobs");
+  open.set_envelope(sealed.envelope());
+  constexpr char kOpen[] = "/offload.v1.AeadService/Open";
+  v1::AeadOpenResponse expected;
+  expected.set_plaintext(plaintext);
+  expected.set_key_version(1);
+  expected.set_memo_hit(true);
+  for (int i = 0; i < 2; ++i) {
+    const Response r = Post(kOpen, "application/proto", open.SerializeAsString());
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.header("content-type"), "application/proto");
+    EXPECT_EQ(r.body, expected.SerializeAsString());
+  }
+  const Response json = Post(kOpen, "application/json", R"({"keyId":"blobs","envelope":")" +
+                                                            absl::Base64Escape(sealed.envelope()) +
+                                                            R"("})");
+  ASSERT_EQ(json.status, 200) << json.body;
+  EXPECT_THAT(json.body, HasSubstr("\"memoHit\":true"));
+  const Response zipped =
+      Post(kOpen, "application/proto", open.SerializeAsString(), "Accept-Encoding: gzip");
+  ASSERT_EQ(zipped.status, 200);
+  EXPECT_EQ(zipped.header("content-encoding"), "gzip");
+  std::string tampered = sealed.envelope();
+  tampered[100] ^= 1;
+  open.set_envelope(tampered);
+  for (int i = 0; i < 2; ++i) {
+    const Response r = Post(kOpen, "application/proto", open.SerializeAsString());
+    EXPECT_EQ(r.status, 400) << r.body;
+  }
+}
+
 TEST_F(GatewayTest, GrpcWebText) {
   const std::string body = absl::Base64Escape(EncodeFrame(0, verify_.SerializeAsString()));
   const Response r = Post(kVerify, "application/grpc-web-text", body, "X-Grpc-Web: 1");

@@ -196,6 +196,16 @@ MethodTable::MethodTable(const Operations* ops, keys::KeyManager* keys) {
   methods_.push_back(Batch(ops, kAead, "BatchSeal", &Operations::BatchAeadSeal));
   methods_.push_back(MemoFirst(ops, kAead, "Open", &Operations::AeadOpenFromMemo,
                                &Operations::AeadOpenFresh));
+  methods_.back().from_memo_shared = [ops](const Message& q, Operations::OpenResult* result,
+                                           Method::Probe* probe, absl::Status* status) {
+    auto p = std::make_shared<Operations::OpenProbe>();
+    if (ops->AeadOpenFromMemoShared(static_cast<const v1::AeadOpenRequest&>(q), result, p.get(),
+                                    status)) {
+      return true;
+    }
+    *probe = std::move(p);
+    return false;
+  };
   methods_.push_back(Batch(ops, kAead, "BatchOpen", &Operations::BatchAeadOpen));
 
   // The proto is the contract: every entry names one of its methods, with its types, and says

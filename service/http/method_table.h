@@ -62,6 +62,12 @@ struct Method {
                      google::protobuf::Message* response, Probe probe,
                      ops::Operations::Done done, ops::Operations::Alive alive)>
       fresh;
+  // AEAD Open only (null elsewhere): `from_memo` without a copy of the plaintext, for answers the
+  // gateway writes as they are (Connect proto): a hit fills `*result`, whose plaintext is the
+  // memo's buffer (see ops::Operations::OpenResult); a miss fills `*probe` for `fresh`.
+  std::function<bool(const google::protobuf::Message& request,
+                     ops::Operations::OpenResult* result, Probe* probe, absl::Status* status)>
+      from_memo_shared;
 };
 
 class MethodTable final {

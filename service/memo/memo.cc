@@ -122,22 +122,27 @@ Digest Memo::OpenDigest(uint64_t instance, absl::Span<const uint8_t> nonce,
 }
 
 bool Memo::OpenLookup(absl::string_view key_id, const Digest& digest,
-                      absl::Span<const uint8_t> ciphertext_and_tag, std::string* out) {
+                      absl::Span<const uint8_t> ciphertext_and_tag, SharedPlaintext* out) {
   if (!options_.enabled) return false;
   // The key's cache is made on first use, so that this lookup's miss is counted too.
   std::shared_ptr<OpenCache> cache = OpenCacheFor(key_id);
-  std::shared_ptr<const OpenEntry> hit;
-  cache->Lookup(digest, [&](const std::shared_ptr<const OpenEntry>& entry) {
-    if (entry->ciphertext_and_tag.size() != ciphertext_and_tag.size() ||
-        std::memcmp(entry->ciphertext_and_tag.data(), ciphertext_and_tag.data(),
-                    ciphertext_and_tag.size()) != 0) {
+  return cache->Lookup(digest, [&](const std::shared_ptr<const OpenEntry>& entry) {
+    const size_t stored = entry->stored.size() - entry->ciphertext_offset;
+    if (stored != ciphertext_and_tag.size() ||
+        std::memcmp(entry->stored.data() + entry->ciphertext_offset, ciphertext_and_tag.data(),
+                    stored) != 0) {
       return false;
     }
-    hit = entry;
+    *out = entry->plaintext;
     return true;
   });
-  if (hit == nullptr) return false;
-  out->assign(reinterpret_cast<const char*>(hit->plaintext.data()), hit->plaintext.size());
+}
+
+bool Memo::OpenLookup(absl::string_view key_id, const Digest& digest,
+                      absl::Span<const uint8_t> ciphertext_and_tag, std::string* out) {
+  SharedPlaintext hit;
+  if (!OpenLookup(key_id, digest, ciphertext_and_tag, &hit)) return false;
+  out->assign(reinterpret_cast<const char*>(hit->data()), hit->size());
   return true;
 }
 
@@ -145,23 +150,33 @@ void Memo::OpenInsert(absl::string_view key_id, const Digest& digest,
                       absl::Span<const uint8_t> ciphertext_and_tag,
                       absl::Span<const uint8_t> plaintext) {
   if (!options_.enabled) return;
+  std::shared_ptr<WipedBuffer> copy = WipedBuffer::Make(plaintext.size());
+  if (!plaintext.empty()) std::memcpy(copy->data(), plaintext.data(), plaintext.size());
+  OpenInsert(key_id, digest,
+             std::string(reinterpret_cast<const char*>(ciphertext_and_tag.data()),
+                         ciphertext_and_tag.size()),
+             0, std::move(copy));
+}
+
+void Memo::OpenInsert(absl::string_view key_id, const Digest& digest, std::string stored,
+                      size_t ciphertext_offset, SharedPlaintext plaintext) {
+  if (!options_.enabled) return;
+  const size_t charge = OpenCharge(stored.size(), plaintext->size());
   auto entry = std::make_shared<const OpenEntry>(
-      OpenEntry{std::string(reinterpret_cast<const char*>(ciphertext_and_tag.data()),
-                            ciphertext_and_tag.size()),
-                MakeSecret(plaintext)});
-  const size_t charge = OpenCharge(ciphertext_and_tag.size(), plaintext.size());
+      OpenEntry{std::move(stored), ciphertext_offset, std::move(plaintext)});
   // Makes room in the key's own bound first, then takes the least recently used entries of any
   // key while the shared budget is short (LruCache::SharedBudget).
   OpenCacheFor(key_id)->Insert(digest, OwnerTag(key_id), std::move(entry), charge);
 }
 
-size_t Memo::OpenCharge(size_t ciphertext_and_tag_size, size_t plaintext_size) {
-  // Both buffers, the shared entry with its control block, and their malloc bookkeeping.
-  return ciphertext_and_tag_size + plaintext_size + sizeof(OpenEntry) + 16 + 3 * 16;
+size_t Memo::OpenCharge(size_t stored_size, size_t plaintext_size) {
+  // Both buffers; the shared entry and the shared plaintext buffer, each with its control block;
+  // and the malloc bookkeeping of those four chunks.
+  return stored_size + plaintext_size + sizeof(OpenEntry) + sizeof(WipedBuffer) + 2 * 16 + 4 * 16;
 }
 
-size_t Memo::OpenEntryCost(size_t ciphertext_and_tag_size, size_t plaintext_size) {
-  return OpenCache::EntryCost(OpenCharge(ciphertext_and_tag_size, plaintext_size));
+size_t Memo::OpenEntryCost(size_t stored_size, size_t plaintext_size) {
+  return OpenCache::EntryCost(OpenCharge(stored_size, plaintext_size));
 }
 
 void Memo::DropKey(absl::string_view key_id) {

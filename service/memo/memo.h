@@ -32,6 +32,8 @@
 #include <memory>
 #include <string>
 
+#include <sodium.h>
+
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/string_view.h"
@@ -41,6 +43,36 @@
 #include "service/memo/lru_cache.h"
 
 namespace offload::memo {
+
+// A heap buffer for a cached plaintext, shared by reference: the open memo's entry, the responses
+// being written that came from it, and the fresh open that made it. Allocated without a zero-fill
+// (the cipher writes every byte); wiped with sodium_memzero and freed when the last reference
+// goes. Read-only once shared.
+// Thread-safety: immutable once shared; shared_ptr's count is atomic.
+class WipedBuffer final {
+ public:
+  // REQUIRES: the caller writes all `size` bytes before sharing it.
+  static std::shared_ptr<WipedBuffer> Make(size_t size) {
+    return std::make_shared<WipedBuffer>(size, Private{});
+  }
+  struct Private {};  // make_shared needs a public constructor; this keeps it out of reach
+  WipedBuffer(size_t size, Private) : data_(new uint8_t[size]), size_(size) {}
+  ~WipedBuffer() {
+    if (size_ > 0) sodium_memzero(data_.get(), size_);
+  }
+  WipedBuffer(const WipedBuffer&) = delete;
+  WipedBuffer& operator=(const WipedBuffer&) = delete;
+
+  uint8_t* data() { return data_.get(); }
+  const uint8_t* data() const { return data_.get(); }
+  size_t size() const { return size_; }
+  absl::Span<const uint8_t> bytes() const { return {data_.get(), size_}; }
+
+ private:
+  std::unique_ptr<uint8_t[]> data_;  // new uint8_t[n]: default-initialised, no zero-fill
+  const size_t size_;
+};
+using SharedPlaintext = std::shared_ptr<const WipedBuffer>;
 
 struct MemoOptions {
   size_t verify_bytes = 32u << 20;
@@ -75,17 +107,29 @@ class Memo final {
   Digest OpenDigest(uint64_t instance, absl::Span<const uint8_t> nonce,
                     absl::Span<const uint8_t> ciphertext_and_tag,
                     absl::Span<const uint8_t> aad) const;
-  // On a hit (same digest and byte-identical `ciphertext_and_tag`) writes the plaintext to `out`.
+  // On a hit (same digest and byte-identical `ciphertext_and_tag`: the whole stored copy is
+  // compared) sets `*out` to the entry's plaintext, by reference: no copy. The buffer stays valid
+  // (and unwiped) while `*out` holds it, even if the entry is evicted meanwhile.
+  bool OpenLookup(absl::string_view key_id, const Digest& digest,
+                  absl::Span<const uint8_t> ciphertext_and_tag, SharedPlaintext* out);
+  // The same, copying the plaintext into `out`.
   bool OpenLookup(absl::string_view key_id, const Digest& digest,
                   absl::Span<const uint8_t> ciphertext_and_tag, std::string* out);
-  // Records that `ciphertext_and_tag` opens to `plaintext` (after a successful Open or Seal).
+  // Records that `ciphertext_and_tag` opens to `plaintext` (after a successful Open or Seal);
+  // copies both.
   void OpenInsert(absl::string_view key_id, const Digest& digest,
                   absl::Span<const uint8_t> ciphertext_and_tag,
                   absl::Span<const uint8_t> plaintext);
+  // The same without a copy: the entry keeps `stored` (whose bytes from `ciphertext_offset` on
+  // are the ciphertext and tag - e.g. a request's whole envelope, moved in) and shares
+  // `plaintext`. REQUIRES: `ciphertext_offset <= stored.size()`, `plaintext` non-null.
+  void OpenInsert(absl::string_view key_id, const Digest& digest, std::string stored,
+                  size_t ciphertext_offset, SharedPlaintext plaintext);
 
-  // Bytes one open entry of these sizes costs against `open_bytes_per_key`, `open_bytes_total`
-  // and in open_stats().bytes: both buffers, their bookkeeping and the cache's per-entry charge.
-  static size_t OpenEntryCost(size_t ciphertext_and_tag_size, size_t plaintext_size);
+  // Bytes one open entry costs against `open_bytes_per_key`, `open_bytes_total` and in
+  // open_stats().bytes: both buffers (`stored_size`: the stored ciphertext, with whatever
+  // precedes it), their bookkeeping and the cache's per-entry charge.
+  static size_t OpenEntryCost(size_t stored_size, size_t plaintext_size);
 
   // Drops every derive and open entry of `key_id` (all versions).
   void DropKey(absl::string_view key_id);
@@ -97,17 +141,19 @@ class Memo final {
 
  private:
   struct OpenEntry {
-    std::string ciphertext_and_tag;
-    SecretBytes plaintext;
+    std::string stored;  // the ciphertext and tag from `ciphertext_offset` on
+    size_t ciphertext_offset = 0;
+    SharedPlaintext plaintext;
   };
-  // Shared so that a hit copies the plaintext out after the shard's lock is released.
+  // Shared so that a hit takes its reference under the shard's lock, and the entry may go
+  // meanwhile.
   using OpenCache = LruCache<std::shared_ptr<const OpenEntry>>;
   struct Empty {};
 
   uint64_t OwnerTag(absl::string_view key_id) const;
   std::shared_ptr<OpenCache> FindOpenCache(absl::string_view key_id);
   std::shared_ptr<OpenCache> OpenCacheFor(absl::string_view key_id);
-  static size_t OpenCharge(size_t ciphertext_and_tag_size, size_t plaintext_size);
+  static size_t OpenCharge(size_t stored_size, size_t plaintext_size);
 
   const MemoOptions options_;
   uint8_t salt_[32];

@@ -86,6 +86,42 @@ TEST_F(MemoTest, OpenHitNeedsByteIdenticalCiphertext) {
   EXPECT_EQ(memo.open_stats().misses, misses + 1);
 }
 
+// The zero-copy insert and lookup: the entry keeps the stored bytes it was given (a whole
+// envelope, the ciphertext at an offset) and shares the plaintext buffer; a hit hands out that
+// buffer, which outlives the entry while referenced.
+TEST_F(MemoTest, SharedOpenEntryHandsOutItsBufferWithoutACopy) {
+  Memo memo(MemoOptions{});
+  auto nonce = Bytes(12, 1), aad = Bytes(3, 7);
+  auto ct = Bytes(1016, 0xc7);
+  std::string envelope(17, 'h');
+  envelope.append(reinterpret_cast<const char*>(ct.data()), ct.size());
+  std::shared_ptr<WipedBuffer> pt = WipedBuffer::Make(1000);
+  std::memset(pt->data(), 'p', pt->size());
+  const uint8_t* bytes = pt->data();
+  Digest d = memo.OpenDigest(5, nonce, ct, aad);
+  memo.OpenInsert("k", d, envelope, 17, pt);
+  pt.reset();
+  EXPECT_EQ(memo.open_stats().bytes, Memo::OpenEntryCost(envelope.size(), 1000));
+  SharedPlaintext hit;
+  ASSERT_TRUE(memo.OpenLookup("k", d, ct, &hit));
+  EXPECT_EQ(hit->data(), bytes);
+  EXPECT_EQ(hit->size(), 1000u);
+  // The stored header is not part of the compared ciphertext.
+  SharedPlaintext other;
+  const auto whole =
+      absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(envelope.data()), envelope.size());
+  EXPECT_FALSE(memo.OpenLookup("k", d, whole, &other));
+  auto tampered = ct;
+  tampered[500] ^= 1;
+  EXPECT_FALSE(memo.OpenLookup("k", d, tampered, &other));
+  EXPECT_EQ(other, nullptr);
+  // Dropped from the memo, the plaintext stays readable for the response still holding it.
+  memo.DropKey("k");
+  EXPECT_FALSE(memo.OpenLookup("k", d, ct, &other));
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(hit->data()), hit->size()),
+            std::string(1000, 'p'));
+}
+
 TEST_F(MemoTest, OpenCacheIsBoundedPerKeyAndInAll) {
   MemoOptions options;
   options.open_bytes_per_key = 1 << 20;

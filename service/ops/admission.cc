@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 
 namespace offload::ops {
@@ -11,7 +12,7 @@ Admission::Ticket& Admission::Ticket::operator=(Ticket&& other) noexcept {
     Release();
     owner_ = std::exchange(other.owner_, nullptr);
     items_ = std::exchange(other.items_, 0);
-    client_ = std::move(other.client_);
+    client_ = std::exchange(other.client_, 0);
   }
   return *this;
 }
@@ -43,8 +44,9 @@ absl::StatusOr<Admission::Ticket> Admission::Admit(absl::string_view client, int
   ticket.owner_ = this;
   ticket.items_ = items;
   if (options_.max_client_inflight > 0) {
+    const uint64_t key = absl::HashOf(client);
     absl::MutexLock lock(&mu_);
-    int& inflight = inflight_[client];
+    int& inflight = inflight_[key];
     if (inflight >= options_.max_client_inflight) {
       ticket.owner_ = nullptr;
       queued_items_.fetch_sub(items, std::memory_order_relaxed);
@@ -54,12 +56,12 @@ absl::StatusOr<Admission::Ticket> Admission::Admit(absl::string_view client, int
                        " calls in flight; retry later"));
     }
     ++inflight;
-    ticket.client_ = std::string(client);
+    ticket.client_ = key;
   }
   return ticket;
 }
 
-void Admission::Return(const std::string& client, int64_t items) {
+void Admission::Return(uint64_t client, int64_t items) {
   queued_items_.fetch_sub(items, std::memory_order_relaxed);
   if (options_.max_client_inflight <= 0) return;
   absl::MutexLock lock(&mu_);

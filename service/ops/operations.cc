@@ -310,6 +310,19 @@ absl::Status Operations::AeadOpen(const v1::AeadOpenRequest& request,
 bool Operations::AeadOpenFromMemo(const v1::AeadOpenRequest& request,
                                   v1::AeadOpenResponse* response, OpenProbe* probe,
                                   absl::Status* status) const {
+  OpenResult result;
+  if (!AeadOpenFromMemoShared(request, &result, probe, status)) return false;
+  if (result.plaintext != nullptr) {
+    response->set_plaintext(reinterpret_cast<const char*>(result.plaintext->data()),
+                            result.plaintext->size());
+    response->set_key_version(result.key_version);
+    response->set_memo_hit(true);
+  }
+  return true;
+}
+
+bool Operations::AeadOpenFromMemoShared(const v1::AeadOpenRequest& request, OpenResult* result,
+                                        OpenProbe* probe, absl::Status* status) const {
   *status = [&]() -> absl::Status {
     OFFLOAD_ASSIGN_OR_RETURN(probe->key,
                              FindKey(*keys_, request.key_id(), IsAeadType, "an AEAD type"));
@@ -327,28 +340,94 @@ bool Operations::AeadOpenFromMemo(const v1::AeadOpenRequest& request,
                                     probe->view.ciphertext_and_tag,
                                     Bytes(request.associated_data()));
   if (!memo_->OpenLookup(probe->key->key_id, probe->digest, probe->view.ciphertext_and_tag,
-                         response->mutable_plaintext())) {
+                         &result->plaintext)) {
     return false;
   }
-  response->set_key_version(probe->version->version);
-  response->set_memo_hit(true);
+  result->key_version = probe->version->version;
+  result->memo_hit = true;
   return true;
 }
 
+namespace {
+// Decrypts `probe`'s envelope into a new buffer (no zero-fill: the cipher writes every byte).
+absl::StatusOr<std::shared_ptr<memo::WipedBuffer>> OpenInto(const Operations::OpenProbe& probe,
+                                                            const std::string& aad) {
+  std::shared_ptr<memo::WipedBuffer> plaintext =
+      memo::WipedBuffer::Make(probe.view.plaintext_size());
+  OFFLOAD_RETURN_IF_ERROR(probe.version->aead->Open(
+      probe.view.nonce, Bytes(aad), probe.view.ciphertext_and_tag,
+      absl::MakeSpan(plaintext->data(), plaintext->size())));
+  return plaintext;
+}
+}  // namespace
+
 absl::Status Operations::AeadOpenFresh(const v1::AeadOpenRequest& request, const OpenProbe& probe,
                                        v1::AeadOpenResponse* response) const {
-  absl::Span<uint8_t> plaintext =
-      Resize(response->mutable_plaintext(), probe.view.plaintext_size());
-  absl::Status opened = probe.version->aead->Open(
-      probe.view.nonce, Bytes(request.associated_data()), probe.view.ciphertext_and_tag, plaintext);
-  if (!opened.ok()) {
+  absl::StatusOr<std::shared_ptr<memo::WipedBuffer>> plaintext =
+      OpenInto(probe, request.associated_data());
+  if (!plaintext.ok()) {
     response->Clear();
-    return opened;  // failed opens are never cached: the next try fails afresh
+    return plaintext.status();  // failed opens are never cached: the next try fails afresh
   }
-  memo_->OpenInsert(probe.key->key_id, probe.digest, probe.view.ciphertext_and_tag, plaintext);
+  const absl::Span<const uint8_t> ct = probe.view.ciphertext_and_tag;
+  response->set_plaintext(reinterpret_cast<const char*>((*plaintext)->data()),
+                          (*plaintext)->size());
+  memo_->OpenInsert(probe.key->key_id, probe.digest,
+                    std::string(reinterpret_cast<const char*>(ct.data()), ct.size()), 0,
+                    *std::move(plaintext));
   response->set_key_version(probe.version->version);
   response->set_memo_hit(false);
   return absl::OkStatus();
+}
+
+absl::Status Operations::AeadOpenFreshShared(v1::AeadOpenRequest* request,
+                                             const OpenProbe& probe, OpenResult* result) const {
+  absl::StatusOr<std::shared_ptr<memo::WipedBuffer>> plaintext =
+      OpenInto(probe, request->associated_data());
+  if (!plaintext.ok()) return plaintext.status();  // never cached: the next try fails afresh
+  result->plaintext = *plaintext;
+  result->key_version = probe.version->version;
+  result->memo_hit = false;
+  // The envelope's heap buffer moves into the entry as its stored copy: no ciphertext copy.
+  const size_t offset = static_cast<size_t>(
+      probe.view.ciphertext_and_tag.data() -
+      reinterpret_cast<const uint8_t*>(request->envelope().data()));
+  memo_->OpenInsert(probe.key->key_id, probe.digest, std::move(*request->mutable_envelope()),
+                    offset, *std::move(plaintext));
+  request->clear_envelope();
+  return absl::OkStatus();
+}
+
+namespace {
+size_t PutVarint(uint64_t v, uint8_t* out) {
+  size_t n = 0;
+  while (v >= 0x80) {
+    out[n++] = static_cast<uint8_t>(v | 0x80);
+    v >>= 7;
+  }
+  out[n++] = static_cast<uint8_t>(v);
+  return n;
+}
+}  // namespace
+
+size_t Operations::OpenResult::WirePrefix(uint8_t out[kMaxWirePrefix]) const {
+  const size_t size = plaintext == nullptr ? 0 : plaintext->size();
+  if (size == 0) return 0;  // proto3 omits an empty bytes field
+  out[0] = 0x0a;            // field 1 (plaintext), length-delimited
+  return 1 + PutVarint(static_cast<uint32_t>(size), out + 1);
+}
+
+size_t Operations::OpenResult::WireSuffix(uint8_t out[kMaxWireSuffix]) const {
+  size_t n = 0;
+  if (key_version != 0) {
+    out[n++] = 0x10;  // field 2 (key_version), varint
+    n += PutVarint(key_version, out + n);
+  }
+  if (memo_hit) {
+    out[n++] = 0x18;  // field 3 (memo_hit), varint
+    out[n++] = 1;
+  }
+  return n;
 }
 
 absl::Status Operations::CheckBatchSize(int items) const {
@@ -454,7 +533,58 @@ void Operations::BatchSign(const v1::BatchSignRequest& request, v1::BatchSignRes
 }
 void Operations::BatchDerive(const v1::BatchDeriveRequest& request,
                              v1::BatchDeriveResponse* response, Done done, Alive alive) const {
-  BatchOf(request, response, &Operations::Derive, std::move(done), std::move(alive));
+  BatchDeriveProbe probe;
+  absl::Status status;
+  if (BatchDeriveFromMemo(request, response, &probe, &status)) return std::move(done)(status);
+  BatchDeriveFresh(request, probe, response, std::move(done), std::move(alive));
+}
+
+bool Operations::BatchDeriveFromMemo(const v1::BatchDeriveRequest& request,
+                                     v1::BatchDeriveResponse* response, BatchDeriveProbe* probe,
+                                     absl::Status* status) const {
+  *status = CheckBatchSize(request.items_size());
+  if (!status->ok()) return true;
+  const int n = request.items_size();
+  for (int i = 0; i < n; ++i) response->add_results();
+  const int limit = std::min(n, kMaxInlineVerifyItems);
+  for (int i = 0; i < limit; ++i) {
+    auto* result = response->mutable_results(i);
+    absl::Status item_status;
+    if (!DeriveFromMemo(request.items(i), result->mutable_response(), &probe->probe,
+                        &item_status)) {
+      probe->next = i;
+      probe->have_probe = true;
+      return false;
+    }
+    if (!item_status.ok()) result->clear_response();
+    SetItemStatus(item_status, result->mutable_status());
+  }
+  probe->next = limit;
+  probe->have_probe = false;
+  return limit == n;
+}
+
+void Operations::BatchDeriveFresh(const v1::BatchDeriveRequest& request,
+                                  const BatchDeriveProbe& probe,
+                                  v1::BatchDeriveResponse* response, Done done,
+                                  Alive alive) const {
+  const int first = probe.next;
+  auto first_probe =
+      probe.have_probe ? std::make_shared<const DeriveProbe>(probe.probe) : nullptr;
+  RunBatch(
+      request.items_size() - first,
+      [this, &request, response, first, first_probe](int j) {
+        const int i = first + j;
+        auto* result = response->mutable_results(i);
+        // The first item was looked up already (one memo lookup per item): only its X25519 is left.
+        v1::DeriveResponse* out = result->mutable_response();
+        absl::Status s = (j == 0 && first_probe != nullptr)
+                             ? DeriveFresh(request.items(i), *first_probe, out)
+                             : Derive(request.items(i), out);
+        if (!s.ok()) result->clear_response();
+        SetItemStatus(s, result->mutable_status());
+      },
+      std::move(done), std::move(alive));
 }
 void Operations::BatchBoxSeal(const v1::BatchBoxSealRequest& request,
                               v1::BatchBoxSealResponse* response, Done done, Alive alive) const {

@@ -9,8 +9,8 @@
 // Single-item operations run on the calling thread, which must be a worker, never a transport
 // thread. Batch operations check the item count, then spread the items over the worker pool and
 // call `done` once, from a worker, after every item has its result (or at once if the whole call
-// is refused). BatchVerify first answers its leading memo hits on the calling thread and calls
-// `done` there when they are all its items (see BatchVerifyFromMemo). Every size is checked
+// is refused). BatchVerify and BatchDerive first answer their leading memo hits on the calling
+// thread and call `done` there when they are all its items (see BatchVerifyFromMemo). Every size is checked
 // before use; errors name the field. Results come from the memo caches when they hold them
 // (`memo_hit`), and successful results are recorded there.
 // Thread-safety: all methods are const and may run concurrently.
@@ -98,6 +98,32 @@ class Operations final {
   absl::Status AeadOpenFresh(const v1::AeadOpenRequest& request, const OpenProbe& probe,
                              v1::AeadOpenResponse* response) const;
 
+  // AeadOpen without a copy of the plaintext, for transports that write it as it is (the gRPC
+  // Open handler, the HTTP gateway's Connect proto answer). OpenResult holds the plaintext by
+  // reference: the memo entry's buffer on a hit, else the buffer the cipher wrote (no zero-fill)
+  // that the memo then shares. The serialized AeadOpenResponse is WirePrefix() + plaintext +
+  // WireSuffix(), byte for byte what protobuf's serializer writes for the same message.
+  struct OpenResult {
+    static constexpr size_t kMaxWirePrefix = 6;  // tag + 32-bit varint length
+    static constexpr size_t kMaxWireSuffix = 8;  // key_version (tag + varint), memo_hit
+    memo::SharedPlaintext plaintext;  // non-null once the call succeeded
+    uint32_t key_version = 0;
+    bool memo_hit = false;
+    // Field 1's tag and length into `out` (nothing for an empty plaintext); returns the size.
+    size_t WirePrefix(uint8_t out[kMaxWirePrefix]) const;
+    // Fields 2 and 3 (memo_hit only when true) into `out`; returns the size.
+    size_t WireSuffix(uint8_t out[kMaxWireSuffix]) const;
+  };
+  // As AeadOpenFromMemo, filling `*result` on a hit (no plaintext copy: the memcmp of the stored
+  // ciphertext is the hit's only pass over the bytes).
+  bool AeadOpenFromMemoShared(const v1::AeadOpenRequest& request, OpenResult* result,
+                              OpenProbe* probe, absl::Status* status) const;
+  // As AeadOpenFresh. The envelope is moved out of `*request` into the memo entry (its stored
+  // ciphertext): `request->envelope()` is empty afterwards (whatever the outcome of the insert).
+  // REQUIRES: `probe` was filled from `*request` by AeadOpenFromMemoShared.
+  absl::Status AeadOpenFreshShared(v1::AeadOpenRequest* request, const OpenProbe& probe,
+                                   OpenResult* result) const;
+
   // REQUIRES: `request` and `response` stay alive until `done` has been called.
   void BatchSign(const v1::BatchSignRequest& request, v1::BatchSignResponse* response,
                  Done done, Alive alive = nullptr) const;
@@ -124,6 +150,22 @@ class Operations final {
                         Alive alive = nullptr) const;
   void BatchDerive(const v1::BatchDeriveRequest& request, v1::BatchDeriveResponse* response,
                    Done done, Alive alive = nullptr) const;
+  // BatchDerive in two steps, as BatchVerify: BatchDeriveFromMemo answers on the calling thread
+  // the leading items that need no X25519 (memo hits, request errors; ~0.5 us each), at most
+  // kMaxInlineVerifyItems, stopping at the first that does, whose probe it keeps;
+  // BatchDeriveFresh runs the rest on the pool. BatchDerive() is exactly the two in sequence.
+  struct BatchDeriveProbe {
+    int next = 0;              // the first item without a result
+    bool have_probe = false;   // `probe` is item `next`'s (it was looked up and missed)
+    DeriveProbe probe;
+  };
+  bool BatchDeriveFromMemo(const v1::BatchDeriveRequest& request,
+                           v1::BatchDeriveResponse* response, BatchDeriveProbe* probe,
+                           absl::Status* status) const;
+  // REQUIRES: `request` and `response` stay alive until `done` has been called.
+  void BatchDeriveFresh(const v1::BatchDeriveRequest& request, const BatchDeriveProbe& probe,
+                        v1::BatchDeriveResponse* response, Done done,
+                        Alive alive = nullptr) const;
   void BatchBoxSeal(const v1::BatchBoxSealRequest& request, v1::BatchBoxSealResponse* response,
                     Done done, Alive alive = nullptr) const;
   void BatchBoxOpen(const v1::BatchBoxOpenRequest& request, v1::BatchBoxOpenResponse* response,

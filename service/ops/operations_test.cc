@@ -199,6 +199,76 @@ TEST_F(OperationsTest, OpenInTwoStepsAnswersAsOpenAndCountsOneLookup) {
   }
 }
 
+// The zero-copy path of the gRPC Open handler: the wire form (prefix + shared plaintext +
+// suffix) is byte for byte protobuf's serialization of AeadOpen's answer, a hit hands out the
+// very buffer the fresh open wrote (no copy), and a tampered body that keeps nonce and tag fails
+// on every try, as it would fresh.
+TEST_F(OperationsTest, SharedOpenSerializesAsProtobufAndHitsWithoutACopy) {
+  CreateKey("k", v1::KEY_TYPE_CHACHA20_POLY1305);
+  std::mt19937_64 rng(15);
+  auto wire = [](const Operations::OpenResult& r) {
+    uint8_t prefix[Operations::OpenResult::kMaxWirePrefix];
+    uint8_t suffix[Operations::OpenResult::kMaxWireSuffix];
+    std::string out(reinterpret_cast<const char*>(prefix), r.WirePrefix(prefix));
+    out.append(reinterpret_cast<const char*>(r.plaintext->data()), r.plaintext->size());
+    out.append(reinterpret_cast<const char*>(suffix), r.WireSuffix(suffix));
+    return out;
+  };
+  for (size_t size : {0, 1, 127, 128, 16383, 16384, 55000, 2100000}) {
+    SCOPED_TRACE(size);
+    const std::string plaintext = RandomBytes(size, rng);
+    const std::string envelope = Seal("k", plaintext, "aad");
+    memo_->DropKey("k");  // as if sealed elsewhere: the first open decrypts
+    std::string tampered = envelope;
+    if (size > 0) tampered[30] ^= 1;
+    const uint64_t before = CryptoOpCount(CryptoOp::kAeadOpen);
+    const uint8_t* fresh_buffer = nullptr;
+    for (int round = 0; round < 2; ++round) {
+      v1::AeadOpenRequest request;
+      request.set_key_id("k");
+      request.set_envelope(envelope);
+      request.set_associated_data("aad");
+      Operations::OpenResult result;
+      Operations::OpenProbe probe;
+      absl::Status status;
+      const bool complete = ops_->AeadOpenFromMemoShared(request, &result, &probe, &status);
+      ASSERT_EQ(complete, round == 1);
+      if (!complete) {
+        ASSERT_TRUE(ops_->AeadOpenFreshShared(&request, probe, &result).ok());
+        EXPECT_TRUE(request.envelope().empty());  // moved into the memo entry
+        fresh_buffer = result.plaintext->data();
+      } else {
+        ASSERT_TRUE(status.ok()) << status;
+        EXPECT_EQ(result.plaintext->data(), fresh_buffer);  // the same bytes, not a copy
+      }
+      EXPECT_EQ(result.memo_hit, round == 1);
+      v1::AeadOpenResponse expected;
+      expected.set_plaintext(plaintext);
+      expected.set_key_version(1);
+      expected.set_memo_hit(round == 1);
+      EXPECT_EQ(wire(result), expected.SerializeAsString());
+      v1::AeadOpenResponse parsed;
+      ASSERT_TRUE(parsed.ParseFromString(wire(result)));
+      EXPECT_EQ(parsed.plaintext(), plaintext);
+    }
+    EXPECT_EQ(CryptoOpCount(CryptoOp::kAeadOpen) - before, 1u);
+    if (size == 0) continue;
+    for (int i = 0; i < 2; ++i) {
+      v1::AeadOpenRequest request;
+      request.set_key_id("k");
+      request.set_envelope(tampered);
+      request.set_associated_data("aad");
+      Operations::OpenResult result;
+      Operations::OpenProbe probe;
+      absl::Status status;
+      ASSERT_FALSE(ops_->AeadOpenFromMemoShared(request, &result, &probe, &status));
+      EXPECT_EQ(ops_->AeadOpenFreshShared(&request, probe, &result).code(),
+                absl::StatusCode::kInvalidArgument);
+      EXPECT_EQ(result.plaintext, nullptr);
+    }
+  }
+}
+
 TEST_F(OperationsTest, Derive15PeersOver100RoundsRuns15X25519) {
   CreateKey("dev", v1::KEY_TYPE_X25519);
   std::vector<std::string> peers;
@@ -338,6 +408,85 @@ TEST_F(OperationsTest, BatchVerifyReportsMemoHitsPerItem) {
 // The gRPC BatchVerify handler answers the leading memo hits with BatchVerifyFromMemo on its own
 // thread and sends the rest to the pool with BatchVerifyFresh: same results as BatchVerify, one
 // memo lookup per item, and no signature checked twice.
+// BatchDerive's leading memo hits are answered by BatchDeriveFromMemo (no X25519), the rest on
+// the pool; the answers are the unary Derive's and every item is looked up once.
+TEST_F(OperationsTest, BatchDeriveInTwoStepsAnswersAsDerive) {
+  CreateKey("dh", v1::KEY_TYPE_X25519);
+  std::vector<std::string> peers;
+  for (int i = 0; i < 70; ++i) {
+    unsigned char pk[32], sk[32];
+    crypto_box_keypair(pk, sk);
+    peers.emplace_back(reinterpret_cast<char*>(pk), 32);
+  }
+  auto item = [&](int i) {
+    v1::DeriveRequest r;
+    r.set_key_id("dh");
+    r.set_peer_public_key(peers[i]);
+    return r;
+  };
+  auto run = [&](const v1::BatchDeriveRequest& batch, bool* complete, int* next) {
+    v1::BatchDeriveResponse response;
+    Operations::BatchDeriveProbe probe;
+    absl::Status status;
+    *complete = ops_->BatchDeriveFromMemo(batch, &response, &probe, &status);
+    *next = probe.next;
+    if (*complete) return response;
+    absl::Notification done;
+    ops_->BatchDeriveFresh(batch, probe, &response, [&](absl::Status s) {
+      EXPECT_TRUE(s.ok()) << s;
+      done.Notify();
+    });
+    done.WaitForNotification();
+    return response;
+  };
+  for (int i : {0, 1, 3}) {
+    v1::DeriveResponse r;
+    ASSERT_TRUE(ops_->Derive(item(i), &r).ok());  // recorded: later lookups hit
+  }
+  // hit, hit, miss, hit, a size error, miss.
+  v1::BatchDeriveRequest mixed;
+  for (int i : {0, 1, 2, 3}) *mixed.add_items() = item(i);
+  v1::DeriveRequest* bad = mixed.add_items();
+  *bad = item(4);
+  bad->mutable_peer_public_key()->pop_back();
+  *mixed.add_items() = item(5);
+  const uint64_t before = CryptoOpCount(CryptoOp::kX25519);
+  bool complete = true;
+  int next = -1;
+  v1::BatchDeriveResponse split = run(mixed, &complete, &next);
+  EXPECT_FALSE(complete);
+  EXPECT_EQ(next, 2);
+  EXPECT_EQ(CryptoOpCount(CryptoOp::kX25519) - before, 2u);  // items 2 and 5
+  ASSERT_EQ(split.results_size(), 6);
+  const bool hits[] = {true, true, false, true, false, false};
+  for (int i = 0; i < 6; ++i) {
+    const auto& r = split.results(i);
+    EXPECT_EQ(r.response().memo_hit(), hits[i]) << i;
+    EXPECT_EQ(r.status().code(), i == 4 ? static_cast<int>(absl::StatusCode::kInvalidArgument) : 0)
+        << i;
+    if (i == 4) continue;
+    v1::DeriveResponse single;
+    ASSERT_TRUE(ops_->Derive(i == 5 ? item(5) : mixed.items(i), &single).ok());
+    EXPECT_EQ(r.response().shared_key(), single.shared_key()) << i;
+  }
+  // Every item hits now: answered inline.
+  split = run(mixed, &complete, &next);
+  EXPECT_TRUE(complete);
+  EXPECT_EQ(next, 6);
+  // Beyond kMaxInlineVerifyItems hits, the rest goes to the pool.
+  v1::BatchDeriveRequest many;
+  for (int i = 0; i < 70; ++i) {
+    v1::DeriveResponse r;
+    ASSERT_TRUE(ops_->Derive(item(i), &r).ok());
+    *many.add_items() = item(i);
+  }
+  split = run(many, &complete, &next);
+  EXPECT_FALSE(complete);
+  EXPECT_EQ(next, Operations::kMaxInlineVerifyItems);
+  ASSERT_EQ(split.results_size(), 70);
+  for (const auto& r : split.results()) EXPECT_TRUE(r.response().memo_hit());
+}
+
 TEST_F(OperationsTest, BatchVerifyInTwoStepsAnswersAsBatchVerify) {
   CreateKey("signer", v1::KEY_TYPE_ED25519);
   std::vector<v1::VerifyRequest> signed_items;

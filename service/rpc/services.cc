@@ -14,6 +14,9 @@
 #include "absl/synchronization/mutex.h"
 #include "google/protobuf/arena.h"
 #include "grpcpp/security/auth_context.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/proto_buffer_reader.h"
+#include "grpcpp/support/slice.h"
 #include "grpcpp/support/message_allocator.h"
 #include "service/auth/tls.h"
 #include "service/common/log.h"
@@ -77,6 +80,29 @@ metrics::ItemCounts CountBatch(const BatchResponse& r) {
     counts.error += one.error;
   }
   return counts;
+}
+
+// The plaintext slice of an Open answer holds one reference to the buffer (the memo's or the
+// fresh open's): dropped when gRPC is done writing it, the last one wipes the bytes.
+void DropPlaintextRef(void* ref) { delete static_cast<memo::SharedPlaintext*>(ref); }
+
+// The serialized AeadOpenResponse of `result` as gRPC's message, without a copy of the
+// plaintext: field 1's tag and length, the plaintext buffer itself, fields 2-3 (small slices are
+// inlined by gRPC: no allocation).
+void ToByteBuffer(const Operations::OpenResult& result, grpc::ByteBuffer* out) {
+  uint8_t prefix[Operations::OpenResult::kMaxWirePrefix];
+  uint8_t suffix[Operations::OpenResult::kMaxWireSuffix];
+  grpc::Slice slices[3];
+  size_t n = 0;
+  if (const size_t p = result.WirePrefix(prefix); p > 0) {
+    slices[n++] = grpc::Slice(prefix, p);
+    slices[n++] = grpc::Slice(const_cast<uint8_t*>(result.plaintext->data()),
+                              result.plaintext->size(), &DropPlaintextRef,
+                              new memo::SharedPlaintext(result.plaintext));
+  }
+  if (const size_t q = result.WireSuffix(suffix); q > 0) slices[n++] = grpc::Slice(suffix, q);
+  grpc::ByteBuffer buffer(slices, n);
+  out->Swap(&buffer);
 }
 
 struct MethodInfo {
@@ -263,6 +289,65 @@ class Dispatcher {
                [operations, request, response, fresh, probe = std::move(probe)] {
                  return (operations->*fresh)(*request, probe, response);
                });
+  }
+
+  // AEAD Open without a copy of the plaintext (see ToByteBuffer): the request is parsed from
+  // gRPC's bytes here, a memo hit is answered on this gRPC thread with the memo's buffer, a miss
+  // decrypts on the pool into a buffer that the memo and the answer then share. Otherwise as
+  // MemoFirst (authorization, admission, deadlines, metrics).
+  ServerUnaryReactor* OpenShared(CallbackServerContext* context, const MethodInfo* method,
+                                 const grpc::ByteBuffer* request_bytes,
+                                 grpc::ByteBuffer* response_bytes) {
+    BeginCall();
+    struct OpenCall {
+      v1::AeadOpenRequest request;
+      Operations::OpenProbe probe;  // points into request.envelope()
+      Operations::OpenResult result;
+    };
+    auto call = std::make_unique<OpenCall>();
+    {
+      // Reading does not change the buffer; the reader's API only takes it non-const.
+      grpc::ProtoBufferReader reader(const_cast<grpc::ByteBuffer*>(request_bytes));
+      if (!call->request.ParseFromZeroCopyStream(&reader)) {
+        // As gRPC's own deserialization answers a malformed message (not logged: the caller's).
+        ServerUnaryReactor* reactor = context->DefaultReactor();
+        if (method->metrics != nullptr) {
+          method->metrics->Record(absl::StatusCode::kInternal, 0,
+                                  CountOne(absl::StatusCode::kInternal), 0);
+        }
+        reactor->Finish(grpc::Status(grpc::StatusCode::INTERNAL, "failed to parse the request"));
+        in_flight_.fetch_sub(1, std::memory_order_acq_rel);
+        return reactor;
+      }
+    }
+    if (ServerUnaryReactor* refused = Refuse(context, method, call->request)) return refused;
+    Operations* operations = operations_;
+    absl::Status status;
+    if (operations->AeadOpenFromMemoShared(call->request, &call->result, &call->probe, &status)) {
+      ServerUnaryReactor* reactor = context->DefaultReactor();
+      const Clock::time_point start = Clock::now();
+      if (absl::Status expired = Expired(context); !expired.ok()) status = expired;
+      if (status.ok()) ToByteBuffer(call->result, response_bytes);
+      Finish(reactor, method, start, status, CountOne(status.code()), 0);
+      return reactor;
+    }
+    ServerUnaryReactor* reactor = context->DefaultReactor();
+    const Clock::time_point start = Clock::now();
+    ops::Admission::Ticket ticket;
+    if (!Enter(context, reactor, method, call->request, 1, start, &ticket)) return reactor;
+    pool_->Submit([this, operations, context, reactor, method, response_bytes, start,
+                   call = std::move(call), ticket = std::move(ticket)]() mutable {
+      absl::Status status = Expired(context);
+      if (status.ok()) {
+        status = operations->AeadOpenFreshShared(&call->request, call->probe, &call->result);
+        if (status.ok()) ToByteBuffer(call->result, response_bytes);
+      } else if (admission_ != nullptr) {
+        admission_->CountDeadlineDrop();
+      }
+      ticket.Release();
+      Finish(reactor, method, start, status, CountOne(status.code()), 0);
+    });
+    return reactor;
   }
 
   template <typename Request, typename Response>
@@ -569,7 +654,8 @@ class X25519Service final : public v1::X25519Service::CallbackService {
   }
   ServerUnaryReactor* BatchDerive(CallbackServerContext* c, const v1::BatchDeriveRequest* q,
                                   v1::BatchDeriveResponse* r) override {
-    return d_->Batch(c, batch_derive_, q, r, &Operations::BatchDerive);
+    return d_->BatchMemoFirst(c, batch_derive_, q, r, &Operations::BatchDeriveFromMemo,
+                              &Operations::BatchDeriveFresh);
   }
 
  private:
@@ -617,7 +703,10 @@ class BoxService final : public v1::BoxService::CallbackService {
   ArenaAllocator<v1::BatchBoxOpenRequest, v1::BatchBoxOpenResponse> batch_open_arena_;
 };
 
-class AeadService final : public v1::AeadService::CallbackService {
+// Open is a raw method (gRPC hands over the request bytes and takes the answer's as they are):
+// see Dispatcher::OpenShared. Its messages are those of the proto, encoded the same.
+class AeadService final
+    : public v1::AeadService::WithRawCallbackMethod_Open<v1::AeadService::CallbackService> {
  public:
   explicit AeadService(Dispatcher* d)
       : d_(d),
@@ -636,10 +725,9 @@ class AeadService final : public v1::AeadService::CallbackService {
                                 v1::BatchAeadSealResponse* r) override {
     return d_->Batch(c, batch_seal_, q, r, &Operations::BatchAeadSeal);
   }
-  ServerUnaryReactor* Open(CallbackServerContext* c, const v1::AeadOpenRequest* q,
-                           v1::AeadOpenResponse* r) override {
-    return d_->MemoFirst(c, open_, q, r, &Operations::AeadOpenFromMemo,
-                         &Operations::AeadOpenFresh);
+  ServerUnaryReactor* Open(CallbackServerContext* c, const grpc::ByteBuffer* q,
+                           grpc::ByteBuffer* r) override {
+    return d_->OpenShared(c, open_, q, r);
   }
   ServerUnaryReactor* BatchOpen(CallbackServerContext* c, const v1::BatchAeadOpenRequest* q,
                                 v1::BatchAeadOpenResponse* r) override {

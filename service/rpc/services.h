@@ -2,7 +2,8 @@
 // AEAD), all thin. A handler never runs a crypto primitive on the gRPC thread: it hands the call
 // to the worker pool, whose task runs the operation and finishes the call with the mapped status.
 // Only memo hits are answered on the gRPC thread (a digest, a lookup, a copy): those of unary
-// Verify, Derive and AEAD Open, and the leading ones of a BatchVerify (at most 64). Every call is authorized (mTLS identity and grants, when configured) and
+// Verify, Derive and AEAD Open, and the leading ones of a BatchVerify or BatchDerive (at most
+// 64). Every call is authorized (mTLS identity and grants, when configured) and
 // admitted (overload protection) before it is queued; a call whose deadline passes while queued
 // is dropped, not computed. Every call is counted (code, latency, batch size, item results); a
 // `log_sample_rate` fraction of calls is logged (method, code, latency, items: never payloads).

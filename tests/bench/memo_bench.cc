@@ -201,7 +201,7 @@ void BM_PartMemcmp(benchmark::State& state) {
     benchmark::DoNotOptimize(c);
   }
 }
-BENCHMARK(BM_PartMemcmp)->ArgName("size")->Arg(1024)->Arg(k55K);
+BENCHMARK(BM_PartMemcmp)->ArgName("size")->Arg(1024)->Arg(k55K)->Arg(55000);
 
 void BM_PartCopyToString(benchmark::State& state) {
   const SecretBytes plaintext = MakeSecret(RandomBytes(state.range(0)));
@@ -241,6 +241,29 @@ void BM_FreshOpen(benchmark::State& state) {
 BENCHMARK(BM_FreshOpen)
     ->ArgNames({"alg", "backend", "size"})
     ->ArgsProduct({{0, 1}, {0, 1}, {1024, k55K}});
+
+// Issue 15: an open hit as the gRPC Open handler and the Connect proto gateway take it - the
+// digest, the lookup with the memcmp of the whole stored ciphertext, and a reference to the
+// plaintext buffer (no copy). Args: algorithm, size.
+void BM_MemoOpenHitShared(benchmark::State& state) {
+  const AeadAlgorithm algorithm = AlgorithmArg(state.range(0));
+  auto aead = crypto::Aead::Create(Backend::kOpenSsl, algorithm, RandomBytes(32));
+  if (!aead.ok()) return state.SkipWithError("Aead::Create failed");
+  const Sealed s = SealWith(**aead, state.range(1));
+  memo::Memo memo(memo::MemoOptions{});
+  const uint64_t instance = 9;
+  memo.OpenInsert("bench-blobs", memo.OpenDigest(instance, s.nonce, s.ciphertext_and_tag, s.aad),
+                  s.ciphertext_and_tag, s.plaintext);
+  for (auto _ : state) {
+    memo::SharedPlaintext out;
+    const memo::Digest d = memo.OpenDigest(instance, s.nonce, s.ciphertext_and_tag, s.aad);
+    bool hit = memo.OpenLookup("bench-blobs", d, s.ciphertext_and_tag, &out);
+    if (!hit) return state.SkipWithError("expected a hit");
+    benchmark::DoNotOptimize(out->data());
+  }
+  state.SetBytesProcessed(state.iterations() * state.range(1));
+}
+BENCHMARK(BM_MemoOpenHitShared)->ArgNames({"alg", "size"})->ArgsProduct({{0, 1}, {1024, 55000}});
 
 // ---------------------------------------------------------------------------------------------
 // ops::Operations end to end, in process: a real KeyManager over a file store in a temp folder,
@@ -356,6 +379,33 @@ void BM_OpsAeadOpen(benchmark::State& state) {
   state.SetLabel(ModeName(mode));
   state.SetBytesProcessed(state.iterations() * size);
 }
+// Issue 15: the gRPC Open handler's hit through ops::Operations (key lookup, envelope parse,
+// digest, lookup with the memcmp, a reference to the plaintext). Args: size.
+void BM_OpsAeadOpenSharedHit(benchmark::State& state) {
+  const size_t size = state.range(0);
+  OpsFixture f(/*memo_enabled=*/true);
+  f.CreateKey("blobs", v1::KEY_TYPE_CHACHA20_POLY1305);
+  const std::string aad(16, 'a');
+  v1::AeadOpenRequest request;
+  request.set_key_id("blobs");
+  request.set_envelope(f.SealQuietly("blobs", size, aad));
+  request.set_associated_data(aad);
+  v1::AeadOpenResponse first;
+  if (!f.ops().AeadOpen(request, &first).ok()) return state.SkipWithError("open failed");
+  for (auto _ : state) {
+    ops::Operations::OpenResult result;
+    ops::Operations::OpenProbe probe;
+    absl::Status status;
+    if (!f.ops().AeadOpenFromMemoShared(request, &result, &probe, &status) || !status.ok() ||
+        !result.memo_hit) {
+      return state.SkipWithError("expected a hit");
+    }
+    benchmark::DoNotOptimize(result.plaintext->data());
+  }
+  state.SetBytesProcessed(state.iterations() * size);
+}
+BENCHMARK(BM_OpsAeadOpenSharedHit)->ArgName("size")->Arg(1024)->Arg(55000);
+
 BENCHMARK(BM_OpsAeadOpen)
     ->ArgNames({"alg", "size", "mode"})
     ->ArgsProduct({{0, 1}, {1024, k55K}, {kHit, kMissMemoOn, kMemoOff}});

@@ -83,6 +83,10 @@ ABSL_FLAG(bool, print_header, false, "Print the markdown table header before the
 ABSL_FLAG(double, rate, 0,
           "Calls/s on a fixed schedule (open loop, latency from the scheduled start); 0 = closed "
           "loop with --inflight calls outstanding.");
+ABSL_FLAG(std::string, write_request, "",
+          "Instead of a run: write the workload's first request to this file (its protobuf bytes; "
+          "FILE.grpc gets them in a gRPC frame), keep the keys it made, and exit - a body for "
+          "h2load (tests/bench/run_all.py's fixed-request rows).");
 ABSL_FLAG(bool, check, false,
           "Recompute every answer with libsodium and count differences as errors (adds invalid "
           "signatures to verify items).");
@@ -102,6 +106,9 @@ struct Outcome {
 };
 
 using OnDone = std::function<void(Outcome)>;
+
+// --write_request: StartRpc serializes the request here instead of sending it.
+std::string* g_captured_request = nullptr;
 
 // A workload starts call number `seq` (the items seq*batch ... of its item sequence) and reports
 // its Outcome once. Start returns false when the workload has no more inputs.
@@ -133,6 +140,13 @@ void StartRpc(Call call, std::function<void(Req*)> fill, Count count, OnDone don
     Req* req = google::protobuf::Arena::CreateMessage<Req>(&arena);
     Resp* resp = google::protobuf::Arena::CreateMessage<Resp>(&arena);
   };
+  if (g_captured_request != nullptr) {
+    Req req;
+    fill(&req);
+    *g_captured_request = (shared != nullptr ? *shared : req).SerializeAsString();
+    done(Outcome{});
+    return;
+  }
   auto* s = new State;
   s->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
   const Req* req = shared;
@@ -730,6 +744,28 @@ int Main() {
   } else {
     std::fprintf(stderr, "--workload: unknown %s\n", workload_name.c_str());
     return 2;
+  }
+
+  if (const std::string path = absl::GetFlag(FLAGS_write_request); !path.empty()) {
+    std::string bytes;
+    g_captured_request = &bytes;
+    workload->Start(0, 0, [](Outcome) {});
+    g_captured_request = nullptr;
+    std::string framed(5, '\0');
+    for (int i = 0; i < 4; ++i) framed[1 + i] = static_cast<char>(bytes.size() >> (24 - 8 * i));
+    framed += bytes;
+    for (const auto& [file, content] :
+         {std::pair{path, &bytes}, std::pair{path + ".grpc", &framed}}) {
+      FILE* f = std::fopen(file.c_str(), "wb");
+      if (f == nullptr || std::fwrite(content->data(), 1, content->size(), f) != content->size()) {
+        std::fprintf(stderr, "--write_request: cannot write %s\n", file.c_str());
+        return 1;
+      }
+      std::fclose(f);
+    }
+    std::printf("wrote %zu request bytes to %s (and framed to %s.grpc); keys kept\n",
+                bytes.size(), path.c_str(), path.c_str());
+    return 0;
   }
 
   Runner runner(workload.get(), channels.size(), absl::GetFlag(FLAGS_max_calls));

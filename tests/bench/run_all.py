@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Issue 4's benchmark table in one run: raw library speed, our server, the Node.js peer.
+"""Issues 4 and 15's benchmark tables in one run: raw library speed, our server, a minimal C++
+gRPC server (tests/bench/minimal_server.cc), the Node.js peer.
 
     tests/bench/run_all.sh                 # full: Release build, ~10 s per workload, ~12 min
     tests/bench/run_all.sh --short         # 2.5 s per workload, ~4 min
@@ -16,6 +17,12 @@ One run measures, on this machine:
      inputs) on the three servers back to back, then warm (a repeated set: memo hits) on ours
      (the peer has no memo). After Verify cold, each server also runs unary Verify at half the
      capacity just measured, open loop, for its p99.
+  3. issue 15: the minimal server takes every cold workload it serves (Verify, BatchVerify, Open,
+     BatchOpen) beside ours; then h2load (a fixed request body, the issue's load generator)
+     measures, alternating the servers --h2load_rounds times: unary Verify, BatchVerify(64) and
+     AEAD Open of 55,000 B fresh on the minimal server and on ours with --memo=false (a fixed body
+     would hit ours' memo), and the Open memo hit on ours over gRPC and over Connect (HTTP/2 h2c
+     and HTTP/1.1 keep-alive); in process, memo_bench's 55,000 B hit next to its memcmp.
 It prints a markdown report (figures, ratios, each issue-4 target met or missed) to stdout and
 writes it to --out. Server CPU per item is utime+stime of the server process (/proc/<pid>/stat)
 over the measured window, so it holds although the load generator shares the 2 cores; items/s and
@@ -40,6 +47,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 PEER_DIR = os.path.join(HERE, 'peer')
 KB55 = 56320
+B55000 = 55000  # issue 15's blob size
 
 
 def log(*parts):
@@ -58,7 +66,8 @@ def build(build_dir):
         cmake += ['-DCMAKE_CXX_COMPILER_LAUNCHER=ccache', '-DCMAKE_C_COMPILER_LAUNCHER=ccache']
     run_cmd(cmake, stdout=subprocess.DEVNULL)
     run_cmd(['cmake', '--build', build_dir, '-j', str(os.cpu_count() or 2), '--target',
-             'offload_server', 'offload_load', 'crypto_bench'], stdout=subprocess.DEVNULL)
+             'offload_server', 'offload_load', 'crypto_bench', 'minimal_server', 'memo_bench'],
+            stdout=subprocess.DEVNULL)
 
 
 def npm_ci():
@@ -143,14 +152,27 @@ class Server:
         self.log.close()
 
 
-def start_ours(build_dir, workdir):
-    data = os.path.join(workdir, 'ours-data')
+def start_ours(build_dir, workdir, name='ours', extra=()):
+    data = os.path.join(workdir, name + '-data')
     os.makedirs(data, exist_ok=True)
     env = dict(os.environ, OFFLOAD_KEK=os.urandom(32).hex())
+    http_port = free_port()
     cmd = [os.path.join(build_dir, 'bin', 'offload_server'), '--grpc_address=127.0.0.1:0',
-           '--data_dir=' + data, f'--http_address=127.0.0.1:{free_port()}',
-           f'--metrics_address=127.0.0.1:{free_port()}']
-    return Server('ours', cmd, env, r'"grpc_port":(\d+)', workdir)
+           '--data_dir=' + data, f'--http_address=127.0.0.1:{http_port}',
+           f'--metrics_address=127.0.0.1:{free_port()}'] + list(extra)
+    server = Server(name, cmd, env, r'"grpc_port":(\d+)', workdir)
+    server.http_port = http_port
+    return server
+
+
+def start_minimal(build_dir, workdir):
+    cmd = [os.path.join(build_dir, 'bin', 'minimal_server'), '--address=127.0.0.1:0']
+    return Server('minimal', cmd, dict(os.environ), r'"grpc_port":(\d+)', workdir)
+
+
+# The workloads the minimal server serves (no X25519, no memo).
+MINIMAL_WORKLOADS = ('--workload=verify', '--workload=batch_verify', '--workload=open',
+                     '--workload=batch_open')
 
 
 def start_peer(mode, workdir):
@@ -178,7 +200,7 @@ def workloads(peer):
             [f'--warm_set={max(b, 64)}'])
     add('Derive', ['--workload=derive'])
     add('BatchDerive(64)', ['--workload=batch_derive', '--batch=64'])
-    for size, name, warm_set in ((1024, '1 KB', 64), (KB55, '55 KB', 16)):
+    for size, name, warm_set in ((1024, '1 KB', 64), (KB55, '55 KB', 16), (B55000, '55,000 B', 16)):
         common = ['--aead=chacha20', f'--size={size}']
         add(f'Open {name}', ['--workload=open'] + common, [f'--warm_set={warm_set}'])
         add(f'BatchOpen(16) {name}', ['--workload=batch_open', '--batch=16'] + common,
@@ -235,6 +257,132 @@ def parse_row(output):
     return {'label': label, 'items_s': float(items), 'calls_s': float(calls), 'p50': float(p50),
             'p99': float(p99), 'p999': float(p999), 'hit': float(hit), 'errors': int(errors),
             'cpu': float(cpu) if cpu != '-' else None}
+
+
+# ------------------------------------------------------------------------------------------------
+# Issue 15: h2load with fixed request bodies, and memo_bench in process
+
+def proc_cpu_seconds(pid):
+    """utime + stime of `pid` (/proc/<pid>/stat), in seconds."""
+    with open(f'/proc/{pid}/stat') as f:
+        fields = f.read().rsplit(')', 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
+
+
+def write_request(runner, server, flags, path):
+    """offload_load --write_request: the workload's first request as a body file (keys kept)."""
+    cmd = [runner.load, f'--server=127.0.0.1:{server.port}', '--write_request=' + path] + flags
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return path
+
+
+def grpc_call_ok(port, grpc_path, body_file):
+    """One call of the framed body with curl: does the server answer grpc-status 0?"""
+    p = subprocess.run(['curl', '-s', '-v', '--http2-prior-knowledge', '-o', '/dev/null',
+                        '-H', 'content-type: application/grpc', '-H', 'te: trailers',
+                        '--data-binary', '@' + body_file, f'http://127.0.0.1:{port}{grpc_path}'],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return re.search(r'grpc-status: 0\b', p.stdout) is not None
+
+
+def h2load(pid, url, body_file, headers, h1, seconds, warmup):
+    """h2load with a fixed body; 8 requests in flight (2 connections x 4 streams, or 8 HTTP/1.1
+    keep-alive connections). Returns req/s, 2xx count, non-2xx + errors, server CPU us/request."""
+    cmd = ['h2load', '-d', body_file]
+    for h in headers:
+        cmd += ['-H', h]
+    cmd += ['--h1', '-c', '8', '-m', '1'] if h1 else ['-c', '2', '-m', '4']
+    # h2load's -D takes whole seconds.
+    subprocess.run(cmd + ['-D', str(max(1, round(warmup))), url], stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+    c0 = proc_cpu_seconds(pid)
+    p = subprocess.run(cmd + ['-D', str(max(1, round(seconds))), url], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    c1 = proc_cpu_seconds(pid)
+    m = re.search(r'finished in [^,]*, ([\d.]+) req/s', p.stdout)
+    codes = re.search(r'status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx', p.stdout)
+    req = re.search(r'requests: \d+ total, \d+ started, \d+ done, \d+ succeeded, (\d+) failed, '
+                    r'(\d+) errored', p.stdout)
+    ok = int(codes.group(1)) if codes else 0
+    bad = (sum(int(codes.group(i)) for i in (2, 3, 4)) if codes else 1) + \
+          (int(req.group(1)) + int(req.group(2)) if req else 1)
+    return {'rps': float(m.group(1)) if m else 0.0, 'ok': ok, 'bad': bad,
+            'cpu': (c1 - c0) * 1e6 / ok if ok else None}
+
+
+def median(xs):
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return None
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def h2load_section(build_dir, workdir, servers, rounds, warmup, duration, runner):
+    """Issue 15's fixed-body rows: {row: {series: [cpu us per item per round]}} plus req/s."""
+    grpc_h = ['content-type: application/grpc', 'te: trailers']
+    connect_h = ['content-type: application/proto', 'connect-protocol-version: 1']
+    mini, nomemo, ours = servers['minimal'], servers['ours_nomemo'], servers['ours']
+    body = lambda name: os.path.join(workdir, name + '.bin')
+    verify = write_request(runner, mini, ['--workload=verify', '--mode=cold', '--cold_items=1'],
+                           body('verify'))
+    batch = write_request(runner, mini, ['--workload=batch_verify', '--batch=64', '--mode=cold',
+                                         '--cold_items=64'], body('batch64'))
+    open_flags = ['--workload=open', '--aead=chacha20', f'--size={B55000}', '--mode=warm',
+                  '--warm_set=1']
+    opens = {name: write_request(runner, servers[key], open_flags, body('open-' + name))
+             for name, key in (('minimal', 'minimal'), ('nomemo', 'ours_nomemo'), ('ours', 'ours'))}
+    V, BV, OP = ('/offload.v1.Ed25519Service/Verify', '/offload.v1.Ed25519Service/BatchVerify',
+                 '/offload.v1.AeadService/Open')
+    # (row, series, server, path, body, items per request, connect?, http/1.1?)
+    plan = [
+        ('Verify fresh', 'minimal', mini, V, verify + '.grpc', 1, False, False),
+        ('Verify fresh', 'ours', nomemo, V, verify + '.grpc', 1, False, False),
+        ('BatchVerify(64) fresh', 'minimal', mini, BV, batch + '.grpc', 64, False, False),
+        ('BatchVerify(64) fresh', 'ours', nomemo, BV, batch + '.grpc', 64, False, False),
+        ('Open 55,000 B fresh', 'minimal', mini, OP, opens['minimal'] + '.grpc', 1, False, False),
+        ('Open 55,000 B fresh', 'ours', nomemo, OP, opens['nomemo'] + '.grpc', 1, False, False),
+        ('Open 55,000 B memo hit', 'ours gRPC', ours, OP, opens['ours'] + '.grpc', 1, False, False),
+        ('Open 55,000 B memo hit', 'ours Connect h2c', ours, OP, opens['ours'], 1, True, False),
+        ('Open 55,000 B memo hit', 'ours Connect HTTP/1.1', ours, OP, opens['ours'], 1, True, True),
+    ]
+    for _, series, server, path, b, _, connect, _ in plan:
+        if not connect and not grpc_call_ok(server.port, path, b):
+            runner.failed.append(f'{series}: {path} did not answer grpc-status 0')
+    out = {}
+    for r in range(rounds):
+        for row, series, server, path, b, items, connect, h1 in plan:
+            port = server.http_port if connect else server.port
+            log(f'[h2load round {r + 1}] {row}: {series}')
+            res = h2load(server.pid, f'http://127.0.0.1:{port}{path}', b,
+                         connect_h if connect else grpc_h, h1, duration, warmup)
+            if res['bad'] or not res['ok']:
+                runner.failed.append(f'h2load {row} {series}: {res["bad"]} bad responses')
+            cell = out.setdefault(row, {}).setdefault(series, {'cpu': [], 'rps': []})
+            cell['cpu'].append(res['cpu'] / items if res['cpu'] is not None else None)
+            cell['rps'].append(res['rps'] * items)
+    return out
+
+
+def memo_bench(build_dir, short, workdir):
+    """memo_bench's 55,000 B figures (CPU ns -> us): the zero-copy hit and its memcmp."""
+    out = os.path.join(workdir, 'memo_bench.json')
+    cmd = [os.path.join(build_dir, 'bin', 'memo_bench'),
+           '--benchmark_filter=^BM_(MemoOpenHitShared/alg:0/size:55000|PartMemcmp/size:55000|'
+           'OpsAeadOpenSharedHit/size:55000|PartOpenDigest/size:56320)$',
+           '--benchmark_out=' + out, '--benchmark_out_format=json']
+    cmd += ['--benchmark_min_time=0.2'] if short else [
+        '--benchmark_repetitions=5', '--benchmark_report_aggregates_only=true']
+    run_cmd(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(out) as f:
+        data = json.load(f)
+    scale = {'ns': 1e-3, 'us': 1.0, 'ms': 1e3}
+    res = {}
+    for b in data['benchmarks']:
+        if b.get('run_type') == 'aggregate' and b.get('aggregate_name') != 'median':
+            continue
+        res[b.get('run_name', b['name'])] = b['cpu_time'] * scale[b['time_unit']]
+    return res
 
 
 # ------------------------------------------------------------------------------------------------
@@ -319,10 +467,112 @@ def report(ctx):
     w('| --- | ---: | ---: | --- |')
     for name, measured, limit, ok in targets(ctx):
         w(f"| {name} | {measured} | {limit} | {'met' if ok else ('missed' if ok is False else 'n/a')} |")
+    report_issue15(ctx, w)
     if ctx['failed']:
         w('')
         w('Runs that failed or reported errors: ' + '; '.join(ctx['failed']))
     return '\n'.join(lines) + '\n'
+
+
+def report_issue15(ctx, w):
+    ours, mini, h2, mb, raw = ctx['ours'], ctx['minimal'], ctx['h2'], ctx['memo_bench'], ctx['raw']
+    w('')
+    w('## Issue 15: against a minimal C++ gRPC server')
+    w('')
+    w('### offload_load, fresh inputs (cold), ours (memo on) and the minimal server')
+    w('')
+    w('| workload | ours CPU us/item | minimal CPU us/item | ours / minimal | ours items/s | '
+      'minimal items/s |')
+    w('| --- | ---: | ---: | ---: | ---: | ---: |')
+    for label, m in mini.items():
+        o = ours.get(label)
+        if not o:
+            continue
+        w(f"| {label} | {fmt(o['cpu'], 1)} | {fmt(m['cpu'], 1)} | "
+          f"{fmt(ratio(o['cpu'], m['cpu']), 2, 'x')} | {fmt(o['items_s'])} | {fmt(m['items_s'])} |")
+    w('')
+    w(f"### h2load, a fixed body, 8 requests in flight ({ctx['h2_rounds']} rounds, servers "
+      'alternated; median [min-max] of server CPU us per item)')
+    w('')
+    w('Fresh rows: the minimal server, and ours with `--memo=false` (a repeated body would hit '
+      'our memo). Hit rows: ours with the memo on, the same envelope every request.')
+    w('')
+    w('| row | series | server CPU us/item | items/s (median) |')
+    w('| --- | --- | ---: | ---: |')
+    for row, series_map in h2.items():
+        for series, cell in series_map.items():
+            xs = [x for x in cell['cpu'] if x is not None]
+            spread = f' [{min(xs):.1f}-{max(xs):.1f}]' if xs else ''
+            w(f"| {row} | {series} | {fmt(median(xs), 1)}{spread} | {fmt(median(cell['rps']))} |")
+    w('')
+    w('### In process (memo_bench, CPU time, median)')
+    w('')
+    w('| what | us |')
+    w('| --- | ---: |')
+    for name, key in (('Open hit, 55,000 B, Memo API (digest, lookup, memcmp, buffer reference)',
+                       'BM_MemoOpenHitShared/alg:0/size:55000'),
+                      ('Open hit, 55,000 B, through ops::Operations (key, envelope, digest, lookup)',
+                       'BM_OpsAeadOpenSharedHit/size:55000'),
+                      ('memcmp of 55,016 B (the stored ciphertext and tag)', 'BM_PartMemcmp/size:55000'),
+                      ('open digest (BLAKE2b of nonce, tag, length, AAD)', 'BM_PartOpenDigest/size:56320')):
+        w(f'| {name} | {fmt(mb.get(key), 3)} |')
+    w('')
+    w('### Issue 15 targets')
+    w('')
+    w('| target | measured | limit | result |')
+    w('| --- | ---: | ---: | --- |')
+    for name, measured, limit, ok in targets15(ctx):
+        w(f"| {name} | {measured} | {limit} | {'met' if ok else ('missed' if ok is False else 'n/a')} |")
+
+
+def targets15(ctx):
+    ours, mini, h2, mb, raw = ctx['ours'], ctx['minimal'], ctx['h2'], ctx['memo_bench'], ctx['raw']
+    out = []
+    h = lambda row, series: median(h2.get(row, {}).get(series, {}).get('cpu', []))
+    oc = lambda label: ours.get(label, {}).get('cpu')
+    mc = lambda label: mini.get(label, {}).get('cpu')
+
+    def add(name, value, limit, le=True, unit='x'):
+        ok = None if value is None or limit is None else (value <= limit if le else value >= limit)
+        out.append((name, '-' if value is None else f'{value:.2f}{unit}',
+                    '-' if limit is None else f"{'<=' if le else '>='} {limit:.2f}{unit}", ok))
+
+    add('unary Verify fresh, ours / minimal (h2load)', ratio(h('Verify fresh', 'ours'),
+                                                              h('Verify fresh', 'minimal')), 1.00)
+    add('unary Verify fresh, ours / minimal (offload_load cold)',
+        ratio(oc('Verify cold'), mc('Verify cold')), 1.00)
+    add('BatchVerify(64) fresh, ours / minimal (h2load)',
+        ratio(h('BatchVerify(64) fresh', 'ours'), h('BatchVerify(64) fresh', 'minimal')), 1.00)
+    add('BatchVerify(64) fresh, ours / minimal (offload_load cold)',
+        ratio(oc('BatchVerify(64) cold'), mc('BatchVerify(64) cold')), 1.00)
+    verify_raw = raw.get('BM_Ed25519Verify/backend:0')
+    add('BatchVerify(64) fresh, ours / raw libsodium verify (h2load, 64 triples)',
+        ratio(h('BatchVerify(64) fresh', 'ours'), verify_raw), 1.05)
+    add('BatchVerify(64) fresh, ours / raw libsodium verify (offload_load cold)',
+        ratio(oc('BatchVerify(64) cold'), verify_raw), 1.05)
+    add('AEAD Open 55,000 B fresh, ours / minimal (h2load)',
+        ratio(h('Open 55,000 B fresh', 'ours'), h('Open 55,000 B fresh', 'minimal')), 0.90)
+    add('AEAD Open 55,000 B fresh, ours / minimal (offload_load cold)',
+        ratio(oc('Open 55,000 B cold'), mc('Open 55,000 B cold')), 0.90)
+    add('AEAD Open 55,000 B memo hit over gRPC / minimal fresh open (h2load)',
+        ratio(h('Open 55,000 B memo hit', 'ours gRPC'), h('Open 55,000 B fresh', 'minimal')), 0.35)
+    add('AEAD Open 55,000 B memo hit over gRPC (offload_load warm) / minimal fresh (offload_load)',
+        ratio(oc('Open 55,000 B warm'), mc('Open 55,000 B cold')), 0.35)
+    memcmp = mb.get('BM_PartMemcmp/size:55000')
+    add('in process: 55,000 B hit (Memo API) <= memcmp + 1 us', mb.get(
+        'BM_MemoOpenHitShared/alg:0/size:55000'), memcmp + 1 if memcmp else None, unit=' us')
+    add('in process: 55,000 B hit (ops::Operations) <= memcmp + 1 us', mb.get(
+        'BM_OpsAeadOpenSharedHit/size:55000'), memcmp + 1 if memcmp else None, unit=' us')
+    g = h('Open 55,000 B memo hit', 'ours gRPC')
+    add('memo hit over Connect h2c / over gRPC',
+        ratio(h('Open 55,000 B memo hit', 'ours Connect h2c'), g), 1.3)
+    add('memo hit over Connect HTTP/1.1 keep-alive / over gRPC',
+        ratio(h('Open 55,000 B memo hit', 'ours Connect HTTP/1.1'), g), 1.3)
+    for base, limit in (('BatchVerify(64)', 30), ('BatchDerive(64)', 20)):
+        add(f'{base} memo hits / fresh, items/s (offload_load warm / cold)',
+            ratio(ours.get(base + ' warm', {}).get('items_s'),
+                  ours.get(base + ' cold', {}).get('items_s')), limit, le=False)
+    return out
 
 
 def targets(ctx):
@@ -391,6 +641,10 @@ def main():
     ap.add_argument('--out', default=None, help='report file (default <build_dir>/bench-table.md)')
     ap.add_argument('--warmup', type=float, default=None)
     ap.add_argument('--duration', type=float, default=None)
+    ap.add_argument('--h2load_only', action='store_true',
+                    help='only the issue-15 h2load rows and memo_bench (no offload_load, no peer)')
+    ap.add_argument('--h2load_rounds', type=int, default=3,
+                    help='alternations of the servers in the h2load rows (median and spread)')
     args = ap.parse_args()
     build_dir = os.path.abspath(args.build_dir)
     out_path = args.out or os.path.join(build_dir, 'bench-table.md')
@@ -431,34 +685,52 @@ def main():
         # during the run then hits the figures that a ratio compares alike.
         log('== servers: ours, the Node.js peer with key objects cached, and parsing per call')
         ctx['ours'], ctx['half'], ctx['peers'] = {}, {}, {'cached': {}, 'parse': {}}
+        ctx['minimal'] = {}
         servers = {}
         try:
             servers['ours'] = start_ours(build_dir, workdir)
-            for mode in ('cached', 'parse'):
+            servers['minimal'] = start_minimal(build_dir, workdir)
+            for mode in (() if args.h2load_only else ('cached', 'parse')):
                 servers[mode] = start_peer(mode, workdir)
             with open(servers['ours'].log_path) as f:
                 m = re.search(r'"choice":"([^"]*)"', f.read())
             ctx['backends'] = f'`{m.group(1)}`' if m else 'not logged'
             half_names = {'ours': 'ours', 'cached': 'Node peer (cached)', 'parse': 'Node peer (parse)'}
-            for label, flags, base, kind in workloads(peer=False):
-                for name in (('ours', 'cached', 'parse') if kind == 'cold' else ('ours',)):
+            for label, flags, base, kind in ([] if args.h2load_only else workloads(peer=False)):
+                names = ('ours', 'cached', 'parse') if kind == 'cold' else ('ours',)
+                if kind == 'cold' and any(w in flags for w in MINIMAL_WORKLOADS):
+                    names = ('ours', 'minimal', 'cached', 'parse')
+                for name in names:
                     row = runner.run(servers[name], label, flags)
                     if row is None:
                         continue
                     row.update(base=base, kind=kind)
+                    if name == 'minimal':
+                        ctx['minimal'][label] = row
+                        continue
                     (ctx['ours'] if name == 'ours' else ctx['peers'][name])[label] = row
                     if label == 'Verify cold':  # the p99 at half the capacity just measured
                         cap = row['items_s']
                         ctx['half'][half_names[name]] = {
                             'capacity': cap, 'rate': cap / 2, 'row': runner.run(
                                 servers[name], 'Verify cold at half capacity', flags, rate=cap / 2)}
+            for name in ('cached', 'parse'):  # idle from here on
+                if name in servers:
+                    servers.pop(name).stop()
+            log('== issue 15: h2load, fixed bodies (minimal server, ours memo off, ours memo on)')
+            servers['ours_nomemo'] = start_ours(build_dir, workdir, 'ours-nomemo', ['--memo=false'])
+            ctx['h2'] = h2load_section(build_dir, workdir, servers, args.h2load_rounds,
+                                       warmup, duration, runner)
         finally:
             for server in servers.values():
                 server.stop()
+        log('== issue 15: memo_bench (in process)')
+        ctx['memo_bench'] = memo_bench(build_dir, args.short, workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
     ctx['failed'] = runner.failed
+    ctx['h2_rounds'] = args.h2load_rounds
     ctx['elapsed'] = time.time() - started
     ctx['load_after'] = ' / '.join(f'{x:.1f}' for x in os.getloadavg())
     text = report(ctx)
