@@ -46,7 +46,15 @@ std::string Secret(int i, char tag) {
   return s;
 }
 
-std::unique_ptr<Client> MakeClient(const std::string& endpoints, ClientOptions o = {}) {
+// Options for tests that are not about deadlines: a call deadline that an ASan server on a busy
+// machine cannot miss (the 5 s default once marked a live, slow server down).
+ClientOptions Patient() {
+  ClientOptions o;
+  o.timeout = absl::Seconds(30);
+  return o;
+}
+
+std::unique_ptr<Client> MakeClient(const std::string& endpoints, ClientOptions o = Patient()) {
   o.endpoints = endpoints;
   auto c = Client::Create(o);
   EXPECT_TRUE(c.ok()) << c.status();

@@ -219,7 +219,7 @@ class FaultyListener {
   void DropCalls(int c) {
     static const unsigned char kSettings[9] = {0, 0, 0, 4, 0, 0, 0, 0, 0};
     static const unsigned char kSettingsAck[9] = {0, 0, 0, 4, 1, 0, 0, 0, 0};
-    if (write(c, kSettings, sizeof(kSettings)) != sizeof(kSettings)) return;
+    if (send(c, kSettings, sizeof(kSettings), MSG_NOSIGNAL) != sizeof(kSettings)) return;
     unsigned char preface[24];
     if (!ReadFull(c, preface, sizeof(preface))) return;
     for (;;) {
@@ -229,7 +229,7 @@ class FaultyListener {
       std::vector<unsigned char> payload(length);
       if (length > 0 && !ReadFull(c, payload.data(), length)) return;
       if (h[3] == 4 && (h[4] & 1) == 0) {  // the client's SETTINGS
-        if (write(c, kSettingsAck, sizeof(kSettingsAck)) != sizeof(kSettingsAck)) return;
+        if (send(c, kSettingsAck, sizeof(kSettingsAck), MSG_NOSIGNAL) != sizeof(kSettingsAck)) return;
       } else if (h[3] == 1) {  // HEADERS: a call
         {
           absl::MutexLock lock(&mu_);
