@@ -481,6 +481,11 @@ class PostgresReconnectTest : public PostgresKeyStoreTest {
   void CommitsWaitForAStandby() {
     commits_wait_ = true;
     SetSynchronousStandby("nobody");
+    // A session that was open before the reload takes the new setting only when its backend
+    // gets round to the reload signal, which on a busy machine can be after its next COMMIT:
+    // end the victim's session, so that the store's next call starts a new one (it notices the
+    // closed session before use).
+    TerminateVictim();
   }
   void CommitsNoLongerWait() {
     SetSynchronousStandby("");

@@ -421,6 +421,25 @@ class ServerTestCase(unittest.TestCase):
                           "%s: item message does not mention %r" % (what, part))
 
 
+def start_together(servers):
+    """Starts `servers` side by side (each spends a moment measuring the crypto backends; a
+    shared key store migrates its schema once, under its lock) and raises the first failure."""
+    errors = []
+
+    def start(server):
+        try:
+            server.start()
+        except Exception as e:  # noqa: BLE001 - raised below
+            errors.append(e)
+    threads = [threading.Thread(target=start, args=(s,)) for s in servers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
 def thread_run(fn, n, *args):
     """Runs fn(i, *args) for i in range(n) on threads; returns the threads (started)."""
     threads = [threading.Thread(target=fn, args=(i,) + args, daemon=True) for i in range(n)]

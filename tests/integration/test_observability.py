@@ -34,7 +34,6 @@ import re
 import signal
 import socket
 import struct
-import threading
 import time
 import unittest
 
@@ -233,20 +232,7 @@ class ObservabilityTest(harness.ServerTestCase):
         cls.prom = None
         try:
             # Started side by side: each spends seconds measuring the crypto backends.
-            errors = []
-
-            def start(server):
-                try:
-                    server.start()
-                except Exception as e:  # noqa: BLE001 - raised below
-                    errors.append(e)
-            threads = [threading.Thread(target=start, args=(x,)) for x in cls.servers]
-            for th in threads:
-                th.start()
-            for th in threads:
-                th.join()
-            if errors:
-                raise errors[0]
+            harness.start_together(cls.servers)
             cls.prom = Prometheus([cls.metrics_address, cls.tls_metrics_address],
                                   rule_files=[ALERTS]).start()
             # Two scrapes before any traffic: every counter's first sample is 0, so rate() over

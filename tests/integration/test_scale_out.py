@@ -209,19 +209,7 @@ class ScaleOutTest(harness.ServerTestCase):
             cls.addClassCleanup(r.kill)
         cls.addClassCleanup(cls.stop_replicas)
         # Started together: the schema migration runs once, under its advisory lock.
-        errors = []
-        def start(r):
-            try:
-                r.start()
-            except Exception as e:  # noqa: BLE001 - reported below
-                errors.append(e)
-        threads = [threading.Thread(target=start, args=(r,)) for r in cls.replicas]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
+        harness.start_together(cls.replicas)
         cls.nginx = Nginx([r.address for r in cls.replicas], cls.http_addresses).start()
         cls.addClassCleanup(cls.nginx.close)
         cls.hash_channel = harness.Server.new_channel(
