@@ -44,6 +44,24 @@ Method Make(absl::string_view service, absl::string_view name, bool batch,
   return m;
 }
 
+// Method::from_memo over an Operations `from_memo` step: a hit or an error completes the call;
+// a miss keeps its probe (what the lookup found) for Method::fresh.
+template <typename Request, typename Response, typename ProbeT>
+auto FromMemo(const Operations* ops,
+              bool (Operations::*from_memo)(const Request&, Response*, ProbeT*, absl::Status*)
+                  const) {
+  return [ops, from_memo](const Message& q, Message* r, Method::Probe* probe,
+                          absl::Status* status) {
+    auto p = std::make_shared<ProbeT>();
+    if ((ops->*from_memo)(static_cast<const Request&>(q), static_cast<Response*>(r), p.get(),
+                          status)) {
+      return true;
+    }
+    *probe = std::move(p);
+    return false;
+  };
+}
+
 // A single-item operation split in two (see Method::from_memo): `from_memo` may answer on a
 // transport thread; `fresh` runs on a worker with the lookup's probe.
 template <typename Request, typename Response, typename ProbeT>
@@ -61,16 +79,7 @@ Method MemoFirst(const Operations* ops, absl::string_view service, absl::string_
         if ((ops->*from_memo)(q, r, &probe, &status)) return std::move(done)(std::move(status));
         std::move(done)((ops->*fresh)(q, probe, r));
       });
-  m.from_memo = [ops, from_memo](const Message& q, Message* r, Method::Probe* probe,
-                                 absl::Status* status) {
-    auto p = std::make_shared<ProbeT>();
-    if ((ops->*from_memo)(static_cast<const Request&>(q), static_cast<Response*>(r), p.get(),
-                          status)) {
-      return true;
-    }
-    *probe = std::move(p);
-    return false;
-  };
+  m.from_memo = FromMemo(ops, from_memo);
   m.fresh = [ops, fresh](const Message& q, Message* r, Method::Probe probe, Operations::Done done,
                          Operations::Alive) {
     std::move(done)((ops->*fresh)(static_cast<const Request&>(q),
@@ -97,16 +106,7 @@ Method BatchMemoFirst(const Operations* ops, absl::string_view service, absl::st
         if ((ops->*from_memo)(q, r, &probe, &status)) return std::move(done)(std::move(status));
         (ops->*fresh)(q, probe, r, std::move(done), std::move(alive));
       });
-  m.from_memo = [ops, from_memo](const Message& q, Message* r, Method::Probe* probe,
-                                 absl::Status* status) {
-    auto p = std::make_shared<ProbeT>();
-    if ((ops->*from_memo)(static_cast<const Request&>(q), static_cast<Response*>(r), p.get(),
-                          status)) {
-      return true;
-    }
-    *probe = std::move(p);
-    return false;
-  };
+  m.from_memo = FromMemo(ops, from_memo);
   m.fresh = [ops, fresh](const Message& q, Message* r, Method::Probe probe, Operations::Done done,
                          Operations::Alive alive) {
     (ops->*fresh)(static_cast<const Request&>(q), *static_cast<const ProbeT*>(probe.get()),
