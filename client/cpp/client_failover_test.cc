@@ -36,6 +36,7 @@ namespace offload::client {
 namespace {
 
 using testing::FreePort;
+using testing::ReplicasFixture;
 using testing::ServerProcess;
 using testing::FaultyListener;
 
@@ -289,17 +290,14 @@ TEST_F(ConnectTest, SingleServerRestartedUnderLoadLosesNoCall) {
 // Three replicas. Keys whose first choice is the victim exist on every replica (they fail over
 // and come back); every other key exists on its own replica only.
 
-class ReplicaRestartTest : public ::testing::Test {
+class ReplicaRestartTest : public ReplicasFixture {
  protected:
   static constexpr int kKeys = 24;
 
   void SetUp() override {
     ASSERT_GE(sodium_init(), 0);
-    for (int i = 0; i < 3; ++i) {
-      servers_.push_back(std::make_unique<ServerProcess>(absl::StrCat("replica", i)));
-      servers_.back()->Start();
-      ASSERT_FALSE(HasFatalFailure());
-    }
+    StartReplicas(3);
+    ASSERT_FALSE(HasFatalFailure());
     std::vector<std::string> all;
     for (const auto& s : servers_) all.push_back(s->address());
     std::sort(all.begin(), all.end());
@@ -333,24 +331,8 @@ class ReplicaRestartTest : public ::testing::Test {
       }
     }
   }
-  void TearDown() override {
-    if (HasFailure()) {
-      for (const auto& s : servers_) std::fprintf(stderr, "%s\n", s->LogTail().c_str());
-    }
-  }
 
   static std::string Key(int i) { return absl::StrCat("x-", i); }
-  std::string Endpoints() const {
-    std::vector<std::string> a;
-    for (const auto& s : servers_) a.push_back(s->address());
-    return absl::StrJoin(a, ",");
-  }
-  ServerProcess* ByAddress(const std::string& address) {
-    for (const auto& s : servers_) {
-      if (s->address() == address) return s.get();
-    }
-    return nullptr;
-  }
   // Derive / BatchDerive items counted by `server` with `result` ("ok", "error", ...).
   static double DeriveItems(const ServerProcess& server, const std::string& result) {
     const auto items = server.Items();
@@ -362,7 +344,6 @@ class ReplicaRestartTest : public ::testing::Test {
     return sum;
   }
 
-  std::vector<std::unique_ptr<ServerProcess>> servers_;
   std::vector<std::string> home_, second_;  // by key index
   std::vector<std::string> expected_;       // shared key with peer_, by key index
   std::string victim_;

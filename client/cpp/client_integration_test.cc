@@ -33,6 +33,7 @@
 namespace offload::client {
 namespace {
 
+using testing::ReplicasFixture;
 using testing::ServerProcess;
 
 std::string Bytes(const unsigned char* p, size_t n) {
@@ -423,15 +424,12 @@ TEST_F(ClientApiTest, ConcurrentDeriveAndOpenAreCoalescedToo) {
 // ---------------------------------------------------------------------------------------------
 // Three replicas: affinity and failover.
 
-class ReplicasTest : public ::testing::Test {
+class ReplicasTest : public ReplicasFixture {
  protected:
   void SetUp() override {
     ASSERT_GE(sodium_init(), 0);
-    for (int i = 0; i < 3; ++i) {
-      servers_.push_back(std::make_unique<ServerProcess>(absl::StrCat("replica", i)));
-      servers_.back()->Start();
-      ASSERT_TRUE(servers_.back()->running());
-    }
+    StartReplicas(3);
+    ASSERT_FALSE(HasFatalFailure());
     // The same keys, from the same secrets, on every replica: any of them can serve any key.
     for (const auto& s : servers_) {
       auto direct = MakeClient(s->address());
@@ -451,27 +449,11 @@ class ReplicasTest : public ::testing::Test {
     crypto_box_keypair(peer_pk, peer_sk);
     peer_ = Bytes(peer_pk, 32);
   }
-  void TearDown() override {
-    if (HasFailure()) {
-      for (const auto& s : servers_) std::fprintf(stderr, "%s\n", s->LogTail().c_str());
-    }
-  }
 
   static constexpr int kKeysPerType = 18;
   static std::string EdKey(int i) { return absl::StrCat("ed-", i); }
   static std::string XKey(int i) { return absl::StrCat("x-", i); }
 
-  std::string Endpoints() const {
-    std::vector<std::string> a;
-    for (const auto& s : servers_) a.push_back(s->address());
-    return absl::StrJoin(a, ",");
-  }
-  ServerProcess* ByAddress(const std::string& address) {
-    for (const auto& s : servers_) {
-      if (s->address() == address) return s.get();
-    }
-    return nullptr;
-  }
   // Runs `traffic` (which makes `calls` RPCs) and returns which live servers' request counters
   // moved, and by how much.
   template <typename Fn>
@@ -522,7 +504,6 @@ class ReplicasTest : public ::testing::Test {
     return placed;
   }
 
-  std::vector<std::unique_ptr<ServerProcess>> servers_;
   std::vector<std::string> public_keys_;
   std::string peer_;
 };

@@ -31,6 +31,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -390,6 +391,39 @@ class ServerProcess {
   std::string kek_hex_;
   std::vector<std::string> extra_flags_;
   pid_t pid_ = -1;
+};
+
+// A fixture with `n` replicas started by StartReplicas (named replica0, replica1, ...); their
+// log tails are printed when a test fails.
+class ReplicasFixture : public ::testing::Test {
+ protected:
+  void StartReplicas(int n) {
+    for (int i = 0; i < n; ++i) {
+      servers_.push_back(std::make_unique<ServerProcess>(absl::StrCat("replica", i)));
+      servers_.back()->Start();
+      ASSERT_FALSE(::testing::Test::HasFatalFailure());
+      ASSERT_TRUE(servers_.back()->running());
+    }
+  }
+  void TearDown() override {
+    if (HasFailure()) {
+      for (const auto& s : servers_) std::fprintf(stderr, "%s\n", s->LogTail().c_str());
+    }
+  }
+  // The replicas' addresses, comma-separated (the client's endpoint list).
+  std::string Endpoints() const {
+    std::vector<std::string> a;
+    for (const auto& s : servers_) a.push_back(s->address());
+    return absl::StrJoin(a, ",");
+  }
+  ServerProcess* ByAddress(const std::string& address) {
+    for (const auto& s : servers_) {
+      if (s->address() == address) return s.get();
+    }
+    return nullptr;
+  }
+
+  std::vector<std::unique_ptr<ServerProcess>> servers_;
 };
 
 }  // namespace offload::client::testing

@@ -579,16 +579,8 @@ Gateway::Gateway(const MethodTable* table, ops::WorkerPool* pool, metrics::Metri
 Gateway::~Gateway() { Stop(absl::Now()); }
 
 absl::Status Gateway::Start() {
-  httpd::Server::Options o;
-  o.address = options_.address;
-  o.threads = options_.threads;
-  o.max_connections = options_.max_connections;
-  o.idle_timeout = options_.idle_timeout;
-  o.read_timeout = options_.read_timeout;
-  o.max_header_bytes = options_.max_header_bytes;
+  httpd::Server::Options o = options_.http;
   o.max_body_bytes = MaxBody(options_.max_message_bytes);
-  o.http2_max_streams = options_.http2_max_streams;
-  o.tcp_nodelay = options_.tcp_nodelay;
   if (options_.tls != nullptr) {
     o.configure_tls = [this](SSL_CTX* ctx) { return ConfigureTls(ctx); };
     if (options_.tls->mtls()) {
@@ -606,12 +598,12 @@ absl::Status Gateway::Start() {
     shared_->server = server_.get();
   }
   Log(LogLevel::kInfo, "http_started",
-      {{"http_address", options_.address},
+      {{"http_address", options_.http.address},
        {"http_port", server_->port()},
        {"tls", options_.tls == nullptr ? "off" : (options_.tls->mtls() ? "mtls" : "tls")},
        {"protocols", options_.tls == nullptr ? "http/1.1, h2c" : "http/1.1, h2 (ALPN)"},
        {"cors_origins", shared_->cors.origins()},
-       {"max_connections", options_.max_connections},
+       {"max_connections", options_.http.max_connections},
        {"compression_level", options_.compression.level},
        {"compression_min_bytes", options_.compression.min_bytes},
        {"methods", table_->methods().size()}});

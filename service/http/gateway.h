@@ -48,22 +48,22 @@ namespace offload::http {
 
 class Gateway final : public httpd::Handler {
  public:
+  // The HTTP server options the gateway starts from: port 8080 on loopback.
+  static httpd::Server::Options DefaultHttp() {
+    httpd::Server::Options o;
+    o.address = "127.0.0.1:8080";
+    return o;
+  }
+
   struct Options {
-    // host:port (port 0 picks a free one; see port()). IPv6 as [::1]:8080.
-    std::string address = "127.0.0.1:8080";
     // Largest request or response message (as the gRPC server's limit).
     int64_t max_message_bytes = 16 << 20;
     // Browser origins allowed by CORS (exact); empty: no CORS headers at all.
     CorsPolicy cors;
-    // Event loop threads (0: one per core, at most 4), connection bound, timeouts and header
-    // limit: see httpd::Server::Options.
-    int threads = 0;
-    int max_connections = 10000;
-    absl::Duration idle_timeout = absl::Seconds(60);
-    absl::Duration read_timeout = absl::Seconds(10);
-    int64_t max_header_bytes = 16 << 10;
-    int http2_max_streams = 100;
-    bool tcp_nodelay = true;
+    // The HTTP server: address (IPv6 as [::1]:8080, port 0 picks a free one; see port()),
+    // event loop threads, connection bound, timeouts, header limit, HTTP/2 streams. The gateway
+    // sets its body limit (from max_message_bytes) and its TLS hooks (from `tls`).
+    httpd::Server::Options http = DefaultHttp();
     // When responses are gzipped (for callers that ask: Accept-Encoding, grpc-accept-encoding).
     CompressionOptions compression;
     // Fraction of calls logged (method, code, latency, items; never payloads).

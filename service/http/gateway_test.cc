@@ -29,11 +29,14 @@
 #include "service/keys/file_key_store.h"
 #include "service/memo/memo.h"
 #include "tests/testing/http_client.h"
+#include "tests/testing/payloads.h"
 
 namespace offload::http {
 namespace {
 
 using ::testing::HasSubstr;
+using testhttp::JsonLike;
+using testhttp::RandomBytes;
 
 using testhttp::Response;
 
@@ -123,9 +126,9 @@ class GatewayTest : public ::testing::Test {
 
   Gateway::Options BaseOptions() {
     Gateway::Options options;
-    options.address = "127.0.0.1:0";
+    options.http.address = "127.0.0.1:0";
     options.max_message_bytes = kMaxMessage;
-    options.threads = 2;
+    options.http.threads = 2;
     return options;
   }
 
@@ -260,27 +263,6 @@ TEST_F(GatewayTest, GzipBothWays) {
   EXPECT_TRUE(response.valid());
 }
 
-// 55,000 bytes shaped like JSON records (compressible), or from a fixed-seed generator (not).
-std::string JsonLike(size_t n) {
-  std::string s = "[";
-  for (int i = 0; s.size() < n; ++i) {
-    absl::StrAppend(&s, R"({"id":)", i, R"(,"name":"user-)", i * 7919 % 10007,
-                    R"(","email":"user)", i, R"(@example.com","score":)", (i * 37) % 1000, "},");
-  }
-  s.resize(n);
-  return s;
-}
-std::string RandomBytes(size_t n) {
-  std::string s(n, '\0');
-  uint64_t x = 0x9E3779B97F4A7C15ull;
-  for (char& c : s) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    c = static_cast<char>(x >> 24);
-  }
-  return s;
-}
 
 // The value of the metric line starting with `series` in `scrape`, or -1.
 double MetricValue(const std::string& scrape, const std::string& series) {
@@ -654,8 +636,8 @@ TEST_F(GatewayTest, CorsOnlyForListedOrigins) {
 
 TEST_F(GatewayTest, ConnectionHygiene) {
   Restart([](Gateway::Options& o) {
-    o.max_header_bytes = 2048;
-    o.read_timeout = absl::Seconds(1);
+    o.http.max_header_bytes = 2048;
+    o.http.read_timeout = absl::Seconds(1);
   });
   // Oversized headers: 431.
   Response r = Post(kVerify, "application/proto", verify_.SerializeAsString(),

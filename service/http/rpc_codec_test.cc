@@ -8,11 +8,14 @@
 #include "gtest/gtest.h"
 #include "offload/v1/aead.pb.h"
 #include "offload/v1/ed25519.pb.h"
+#include "tests/testing/payloads.h"
 
 namespace offload::http {
 namespace {
 
 using ::testing::HasSubstr;
+using testhttp::JsonLike;
+using testhttp::RandomBytes;
 
 absl::StatusOr<CallOptions> Parse(Protocol protocol, std::map<std::string, std::string> headers) {
   return ParseCallHeaders(protocol, [&headers](const char* name) -> std::optional<absl::string_view> {
@@ -140,27 +143,6 @@ TEST(EncodeResponse, ProtoJsonAndLimit) {
   EXPECT_TRUE(out.empty());
 }
 
-std::string RandomBytes(size_t n, uint32_t seed) {
-  std::string s(n, '\0');
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (char& c : s) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    c = static_cast<char>(x >> 24);
-  }
-  return s;
-}
-
-std::string JsonLike(size_t n) {
-  std::string s = "[";
-  for (int i = 0; s.size() < n; ++i) {
-    absl::StrAppend(&s, R"({"id":)", i, R"(,"name":"user-)", i * 7919 % 10007,
-                    R"(","email":"user)", i, R"(@example.com","score":)", (i * 37) % 1000, "},");
-  }
-  s.resize(n);
-  return s;
-}
 
 // An AEAD Open answer of `plaintext`, encoded as the gateway encodes it.
 std::string OpenResponse(Codec codec, const std::string& plaintext) {

@@ -413,16 +413,16 @@ absl::Status RunServer(const ServerConfig& config) {
   if (!config.http_address.empty()) {
     OFFLOAD_ASSIGN_OR_RETURN(http::CorsPolicy cors, http::CorsPolicy::Parse(config.http_cors_origins));
     http::Gateway::Options http_options;
-    http_options.address = config.http_address;
+    http_options.http.address = config.http_address;
     http_options.max_message_bytes = config.max_message_bytes;
     http_options.cors = std::move(cors);
-    http_options.threads = config.http_threads;
-    http_options.max_connections = config.http_max_connections;
-    http_options.idle_timeout = config.http_idle_timeout;
-    http_options.read_timeout = config.http_read_timeout;
-    http_options.max_header_bytes = config.http_max_header_bytes;
-    http_options.http2_max_streams = config.http2_max_concurrent_streams;
-    http_options.tcp_nodelay = config.http_tcp_nodelay;
+    http_options.http.threads = config.http_threads;
+    http_options.http.max_connections = config.http_max_connections;
+    http_options.http.idle_timeout = config.http_idle_timeout;
+    http_options.http.read_timeout = config.http_read_timeout;
+    http_options.http.max_header_bytes = config.http_max_header_bytes;
+    http_options.http.http2_max_streams = config.http2_max_concurrent_streams;
+    http_options.http.tcp_nodelay = config.http_tcp_nodelay;
     http_options.compression.level = config.http_compression_level;
     http_options.compression.min_bytes = config.http_compression_min_bytes;
     http_options.log_sample_rate = config.log_requests_sample_rate;

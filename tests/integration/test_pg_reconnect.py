@@ -22,7 +22,6 @@ Run: OFFLOAD_SERVER=build/bin/offload_server /usr/bin/python3 -m unittest -v tes
 
 import os
 import secrets
-import signal
 import sys
 import time
 import unittest
@@ -65,18 +64,7 @@ class PostgresReconnectTest(harness.ServerTestCase):
 
     @classmethod
     def stop_replicas(cls):
-        live = [r for r in cls.replicas if r.proc is not None]
-        # Our idle client channels first: a server waits for its open connections on SIGTERM.
-        for r in live:
-            if r.channel is not None:
-                r.channel.close()
-                r.channel = None
-        for r in live:
-            r.signal(signal.SIGTERM)
-        codes = {r.name: r.terminate()[0] for r in live}
-        bad = {name: rc for name, rc in codes.items() if rc != 0}
-        if bad:
-            raise AssertionError("replicas did not exit cleanly after SIGTERM: %s" % bad)
+        harness.stop_together(cls.replicas)
 
     # -- helpers -----------------------------------------------------------------------------
 

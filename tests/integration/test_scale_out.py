@@ -225,14 +225,7 @@ class ScaleOutTest(harness.ServerTestCase):
 
     @classmethod
     def stop_replicas(cls):
-        """SIGTERM to the live replicas at once (a clean exit runs the sanitizers' leak check)."""
-        live = [r for r in cls.replicas if r.proc is not None]
-        for r in live:
-            r.signal(signal.SIGTERM)
-        codes = {r.name: r.terminate()[0] for r in live}
-        bad = {name: rc for name, rc in codes.items() if rc != 0}
-        if bad:
-            raise AssertionError("replicas did not exit cleanly after SIGTERM: %s" % bad)
+        harness.stop_together(cls.replicas)
 
     # -- helpers -----------------------------------------------------------------------------
 
