@@ -26,8 +26,7 @@
 #include "service/crypto/backend.h"
 #include "service/http/method_table.h"
 #include "service/http/protocol.h"
-#include "service/keys/file_key_store.h"
-#include "service/memo/memo.h"
+#include "service/ops/test_stack.h"
 #include "tests/testing/http_client.h"
 #include "tests/testing/payloads.h"
 
@@ -45,24 +44,15 @@ class GatewayTest : public ::testing::Test {
   static constexpr int64_t kMaxMessage = 64 << 10;
 
   void SetUp() override {
-    ASSERT_TRUE(crypto::InitCrypto().ok());
-    char tmpl[] = "/tmp/offload-http-test-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    SecretBytes kek(32);
-    randombytes_buf(kek.data(), kek.size());
-    auto store = keys::FileKeyStore::Open(dir_, std::move(kek));
-    ASSERT_TRUE(store.ok()) << store.status();
-    auto manager = keys::KeyManager::Create(*std::move(store), crypto::BackendChoice{});
-    ASSERT_TRUE(manager.ok()) << manager.status();
-    keys_ = *std::move(manager);
-    memo_ = std::make_unique<memo::Memo>(memo::MemoOptions{});
-    pool_ = std::make_unique<ops::WorkerPool>(2);
-    ops_ = std::make_unique<ops::Operations>(keys_.get(), memo_.get(), pool_.get(),
-                                             crypto::BackendChoice{}, ops::Operations::Options{});
-    table_ = std::make_unique<MethodTable>(ops_.get(), keys_.get());
+    auto stack = ops::TestStack::Create();
+    ASSERT_TRUE(stack.ok()) << stack.status();
+    stack_ = *std::move(stack);
+    keys_ = stack_->keys.get();
+    pool_ = stack_->pool.get();
+    ops_ = stack_->ops.get();
+    table_ = std::make_unique<MethodTable>(ops_, keys_);
     metrics_ = std::make_unique<metrics::Metrics>();
-    gateway_ = std::make_unique<Gateway>(table_.get(), pool_.get(), metrics_.get(), BaseOptions());
+    gateway_ = std::make_unique<Gateway>(table_.get(), pool_, metrics_.get(), BaseOptions());
     ASSERT_TRUE(gateway_->Start().ok());
     ASSERT_GT(gateway_->port(), 0);
 
@@ -88,11 +78,7 @@ class GatewayTest : public ::testing::Test {
   void TearDown() override {
     gateway_.reset();
     table_.reset();
-    ops_.reset();
-    pool_.reset();
-    keys_.reset();
-    memo_.reset();
-    std::filesystem::remove_all(dir_);
+    stack_.reset();
   }
 
   // Sends `head` (request line and headers, without the blank line) and `body` on a new
@@ -120,7 +106,7 @@ class GatewayTest : public ::testing::Test {
     gateway_.reset();
     Gateway::Options options = BaseOptions();
     edit(options);
-    gateway_ = std::make_unique<Gateway>(table_.get(), pool_.get(), metrics_.get(), options);
+    gateway_ = std::make_unique<Gateway>(table_.get(), pool_, metrics_.get(), options);
     ASSERT_TRUE(gateway_->Start().ok());
   }
 
@@ -132,11 +118,10 @@ class GatewayTest : public ::testing::Test {
     return options;
   }
 
-  std::string dir_;
-  std::unique_ptr<keys::KeyManager> keys_;
-  std::unique_ptr<memo::Memo> memo_;
-  std::unique_ptr<ops::WorkerPool> pool_;
-  std::unique_ptr<ops::Operations> ops_;
+  std::unique_ptr<ops::TestStack> stack_;
+  keys::KeyManager* keys_ = nullptr;
+  ops::WorkerPool* pool_ = nullptr;
+  ops::Operations* ops_ = nullptr;
   std::unique_ptr<MethodTable> table_;
   std::unique_ptr<metrics::Metrics> metrics_;
   std::unique_ptr<Gateway> gateway_;

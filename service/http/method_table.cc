@@ -7,23 +7,13 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/descriptor.pb.h"
-#include "offload/v1/aead.pb.h"
-#include "offload/v1/box.pb.h"
-#include "offload/v1/ed25519.pb.h"
-#include "offload/v1/keys.pb.h"
-#include "offload/v1/x25519.pb.h"
+#include "service/ops/methods.h"
 
 namespace offload::http {
 namespace {
 
 using google::protobuf::Message;
 using ops::Operations;
-
-constexpr absl::string_view kKeys = "offload.v1.KeyService";
-constexpr absl::string_view kEd25519 = "offload.v1.Ed25519Service";
-constexpr absl::string_view kX25519 = "offload.v1.X25519Service";
-constexpr absl::string_view kBox = "offload.v1.BoxService";
-constexpr absl::string_view kAead = "offload.v1.AeadService";
 
 template <typename Request, typename Response>
 Method Make(absl::string_view service, absl::string_view name, bool batch,
@@ -136,77 +126,63 @@ Method Batch(const Operations* ops, absl::string_view service, absl::string_view
                                  });
 }
 
-// A key manager call returning StatusOr<KeyInfo>.
-template <typename Request>
-Method KeyCall(absl::string_view name,
-               std::function<absl::StatusOr<v1::KeyInfo>(const Request&)> fn) {
-  return Make<Request, v1::KeyInfo>(
-      kKeys, name, false, [fn = std::move(fn)](const Request& q, v1::KeyInfo* r,
-                                               Operations::Done done, Operations::Alive) {
-        absl::StatusOr<v1::KeyInfo> info = fn(q);
-        if (!info.ok()) return std::move(done)(info.status());
-        *r = *std::move(info);
-        std::move(done)(absl::OkStatus());
-      });
-}
+// Builds the table's entries from ops::ForEachMethod.
+struct TableBuilder {
+  const Operations* ops;
+  keys::KeyManager* keys;
+  std::vector<Method>* methods;
+
+  template <typename Request, typename Response>
+  void Keys(absl::string_view name, bool audited, ops::KeyFn<Request, Response> fn) {
+    methods->push_back(Make<Request, Response>(
+        ops::kKeyService, name, false,
+        [k = keys, fn](const Request& q, Response* r, Operations::Done done, Operations::Alive) {
+          std::move(done)(fn(k, q, r));
+        }));
+    methods->back().key_lifecycle = audited;
+  }
+  template <typename Request, typename Response>
+  void Unary(absl::string_view service, absl::string_view name,
+             absl::Status (Operations::*op)(const Request&, Response*) const) {
+    methods->push_back(http::Unary(ops, service, name, op));
+  }
+  template <typename Request, typename Response>
+  void Batch(absl::string_view service, absl::string_view name,
+             void (Operations::*op)(const Request&, Response*, Operations::Done,
+                                    Operations::Alive) const) {
+    methods->push_back(http::Batch(ops, service, name, op));
+  }
+  template <typename FromMemoFn, typename FreshFn>
+  void MemoFirst(absl::string_view service, absl::string_view name, FromMemoFn from_memo,
+                 FreshFn fresh) {
+    methods->push_back(http::MemoFirst(ops, service, name, from_memo, fresh));
+  }
+  template <typename FromMemoFn, typename FreshFn>
+  void BatchMemoFirst(absl::string_view service, absl::string_view name, FromMemoFn from_memo,
+                      FreshFn fresh) {
+    methods->push_back(http::BatchMemoFirst(ops, service, name, from_memo, fresh));
+  }
+  void AeadOpen(absl::string_view service, absl::string_view name) {
+    methods->push_back(http::MemoFirst(ops, service, name, &Operations::AeadOpenFromMemo,
+                                       &Operations::AeadOpenFresh));
+    methods->back().from_memo_shared = [o = ops](const Message& q, Operations::OpenResult* result,
+                                                 Method::Probe* probe, absl::Status* status) {
+      auto p = std::make_shared<Operations::OpenProbe>();
+      if (o->AeadOpenFromMemoShared(static_cast<const v1::AeadOpenRequest&>(q), result, p.get(),
+                                    status)) {
+        return true;
+      }
+      *probe = std::move(p);
+      return false;
+    };
+  }
+};
 
 }  // namespace
 
 MethodTable::MethodTable(const Operations* ops, keys::KeyManager* keys) {
-  methods_.push_back(KeyCall<v1::CreateKeyRequest>(
-      "CreateKey", [keys](const v1::CreateKeyRequest& q) { return keys->CreateKey(q); }));
-  methods_.push_back(KeyCall<v1::ImportKeyRequest>(
-      "ImportKey", [keys](const v1::ImportKeyRequest& q) { return keys->ImportKey(q); }));
-  methods_.push_back(KeyCall<v1::GetKeyRequest>(
-      "GetKey", [keys](const v1::GetKeyRequest& q) { return keys->GetKey(q.key_id()); }));
-  methods_.push_back(Make<v1::ListKeysRequest, v1::ListKeysResponse>(
-      kKeys, "ListKeys", false,
-      [keys](const v1::ListKeysRequest&, v1::ListKeysResponse* r, Operations::Done done,
-             Operations::Alive) {
-        for (v1::KeyInfo& info : keys->ListKeys()) *r->add_keys() = std::move(info);
-        std::move(done)(absl::OkStatus());
-      }));
-  methods_.push_back(KeyCall<v1::RotateKeyRequest>(
-      "RotateKey", [keys](const v1::RotateKeyRequest& q) { return keys->RotateKey(q.key_id()); }));
-  methods_.push_back(Make<v1::DeleteKeyRequest, v1::DeleteKeyResponse>(
-      kKeys, "DeleteKey", false,
-      [keys](const v1::DeleteKeyRequest& q, v1::DeleteKeyResponse*, Operations::Done done,
-             Operations::Alive) {
-        std::move(done)(keys->DeleteKey(q.key_id()));
-      }));
-
-  methods_.push_back(Unary(ops, kEd25519, "Sign", &Operations::Sign));
-  methods_.push_back(Batch(ops, kEd25519, "BatchSign", &Operations::BatchSign));
-  methods_.push_back(MemoFirst(ops, kEd25519, "Verify", &Operations::VerifyFromMemo,
-                               &Operations::VerifyFresh));
-  methods_.push_back(BatchMemoFirst(ops, kEd25519, "BatchVerify",
-                                    &Operations::BatchVerifyFromMemo,
-                                    &Operations::BatchVerifyFresh));
-
-  methods_.push_back(MemoFirst(ops, kX25519, "Derive", &Operations::DeriveFromMemo,
-                               &Operations::DeriveFresh));
-  methods_.push_back(Batch(ops, kX25519, "BatchDerive", &Operations::BatchDerive));
-
-  methods_.push_back(Unary(ops, kBox, "Seal", &Operations::BoxSeal));
-  methods_.push_back(Batch(ops, kBox, "BatchSeal", &Operations::BatchBoxSeal));
-  methods_.push_back(Unary(ops, kBox, "Open", &Operations::BoxOpen));
-  methods_.push_back(Batch(ops, kBox, "BatchOpen", &Operations::BatchBoxOpen));
-
-  methods_.push_back(Unary(ops, kAead, "Seal", &Operations::AeadSeal));
-  methods_.push_back(Batch(ops, kAead, "BatchSeal", &Operations::BatchAeadSeal));
-  methods_.push_back(MemoFirst(ops, kAead, "Open", &Operations::AeadOpenFromMemo,
-                               &Operations::AeadOpenFresh));
-  methods_.back().from_memo_shared = [ops](const Message& q, Operations::OpenResult* result,
-                                           Method::Probe* probe, absl::Status* status) {
-    auto p = std::make_shared<Operations::OpenProbe>();
-    if (ops->AeadOpenFromMemoShared(static_cast<const v1::AeadOpenRequest&>(q), result, p.get(),
-                                    status)) {
-      return true;
-    }
-    *probe = std::move(p);
-    return false;
-  };
-  methods_.push_back(Batch(ops, kAead, "BatchOpen", &Operations::BatchAeadOpen));
+  TableBuilder builder{ops, keys, &methods_};
+  ops::ForEachMethod(builder);
 
   // The proto is the contract: every entry names one of its methods, with its types, and says
   // what its options say.
@@ -223,8 +199,6 @@ MethodTable::MethodTable(const Operations* ops, keys::KeyManager* keys) {
     }
     m.no_side_effects =
         d->options().idempotency_level() == google::protobuf::MethodOptions::NO_SIDE_EFFECTS;
-    m.key_lifecycle = m.service == kKeys && (m.method == "CreateKey" || m.method == "ImportKey" ||
-                                             m.method == "RotateKey" || m.method == "DeleteKey");
   }
   for (const Method& m : methods_) by_path_[m.path] = &m;
 }

@@ -1,6 +1,7 @@
 // Every unary RPC of offload.v1 as data: its path, request and response prototypes and a
-// function that runs it over the operations and the key manager. Transport-independent: the HTTP
-// gateway serves the table; any other transport could too.
+// function that runs it over the operations and the key manager, built from ops::ForEachMethod
+// (service/ops/methods.h: the one list of the API's methods, which the gRPC services are built
+// from too). Transport-independent: the HTTP gateway serves the table.
 //
 //   MethodTable table(&operations, &key_manager);
 //   const Method* m = table.Find("/offload.v1.Ed25519Service/Verify");
@@ -11,8 +12,9 @@
 //
 // Single-item calls run on the calling thread (it must be a worker) and call `done` before they
 // return; batch calls spread their items over the worker pool and call `done` from a worker.
-// Methods whose memo hits need no crypto (Verify, BatchVerify, Derive, AEAD Open) also have
-// `from_memo` / `fresh`, the two halves of `call`: the first may run on a transport thread.
+// Methods whose memo hits need no crypto (Verify, BatchVerify, Derive, BatchDerive, AEAD Open)
+// also have `from_memo` / `fresh`, the two halves of `call`: the first may run on a transport
+// thread.
 // Whether a method may be sent by HTTP GET comes from the proto (idempotency_level).
 // Thread-safety: immutable after construction; `call` may run concurrently.
 #ifndef SERVICE_HTTP_METHOD_TABLE_H_

@@ -55,7 +55,17 @@ TEST(MethodTable, CoversEveryMethodWithTheProtoTypes) {
   EXPECT_EQ(memo_first, (std::set<std::string>{"/offload.v1.Ed25519Service/Verify",
                                                "/offload.v1.Ed25519Service/BatchVerify",
                                                "/offload.v1.X25519Service/Derive",
+                                               "/offload.v1.X25519Service/BatchDerive",
                                                "/offload.v1.AeadService/Open"}));
+  // Key lifecycle calls (audited) are exactly these.
+  std::set<std::string> audited;
+  for (const Method& m : table.methods()) {
+    if (m.key_lifecycle) audited.insert(m.path);
+  }
+  EXPECT_EQ(audited, (std::set<std::string>{"/offload.v1.KeyService/CreateKey",
+                                            "/offload.v1.KeyService/ImportKey",
+                                            "/offload.v1.KeyService/RotateKey",
+                                            "/offload.v1.KeyService/DeleteKey"}));
   EXPECT_EQ(table.Find("/offload.v1.KeyService/Nope"), nullptr);
   EXPECT_EQ(table.Find("offload.v1.KeyService/GetKey"), nullptr);
 }

@@ -15,7 +15,7 @@
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "service/crypto/op_counts.h"
-#include "service/keys/file_key_store.h"
+#include "service/ops/test_stack.h"
 
 namespace offload::ops {
 namespace {
@@ -34,31 +34,16 @@ class OperationsTest : public ::testing::Test {
   void SetUp() override { Start(memo::MemoOptions{}); }
 
   void Start(memo::MemoOptions memo_options) {
-    ASSERT_TRUE(crypto::InitCrypto().ok());
-    char tmpl[] = "/tmp/offload-ops-test-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    SecretBytes kek(32);
-    randombytes_buf(kek.data(), kek.size());
-    auto store = keys::FileKeyStore::Open(dir_, std::move(kek));
-    ASSERT_TRUE(store.ok()) << store.status();
-    auto manager = keys::KeyManager::Create(*std::move(store), crypto::BackendChoice{});
-    ASSERT_TRUE(manager.ok()) << manager.status();
-    keys_ = *std::move(manager);
-    memo_ = std::make_unique<memo::Memo>(memo_options);
-    keys_->AddChangeListener([this](absl::string_view id) { memo_->DropKey(id); });
-    pool_ = std::make_unique<WorkerPool>(2);
-    ops_ = std::make_unique<Operations>(keys_.get(), memo_.get(), pool_.get(),
-                                        crypto::BackendChoice{}, Operations::Options{});
+    auto stack = TestStack::Create(memo_options);
+    ASSERT_TRUE(stack.ok()) << stack.status();
+    stack_ = *std::move(stack);
+    keys_ = stack_->keys.get();
+    memo_ = stack_->memo.get();
+    pool_ = stack_->pool.get();
+    ops_ = stack_->ops.get();
   }
 
-  void TearDown() override {
-    ops_.reset();
-    pool_.reset();
-    keys_.reset();
-    memo_.reset();
-    std::filesystem::remove_all(dir_);
-  }
+  void TearDown() override { stack_.reset(); }
 
   void CreateKey(const std::string& id, v1::KeyType type) {
     v1::CreateKeyRequest request;
@@ -87,11 +72,11 @@ class OperationsTest : public ::testing::Test {
     return ops_->AeadOpen(request, response);
   }
 
-  std::string dir_;
-  std::unique_ptr<keys::KeyManager> keys_;
-  std::unique_ptr<memo::Memo> memo_;
-  std::unique_ptr<WorkerPool> pool_;
-  std::unique_ptr<Operations> ops_;
+  std::unique_ptr<TestStack> stack_;
+  keys::KeyManager* keys_ = nullptr;
+  memo::Memo* memo_ = nullptr;
+  WorkerPool* pool_ = nullptr;
+  Operations* ops_ = nullptr;
 };
 
 // The mobile app: 27 read-state blobs of 55 KB, opened on every resume. Ciphertexts made

@@ -3,6 +3,9 @@
 #include <openssl/pem.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
 #include <atomic>
 #include <chrono>
 #include <deque>
@@ -13,6 +16,10 @@
 #include "absl/random/random.h"
 #include "absl/synchronization/mutex.h"
 #include "google/protobuf/arena.h"
+#include "grpcpp/impl/codegen/proto_utils.h"
+#include "grpcpp/impl/codegen/server_callback_handlers.h"
+#include "grpcpp/impl/rpc_method.h"
+#include "grpcpp/impl/service_type.h"
 #include "grpcpp/security/auth_context.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/proto_buffer_reader.h"
@@ -21,11 +28,7 @@
 #include "service/auth/tls.h"
 #include "service/common/log.h"
 
-#include "offload/v1/aead.grpc.pb.h"
-#include "offload/v1/box.grpc.pb.h"
-#include "offload/v1/ed25519.grpc.pb.h"
-#include "offload/v1/keys.grpc.pb.h"
-#include "offload/v1/x25519.grpc.pb.h"
+#include "service/ops/methods.h"
 
 namespace offload::rpc {
 
@@ -517,231 +520,168 @@ class ArenaAllocator final : public grpc::MessageAllocator<Request, Response> {
   };
 };
 
-// Copies a StatusOr<KeyInfo> into `response`.
-absl::Status Store(absl::StatusOr<v1::KeyInfo> info, v1::KeyInfo* response) {
-  if (!info.ok()) return info.status();
-  *response = *std::move(info);
-  return absl::OkStatus();
-}
-
-constexpr absl::string_view kKeys = "offload.v1.KeyService";
-constexpr absl::string_view kEd25519 = "offload.v1.Ed25519Service";
-constexpr absl::string_view kX25519 = "offload.v1.X25519Service";
-constexpr absl::string_view kBox = "offload.v1.BoxService";
-constexpr absl::string_view kAead = "offload.v1.AeadService";
-
-class KeyService final : public v1::KeyService::CallbackService {
+// One proto service's methods on gRPC's callback API, added one by one from ops::ForEachMethod
+// (what the generated CallbackService classes do with a method each). gRPC takes the service's
+// name from its methods' paths.
+class TableService final : public grpc::Service {
  public:
-  explicit KeyService(Dispatcher* d)
-      : d_(d),
-        create_(d->Method(kKeys, "CreateKey", false)),
-        import_(d->Method(kKeys, "ImportKey", false)),
-        get_(d->Method(kKeys, "GetKey", false)),
-        list_(d->Method(kKeys, "ListKeys", false)),
-        rotate_(d->Method(kKeys, "RotateKey", false)),
-        delete_(d->Method(kKeys, "DeleteKey", false)) {}
-
-  ServerUnaryReactor* CreateKey(CallbackServerContext* c, const v1::CreateKeyRequest* q,
-                                v1::KeyInfo* r) override {
-    keys::KeyManager* k = d_->keys();
-    return d_->Run(c, create_, *q, r, [=] {
-      absl::Status s = Store(k->CreateKey(*q), r);
-      d_->AuditKeyCall(c, create_, *q, s, r->current_version());
-      return s;
-    });
+  template <typename Request, typename Response>
+  void AddUnary(absl::string_view service, absl::string_view name, const MethodInfo* info,
+                std::function<ServerUnaryReactor*(CallbackServerContext*, const Request*,
+                                                  Response*)>
+                    handler,
+                grpc::MessageAllocator<Request, Response>* allocator = nullptr) {
+    CheckInProto(service, name, Request::descriptor(), Response::descriptor());
+    AddMethod(new grpc::internal::RpcServiceMethod(info->path.c_str(),
+                                                   grpc::internal::RpcMethod::NORMAL_RPC, nullptr));
+    auto* h = new grpc::internal::CallbackUnaryHandler<Request, Response>(std::move(handler));
+    if (allocator != nullptr) h->SetMessageAllocator(allocator);
+    MarkMethodCallback(methods_added_++, h);
   }
-  ServerUnaryReactor* ImportKey(CallbackServerContext* c, const v1::ImportKeyRequest* q,
-                                v1::KeyInfo* r) override {
-    keys::KeyManager* k = d_->keys();
-    return d_->Run(c, import_, *q, r, [=] {
-      absl::Status s = Store(k->ImportKey(*q), r);
-      d_->AuditKeyCall(c, import_, *q, s, r->current_version());
-      return s;
-    });
-  }
-  ServerUnaryReactor* GetKey(CallbackServerContext* c, const v1::GetKeyRequest* q,
-                             v1::KeyInfo* r) override {
-    keys::KeyManager* k = d_->keys();
-    return d_->Run(c, get_, *q, r, [=] { return Store(k->GetKey(q->key_id()), r); });
-  }
-  ServerUnaryReactor* ListKeys(CallbackServerContext* c, const v1::ListKeysRequest* q,
-                               v1::ListKeysResponse* r) override {
-    keys::KeyManager* k = d_->keys();
-    return d_->Run(c, list_, *q, r, [=] {
-      for (v1::KeyInfo& info : k->ListKeys()) *r->add_keys() = std::move(info);
-      return absl::OkStatus();
-    });
-  }
-  ServerUnaryReactor* RotateKey(CallbackServerContext* c, const v1::RotateKeyRequest* q,
-                                v1::KeyInfo* r) override {
-    keys::KeyManager* k = d_->keys();
-    return d_->Run(c, rotate_, *q, r, [=] {
-      absl::Status s = Store(k->RotateKey(q->key_id()), r);
-      d_->AuditKeyCall(c, rotate_, *q, s, r->current_version());
-      return s;
-    });
-  }
-  ServerUnaryReactor* DeleteKey(CallbackServerContext* c, const v1::DeleteKeyRequest* q,
-                                v1::DeleteKeyResponse* r) override {
-    keys::KeyManager* k = d_->keys();
-    return d_->Run(c, delete_, *q, r, [=] {
-      absl::Status s = k->DeleteKey(q->key_id());
-      d_->AuditKeyCall(c, delete_, *q, s, 0);
-      return s;
-    });
+  // A method whose request and answer are handed over as bytes (AEAD Open, see OpenShared).
+  void AddRawUnary(absl::string_view service, absl::string_view name, const MethodInfo* info,
+                   std::function<ServerUnaryReactor*(CallbackServerContext*,
+                                                     const grpc::ByteBuffer*, grpc::ByteBuffer*)>
+                       handler,
+                   const google::protobuf::Descriptor* request,
+                   const google::protobuf::Descriptor* response) {
+    CheckInProto(service, name, request, response);
+    AddMethod(new grpc::internal::RpcServiceMethod(info->path.c_str(),
+                                                   grpc::internal::RpcMethod::NORMAL_RPC, nullptr));
+    MarkMethodRawCallback(
+        methods_added_++,
+        new grpc::internal::CallbackUnaryHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
+            std::move(handler)));
   }
 
  private:
-  Dispatcher* const d_;
-  const MethodInfo* const create_;
-  const MethodInfo* const import_;
-  const MethodInfo* const get_;
-  const MethodInfo* const list_;
-  const MethodInfo* const rotate_;
-  const MethodInfo* const delete_;
+  static void CheckInProto(absl::string_view service, absl::string_view name,
+                           const google::protobuf::Descriptor* request,
+                           const google::protobuf::Descriptor* response) {
+    if (ops::InProto(service, name, request, response)) return;
+    // Our own invariant (a programming error), caught by every test that starts a server.
+    std::fprintf(stderr, "grpc services: %s.%s is not in the proto with these types\n",
+                 std::string(service).c_str(), std::string(name).c_str());
+    std::abort();
+  }
+
+  int methods_added_ = 0;
 };
 
-class Ed25519Service final : public v1::Ed25519Service::CallbackService {
+// Builds the gRPC services from ops::ForEachMethod: one TableService per proto service, each
+// method bound to the Dispatcher's way of running its kind; batches get their arena allocator.
+class ServicesBuilder {
  public:
-  explicit Ed25519Service(Dispatcher* d)
-      : d_(d),
-        sign_(d->Method(kEd25519, "Sign", false)),
-        batch_sign_(d->Method(kEd25519, "BatchSign", true)),
-        verify_(d->Method(kEd25519, "Verify", false)),
-        batch_verify_(d->Method(kEd25519, "BatchVerify", true)) {
-    SetMessageAllocatorFor_BatchSign(&batch_sign_arena_);
-    SetMessageAllocatorFor_BatchVerify(&batch_verify_arena_);
+  ServicesBuilder(Dispatcher* d, std::deque<TableService>* services,
+                  std::vector<std::unique_ptr<void, void (*)(void*)>>* allocators)
+      : d_(d), services_(services), allocators_(allocators) {}
+
+  template <typename Request, typename Response>
+  void Keys(absl::string_view name, bool audited, ops::KeyFn<Request, Response> fn) {
+    const MethodInfo* info = d_->Method(ops::kKeyService, name, false);
+    Dispatcher* d = d_;
+    ServiceFor(ops::kKeyService)
+        .AddUnary<Request, Response>(
+            ops::kKeyService, name, info, [d, info, audited, fn](CallbackServerContext* c, const Request* q, Response* r) {
+              keys::KeyManager* k = d->keys();
+              return d->Run(c, info, *q, r, [=] {
+                absl::Status s = fn(k, *q, r);
+                if (audited) d->AuditKeyCall(c, info, *q, s, VersionOf(*r));
+                return s;
+              });
+            });
   }
-  ServerUnaryReactor* Sign(CallbackServerContext* c, const v1::SignRequest* q,
-                           v1::SignResponse* r) override {
-    return d_->Unary(c, sign_, q, r, &Operations::Sign);
+  template <typename Request, typename Response>
+  void Unary(absl::string_view service, absl::string_view name,
+             absl::Status (Operations::*op)(const Request&, Response*) const) {
+    const MethodInfo* info = d_->Method(service, name, false);
+    Dispatcher* d = d_;
+    ServiceFor(service).AddUnary<Request, Response>(
+        service, name, info, [d, info, op](CallbackServerContext* c, const Request* q, Response* r) {
+          return d->Unary(c, info, q, r, op);
+        });
   }
-  ServerUnaryReactor* BatchSign(CallbackServerContext* c, const v1::BatchSignRequest* q,
-                                v1::BatchSignResponse* r) override {
-    return d_->Batch(c, batch_sign_, q, r, &Operations::BatchSign);
+  template <typename Request, typename Response>
+  void Batch(absl::string_view service, absl::string_view name,
+             void (Operations::*op)(const Request&, Response*, Operations::Done,
+                                    Operations::Alive) const) {
+    const MethodInfo* info = d_->Method(service, name, true);
+    Dispatcher* d = d_;
+    ServiceFor(service).AddUnary<Request, Response>(
+        service, name, info,
+        [d, info, op](CallbackServerContext* c, const Request* q, Response* r) {
+          return d->Batch(c, info, q, r, op);
+        },
+        Allocator<Request, Response>());
   }
-  ServerUnaryReactor* Verify(CallbackServerContext* c, const v1::VerifyRequest* q,
-                             v1::VerifyResponse* r) override {
-    return d_->MemoFirst(c, verify_, q, r, &Operations::VerifyFromMemo, &Operations::VerifyFresh);
+  template <typename Request, typename Response, typename Probe>
+  void MemoFirst(absl::string_view service, absl::string_view name,
+                 bool (Operations::*from_memo)(const Request&, Response*, Probe*, absl::Status*)
+                     const,
+                 absl::Status (Operations::*fresh)(const Request&, const Probe&, Response*) const) {
+    const MethodInfo* info = d_->Method(service, name, false);
+    Dispatcher* d = d_;
+    ServiceFor(service).AddUnary<Request, Response>(
+        service, name, info, [d, info, from_memo, fresh](CallbackServerContext* c, const Request* q, Response* r) {
+          return d->MemoFirst(c, info, q, r, from_memo, fresh);
+        });
   }
-  ServerUnaryReactor* BatchVerify(CallbackServerContext* c, const v1::BatchVerifyRequest* q,
-                                  v1::BatchVerifyResponse* r) override {
-    return d_->BatchMemoFirst(c, batch_verify_, q, r, &Operations::BatchVerifyFromMemo,
-                              &Operations::BatchVerifyFresh);
+  template <typename Request, typename Response, typename Probe>
+  void BatchMemoFirst(absl::string_view service, absl::string_view name,
+                      bool (Operations::*from_memo)(const Request&, Response*, Probe*,
+                                                    absl::Status*) const,
+                      void (Operations::*fresh)(const Request&, const Probe&, Response*,
+                                                Operations::Done, Operations::Alive) const) {
+    const MethodInfo* info = d_->Method(service, name, true);
+    Dispatcher* d = d_;
+    ServiceFor(service).AddUnary<Request, Response>(
+        service, name, info,
+        [d, info, from_memo, fresh](CallbackServerContext* c, const Request* q, Response* r) {
+          return d->BatchMemoFirst(c, info, q, r, from_memo, fresh);
+        },
+        Allocator<Request, Response>());
+  }
+  // Open is a raw method (gRPC hands over the request bytes and takes the answer's as they
+  // are): see Dispatcher::OpenShared. Its messages are those of the proto, encoded the same.
+  void AeadOpen(absl::string_view service, absl::string_view name) {
+    const MethodInfo* info = d_->Method(service, name, false);
+    Dispatcher* d = d_;
+    ServiceFor(service).AddRawUnary(
+        service, name, info,
+        [d, info](CallbackServerContext* c, const grpc::ByteBuffer* q, grpc::ByteBuffer* r) {
+          return d->OpenShared(c, info, q, r);
+        },
+        v1::AeadOpenRequest::descriptor(), v1::AeadOpenResponse::descriptor());
   }
 
  private:
+  static uint32_t VersionOf(const v1::KeyInfo& info) { return info.current_version(); }
+  template <typename Response>
+  static uint32_t VersionOf(const Response&) {
+    return 0;
+  }
+
+  TableService& ServiceFor(absl::string_view service) {
+    if (service != current_) {
+      services_->emplace_back();
+      current_ = std::string(service);
+    }
+    return services_->back();
+  }
+
+  template <typename Request, typename Response>
+  ArenaAllocator<Request, Response>* Allocator() {
+    auto* allocator = new ArenaAllocator<Request, Response>();
+    allocators_->emplace_back(allocator, [](void* a) {
+      delete static_cast<ArenaAllocator<Request, Response>*>(a);
+    });
+    return allocator;
+  }
+
   Dispatcher* const d_;
-  const MethodInfo* const sign_;
-  const MethodInfo* const batch_sign_;
-  const MethodInfo* const verify_;
-  const MethodInfo* const batch_verify_;
-  ArenaAllocator<v1::BatchSignRequest, v1::BatchSignResponse> batch_sign_arena_;
-  ArenaAllocator<v1::BatchVerifyRequest, v1::BatchVerifyResponse> batch_verify_arena_;
-};
-
-class X25519Service final : public v1::X25519Service::CallbackService {
- public:
-  explicit X25519Service(Dispatcher* d)
-      : d_(d),
-        derive_(d->Method(kX25519, "Derive", false)),
-        batch_derive_(d->Method(kX25519, "BatchDerive", true)) {
-    SetMessageAllocatorFor_BatchDerive(&batch_derive_arena_);
-  }
-  ServerUnaryReactor* Derive(CallbackServerContext* c, const v1::DeriveRequest* q,
-                             v1::DeriveResponse* r) override {
-    return d_->MemoFirst(c, derive_, q, r, &Operations::DeriveFromMemo, &Operations::DeriveFresh);
-  }
-  ServerUnaryReactor* BatchDerive(CallbackServerContext* c, const v1::BatchDeriveRequest* q,
-                                  v1::BatchDeriveResponse* r) override {
-    return d_->BatchMemoFirst(c, batch_derive_, q, r, &Operations::BatchDeriveFromMemo,
-                              &Operations::BatchDeriveFresh);
-  }
-
- private:
-  Dispatcher* const d_;
-  const MethodInfo* const derive_;
-  const MethodInfo* const batch_derive_;
-  ArenaAllocator<v1::BatchDeriveRequest, v1::BatchDeriveResponse> batch_derive_arena_;
-};
-
-class BoxService final : public v1::BoxService::CallbackService {
- public:
-  explicit BoxService(Dispatcher* d)
-      : d_(d),
-        seal_(d->Method(kBox, "Seal", false)),
-        batch_seal_(d->Method(kBox, "BatchSeal", true)),
-        open_(d->Method(kBox, "Open", false)),
-        batch_open_(d->Method(kBox, "BatchOpen", true)) {
-    SetMessageAllocatorFor_BatchSeal(&batch_seal_arena_);
-    SetMessageAllocatorFor_BatchOpen(&batch_open_arena_);
-  }
-  ServerUnaryReactor* Seal(CallbackServerContext* c, const v1::BoxSealRequest* q,
-                           v1::BoxSealResponse* r) override {
-    return d_->Unary(c, seal_, q, r, &Operations::BoxSeal);
-  }
-  ServerUnaryReactor* BatchSeal(CallbackServerContext* c, const v1::BatchBoxSealRequest* q,
-                                v1::BatchBoxSealResponse* r) override {
-    return d_->Batch(c, batch_seal_, q, r, &Operations::BatchBoxSeal);
-  }
-  ServerUnaryReactor* Open(CallbackServerContext* c, const v1::BoxOpenRequest* q,
-                           v1::BoxOpenResponse* r) override {
-    return d_->Unary(c, open_, q, r, &Operations::BoxOpen);
-  }
-  ServerUnaryReactor* BatchOpen(CallbackServerContext* c, const v1::BatchBoxOpenRequest* q,
-                                v1::BatchBoxOpenResponse* r) override {
-    return d_->Batch(c, batch_open_, q, r, &Operations::BatchBoxOpen);
-  }
-
- private:
-  Dispatcher* const d_;
-  const MethodInfo* const seal_;
-  const MethodInfo* const batch_seal_;
-  const MethodInfo* const open_;
-  const MethodInfo* const batch_open_;
-  ArenaAllocator<v1::BatchBoxSealRequest, v1::BatchBoxSealResponse> batch_seal_arena_;
-  ArenaAllocator<v1::BatchBoxOpenRequest, v1::BatchBoxOpenResponse> batch_open_arena_;
-};
-
-// Open is a raw method (gRPC hands over the request bytes and takes the answer's as they are):
-// see Dispatcher::OpenShared. Its messages are those of the proto, encoded the same.
-class AeadService final
-    : public v1::AeadService::WithRawCallbackMethod_Open<v1::AeadService::CallbackService> {
- public:
-  explicit AeadService(Dispatcher* d)
-      : d_(d),
-        seal_(d->Method(kAead, "Seal", false)),
-        batch_seal_(d->Method(kAead, "BatchSeal", true)),
-        open_(d->Method(kAead, "Open", false)),
-        batch_open_(d->Method(kAead, "BatchOpen", true)) {
-    SetMessageAllocatorFor_BatchSeal(&batch_seal_arena_);
-    SetMessageAllocatorFor_BatchOpen(&batch_open_arena_);
-  }
-  ServerUnaryReactor* Seal(CallbackServerContext* c, const v1::AeadSealRequest* q,
-                           v1::AeadSealResponse* r) override {
-    return d_->Unary(c, seal_, q, r, &Operations::AeadSeal);
-  }
-  ServerUnaryReactor* BatchSeal(CallbackServerContext* c, const v1::BatchAeadSealRequest* q,
-                                v1::BatchAeadSealResponse* r) override {
-    return d_->Batch(c, batch_seal_, q, r, &Operations::BatchAeadSeal);
-  }
-  ServerUnaryReactor* Open(CallbackServerContext* c, const grpc::ByteBuffer* q,
-                           grpc::ByteBuffer* r) override {
-    return d_->OpenShared(c, open_, q, r);
-  }
-  ServerUnaryReactor* BatchOpen(CallbackServerContext* c, const v1::BatchAeadOpenRequest* q,
-                                v1::BatchAeadOpenResponse* r) override {
-    return d_->Batch(c, batch_open_, q, r, &Operations::BatchAeadOpen);
-  }
-
- private:
-  Dispatcher* const d_;
-  const MethodInfo* const seal_;
-  const MethodInfo* const batch_seal_;
-  const MethodInfo* const open_;
-  const MethodInfo* const batch_open_;
-  ArenaAllocator<v1::BatchAeadSealRequest, v1::BatchAeadSealResponse> batch_seal_arena_;
-  ArenaAllocator<v1::BatchAeadOpenRequest, v1::BatchAeadOpenResponse> batch_open_arena_;
+  std::deque<TableService>* const services_;
+  std::vector<std::unique_ptr<void, void (*)(void*)>>* const allocators_;
+  std::string current_;
 };
 
 }  // namespace
@@ -749,19 +689,15 @@ class AeadService final
 struct Services::Impl {
   Impl(Operations* operations, keys::KeyManager* keys, ops::WorkerPool* pool,
        metrics::Metrics* metrics, double log_sample_rate, const Guards& guards)
-      : dispatcher(operations, keys, pool, metrics, log_sample_rate, guards),
-        key_service(&dispatcher),
-        ed25519_service(&dispatcher),
-        x25519_service(&dispatcher),
-        box_service(&dispatcher),
-        aead_service(&dispatcher) {}
+      : dispatcher(operations, keys, pool, metrics, log_sample_rate, guards) {
+    ServicesBuilder builder(&dispatcher, &services, &allocators);
+    ops::ForEachMethod(builder);
+  }
 
   Dispatcher dispatcher;
-  KeyService key_service;
-  Ed25519Service ed25519_service;
-  X25519Service x25519_service;
-  BoxService box_service;
-  AeadService aead_service;
+  // Batch methods' message allocators (outlive the services that point to them).
+  std::vector<std::unique_ptr<void, void (*)(void*)>> allocators;
+  std::deque<TableService> services;  // stable addresses: the server keeps pointers
 };
 
 Services::Services(Operations* operations, keys::KeyManager* keys, ops::WorkerPool* pool,
@@ -773,11 +709,7 @@ Services::~Services() = default;
 int64_t Services::in_flight() const { return impl_->dispatcher.in_flight(); }
 
 void Services::RegisterAll(grpc::ServerBuilder& builder) {
-  builder.RegisterService(&impl_->key_service);
-  builder.RegisterService(&impl_->ed25519_service);
-  builder.RegisterService(&impl_->x25519_service);
-  builder.RegisterService(&impl_->box_service);
-  builder.RegisterService(&impl_->aead_service);
+  for (TableService& service : impl_->services) builder.RegisterService(&service);
 }
 
 }  // namespace offload::rpc
