@@ -661,12 +661,11 @@ class ServicesBuilder {
     return 0;
   }
 
+  // The service's TableService, made on its first method (entries need not be grouped).
   TableService& ServiceFor(absl::string_view service) {
-    if (service != current_) {
-      services_->emplace_back();
-      current_ = std::string(service);
-    }
-    return services_->back();
+    TableService*& found = by_name_[service];
+    if (found == nullptr) found = &services_->emplace_back();
+    return *found;
   }
 
   template <typename Request, typename Response>
@@ -681,7 +680,7 @@ class ServicesBuilder {
   Dispatcher* const d_;
   std::deque<TableService>* const services_;
   std::vector<std::unique_ptr<void, void (*)(void*)>>* const allocators_;
-  std::string current_;
+  absl::flat_hash_map<std::string, TableService*> by_name_;
 };
 
 }  // namespace

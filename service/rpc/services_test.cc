@@ -45,7 +45,9 @@ class ServicesTest : public ::testing::Test {
   }
 
   void TearDown() override {
-    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    if (server_ != nullptr) {
+      server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    }
     server_.reset();
     services_.reset();
     stack_.reset();
