@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <memory>
+#include <regex>
 #include <set>
 #include <string>
 
@@ -20,6 +21,7 @@
 #include "offload/v1/ed25519.grpc.pb.h"
 #include "offload/v1/keys.grpc.pb.h"
 #include "service/crypto/backend.h"
+#include "service/metrics/metrics.h"
 #include "service/ops/test_stack.h"
 
 namespace offload::rpc {
@@ -31,8 +33,9 @@ class ServicesTest : public ::testing::Test {
     auto stack = ops::TestStack::Create();
     ASSERT_TRUE(stack.ok()) << stack.status();
     stack_ = *std::move(stack);
+    metrics_ = std::make_unique<metrics::Metrics>();
     services_ = std::make_unique<Services>(stack_->ops.get(), stack_->keys.get(),
-                                           stack_->pool.get(), nullptr, 0.0);
+                                           stack_->pool.get(), metrics_.get(), 0.0);
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -50,10 +53,12 @@ class ServicesTest : public ::testing::Test {
     }
     server_.reset();
     services_.reset();
+    metrics_.reset();
     stack_.reset();
   }
 
   std::unique_ptr<ops::TestStack> stack_;
+  std::unique_ptr<metrics::Metrics> metrics_;
   std::unique_ptr<Services> services_;
   std::unique_ptr<grpc::Server> server_;
   std::shared_ptr<grpc::Channel> channel_;
@@ -98,6 +103,31 @@ TEST_F(ServicesTest, EveryProtoMethodIsServed) {
     }
   }
   EXPECT_EQ(methods, 6 + 4 + 2 + 4 + 4);
+
+  // Each method is counted under its own name, and exactly the batch twins as batches (the
+  // items-per-batch histogram): the list's kinds as the metrics see them.
+  const std::string scrape = metrics_->Scrape();
+  std::set<std::string> batches, counted;
+  const std::regex batch_re(
+      R"re(offload_batch_items_count\{[^}]*method="([A-Za-z]+)"[^}]*service="([A-Za-z0-9.]+)")re");
+  const std::regex request_re(
+      R"re(offload_requests_total\{[^}]*method="([A-Za-z]+)"[^}]*service="([A-Za-z0-9.]+)")re");
+  for (auto it = std::sregex_iterator(scrape.begin(), scrape.end(), batch_re);
+       it != std::sregex_iterator(); ++it) {
+    batches.insert(absl::StrCat((*it)[2].str(), "/", (*it)[1].str()));
+  }
+  for (auto it = std::sregex_iterator(scrape.begin(), scrape.end(), request_re);
+       it != std::sregex_iterator(); ++it) {
+    counted.insert(absl::StrCat((*it)[2].str(), "/", (*it)[1].str()));
+  }
+  EXPECT_EQ(batches, (std::set<std::string>{
+                         "offload.v1.Ed25519Service/BatchSign",
+                         "offload.v1.Ed25519Service/BatchVerify",
+                         "offload.v1.X25519Service/BatchDerive", "offload.v1.BoxService/BatchSeal",
+                         "offload.v1.BoxService/BatchOpen", "offload.v1.AeadService/BatchSeal",
+                         "offload.v1.AeadService/BatchOpen"}))
+      << scrape;
+  EXPECT_EQ(counted.size(), 20u) << scrape;
 }
 
 // The generated stubs (the proto's types) against the table-built services: a key made, a
