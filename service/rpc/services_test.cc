@@ -7,19 +7,23 @@
 #include <stdlib.h>
 
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <regex>
 #include <set>
 #include <string>
 
-#include "google/protobuf/descriptor.h"
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "google/protobuf/descriptor.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
 #include "offload/v1/aead.grpc.pb.h"
 #include "offload/v1/ed25519.grpc.pb.h"
 #include "offload/v1/keys.grpc.pb.h"
+#include "service/auth/authorizer.h"
 #include "service/crypto/backend.h"
 #include "service/metrics/metrics.h"
 #include "service/ops/test_stack.h"
@@ -34,8 +38,15 @@ class ServicesTest : public ::testing::Test {
     ASSERT_TRUE(stack.ok()) << stack.status();
     stack_ = *std::move(stack);
     metrics_ = std::make_unique<metrics::Metrics>();
+    auth::Authorizer::Options auth_options;  // no mTLS: every call allowed, lifecycle audited
+    auth_options.audit_file = stack_->dir + "/audit.jsonl";
+    auto authorizer = auth::Authorizer::Create(auth_options);
+    ASSERT_TRUE(authorizer.ok()) << authorizer.status();
+    authorizer_ = *std::move(authorizer);
+    Guards guards;
+    guards.authorizer = authorizer_.get();
     services_ = std::make_unique<Services>(stack_->ops.get(), stack_->keys.get(),
-                                           stack_->pool.get(), metrics_.get(), 0.0);
+                                           stack_->pool.get(), metrics_.get(), 0.0, guards);
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -53,12 +64,14 @@ class ServicesTest : public ::testing::Test {
     }
     server_.reset();
     services_.reset();
+    authorizer_.reset();
     metrics_.reset();
     stack_.reset();
   }
 
   std::unique_ptr<ops::TestStack> stack_;
   std::unique_ptr<metrics::Metrics> metrics_;
+  std::unique_ptr<auth::Authorizer> authorizer_;
   std::unique_ptr<Services> services_;
   std::unique_ptr<grpc::Server> server_;
   std::shared_ptr<grpc::Channel> channel_;
@@ -204,6 +217,51 @@ TEST_F(ServicesTest, AnswersThroughTheGeneratedStubs) {
     const grpc::Status s = aead->Open(&c, q, &r);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
     EXPECT_TRUE(r.plaintext().empty());
+  }
+}
+
+// Key lifecycle calls are audited with the key's version after the call (none after a delete);
+// lookups are not.
+TEST_F(ServicesTest, AuditsKeyLifecycleCalls) {
+  auto keys = v1::KeyService::NewStub(channel_);
+  auto call = [](auto fn) {
+    grpc::ClientContext c;
+    c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    const grpc::Status s = fn(&c);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+  };
+  v1::KeyInfo info;
+  v1::CreateKeyRequest create;
+  create.set_key_id("k");
+  create.set_type(v1::KEY_TYPE_X25519);
+  call([&](grpc::ClientContext* c) { return keys->CreateKey(c, create, &info); });
+  v1::RotateKeyRequest rotate;
+  rotate.set_key_id("k");
+  call([&](grpc::ClientContext* c) { return keys->RotateKey(c, rotate, &info); });
+  v1::GetKeyRequest get;
+  get.set_key_id("k");
+  call([&](grpc::ClientContext* c) { return keys->GetKey(c, get, &info); });
+  v1::ListKeysResponse list;
+  call([&](grpc::ClientContext* c) { return keys->ListKeys(c, v1::ListKeysRequest(), &list); });
+  v1::DeleteKeyRequest del;
+  del.set_key_id("k");
+  v1::DeleteKeyResponse deleted;
+  call([&](grpc::ClientContext* c) { return keys->DeleteKey(c, del, &deleted); });
+
+  std::ifstream in(stack_->dir + "/audit.jsonl");
+  std::vector<nlohmann::json> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0]["event"], "key_create");
+  EXPECT_EQ(lines[0]["version"], 1);
+  EXPECT_EQ(lines[1]["event"], "key_rotate");
+  EXPECT_EQ(lines[1]["version"], 2);
+  EXPECT_EQ(lines[2]["event"], "key_delete");
+  EXPECT_FALSE(lines[2].contains("version"));
+  for (const auto& line : lines) {
+    EXPECT_EQ(line["transport"], "grpc");
+    EXPECT_EQ(line["key_id"], "k");
+    EXPECT_EQ(line["code"], "OK");
   }
 }
 
