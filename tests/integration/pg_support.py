@@ -197,6 +197,16 @@ class Postgres:
         self.close()
 
 
+def start_for_class(test_class):
+    """A PostgreSQL for a test class's servers: started, closed by the class's cleanup, and its
+    DSN (with its password) in OFFLOAD_POSTGRES_DSN - by environment, never on a command line -
+    where `--keystore=postgres` servers read it. Returns it."""
+    pg = Postgres().start()
+    test_class.addClassCleanup(pg.close)
+    os.environ["OFFLOAD_POSTGRES_DSN"] = pg.dsn
+    return pg
+
+
 def main(argv):
     if len(argv) < 3 or argv[1] != "run" or argv[2] != "--" or len(argv) < 4:
         sys.stderr.write("usage: pg_support.py run -- <command> [args...]\n")

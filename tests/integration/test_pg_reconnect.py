@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "e2e"))
 
 import harness  # noqa: E402
 from harness import pb  # noqa: E402
-from pg_support import Postgres  # noqa: E402
+import pg_support  # noqa: E402
 
 REPLICAS = 3
 PROPAGATION_TARGET_S = 1.0  # issue 14: a change reaches the other replicas within 1 s
@@ -46,9 +46,7 @@ class PostgresReconnectTest(harness.ServerTestCase):
     @classmethod
     def setUpClass(cls):
         t0 = time.monotonic()
-        cls.pg = Postgres().start()
-        cls.addClassCleanup(cls.pg.close)
-        os.environ["OFFLOAD_POSTGRES_DSN"] = cls.pg.dsn  # by environment, never on a command line
+        cls.pg = pg_support.start_for_class(cls)
         kek = secrets.token_hex(32)
         cls.replicas = [harness.Server("pgr%d" % i, backend="libsodium", kek_hex=kek,
                                        args=["--keystore=postgres"])

@@ -44,7 +44,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "e2e"))
 
 import harness  # noqa: E402
 from harness import pb  # noqa: E402
-from pg_support import Postgres  # noqa: E402
+import pg_support  # noqa: E402
 
 NGINX = os.environ.get("OFFLOAD_NGINX", "/usr/sbin/nginx")
 REPLICAS = 3
@@ -191,10 +191,7 @@ class ScaleOutTest(harness.ServerTestCase):
     @classmethod
     def setUpClass(cls):
         t0 = time.monotonic()
-        cls.pg = Postgres().start()
-        cls.addClassCleanup(cls.pg.close)
-        # The DSN (with its password) goes by environment, never on a command line.
-        os.environ["OFFLOAD_POSTGRES_DSN"] = cls.pg.dsn
+        cls.pg = pg_support.start_for_class(cls)
         kek = secrets.token_hex(32)
         cls.http_addresses = ["127.0.0.1:%d" % harness.free_port() for _ in range(REPLICAS)]
         cls.metrics_addresses = ["127.0.0.1:%d" % harness.free_port() for _ in range(REPLICAS)]
