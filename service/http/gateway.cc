@@ -86,7 +86,6 @@ int64_t MaxBody(int64_t max_message) {
 }  // namespace
 
 struct Gateway::Shared {
-  const MethodTable* table = nullptr;
   ops::WorkerPool* pool = nullptr;
   int64_t max_message_bytes = 0;
   CorsPolicy cors;
@@ -141,7 +140,7 @@ class Call final : public std::enable_shared_from_this<Call> {
     }
     type_ = *type;
     absl::StatusOr<CallOptions> options = ParseCallHeaders(
-        type_.protocol, [this](const char* name) { return exchange_->header(Lower(name)); });
+        type_.protocol, [this](const char* name) { return exchange_->header(name); });
     if (!options.ok()) return Finish(options.status());
     options_ = *options;
     const int64_t max = shared_->max_message_bytes;
@@ -178,12 +177,6 @@ class Call final : public std::enable_shared_from_this<Call> {
   }
 
  private:
-  static std::string Lower(const char* name) {
-    std::string s(name);
-    for (char& c : s) c = static_cast<char>(absl::ascii_tolower(static_cast<unsigned char>(c)));
-    return s;
-  }
-
   const char* TransportName() const {
     return type_.protocol == Protocol::kConnect ? "connect" : "grpc-web";
   }
@@ -500,7 +493,6 @@ class Call final : public std::enable_shared_from_this<Call> {
 Gateway::Gateway(const MethodTable* table, ops::WorkerPool* pool, metrics::Metrics* metrics,
                  Options options)
     : table_(table), options_(std::move(options)), shared_(std::make_shared<Shared>()) {
-  shared_->table = table;
   shared_->pool = pool;
   shared_->max_message_bytes = options_.max_message_bytes;
   shared_->cors = options_.cors;

@@ -19,18 +19,18 @@ absl::Status FromProtobuf(const google::protobuf::util::Status& s) {
 absl::StatusOr<CallOptions> ParseCallHeaders(Protocol protocol, HeaderLookup header) {
   CallOptions options;
   if (protocol == Protocol::kConnect) {
-    if (absl::Status s = CheckConnectProtocolVersion(header("Connect-Protocol-Version")); !s.ok()) {
+    if (absl::Status s = CheckConnectProtocolVersion(header("connect-protocol-version")); !s.ok()) {
       return s;
     }
-    if (auto t = header("Connect-Timeout-Ms")) {
+    if (auto t = header("connect-timeout-ms")) {
       absl::StatusOr<absl::Duration> timeout = ParseConnectTimeout(*t);
       if (!timeout.ok()) return timeout.status();
       options.timeout = *timeout;
     }
-    absl::StatusOr<Encoding> e = ParseEncoding(header("Content-Encoding").value_or(""));
+    absl::StatusOr<Encoding> e = ParseEncoding(header("content-encoding").value_or(""));
     if (!e.ok()) return e.status();
     options.encoding = *e;
-    options.accept = NegotiateEncoding(header("Accept-Encoding"));
+    options.accept = NegotiateEncoding(header("accept-encoding"));
   } else {
     if (auto t = header("grpc-timeout")) {
       absl::StatusOr<absl::Duration> timeout = ParseGrpcTimeout(*t);

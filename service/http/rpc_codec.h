@@ -37,11 +37,12 @@ struct CallOptions {
   Encoding accept = Encoding::kIdentity;
 };
 
-// A request header by name (case-insensitive), or nullopt when absent.
+// A request header by its lower-case name (as HTTP/2 and H2O carry names), or nullopt when
+// absent.
 using HeaderLookup = absl::FunctionRef<std::optional<absl::string_view>(const char* name)>;
 
-// Reads the headers `protocol` defines: Connect-Protocol-Version, Connect-Timeout-Ms,
-// Content-Encoding and Accept-Encoding (Connect unary; Connect-Content-Encoding and
+// Reads the headers `protocol` defines, asking `header` by lower-case name:
+// connect-protocol-version, connect-timeout-ms, content-encoding and accept-encoding (Connect unary; Connect-Content-Encoding and
 // Connect-Accept-Encoding are the streaming protocol's and are not read); grpc-timeout,
 // grpc-encoding and grpc-accept-encoding (gRPC-Web).
 // InvalidArgument for a malformed value, Unimplemented for an unknown encoding.

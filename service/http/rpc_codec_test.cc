@@ -3,6 +3,7 @@
 #include <map>
 #include <string>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -19,9 +20,12 @@ using testhttp::RandomBytes;
 
 absl::StatusOr<CallOptions> Parse(Protocol protocol, std::map<std::string, std::string> headers) {
   return ParseCallHeaders(protocol, [&headers](const char* name) -> std::optional<absl::string_view> {
-    auto it = headers.find(name);
-    if (it == headers.end()) return std::nullopt;
-    return absl::string_view(it->second);
+    // Names are asked in lower case, as HTTP/2 carries them: the test's are any case.
+    for (const auto& [n, v] : headers) {
+      if (n == name) return absl::string_view(v);
+      if (absl::AsciiStrToLower(n) == name) return absl::string_view(v);
+    }
+    return std::nullopt;
   });
 }
 

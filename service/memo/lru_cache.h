@@ -152,15 +152,6 @@ class LruCache {
     return InsertResult::kInserted;
   }
 
-  size_t bytes() const {
-    size_t total = 0;
-    for (const Shard& shard : shards_) {
-      absl::MutexLock lock(&shard.mu);
-      total += shard.bytes;
-    }
-    return total;
-  }
-
   // Drops every entry tagged `owner`. Returns how many.
   size_t EraseOwner(uint64_t owner) {
     size_t erased = 0;

@@ -203,8 +203,6 @@ absl::Status Metrics::StartExposer(const std::string& address) {
   return absl::OkStatus();
 }
 
-int Metrics::exposer_port() const { return exposer_ == nullptr ? 0 : exposer_->port(); }
-
 void Metrics::StopExposer() {
   if (exposer_ != nullptr) exposer_->Stop();
 }

@@ -75,10 +75,9 @@ class Metrics final {
   // A gauge fixed at start-up, e.g. offload_build_info{version=...} 1.
   void SetInfo(const std::string& name, const std::string& help, Labels labels);
 
-  // Serves GET /metrics on `address` (host:port; port 0 picks one, see exposer_port()) from an
+  // Serves GET /metrics on `address` (host:port) from an
   // event-loop thread of its own (httpd::Server). Empty address: no endpoint.
   absl::Status StartExposer(const std::string& address);
-  int exposer_port() const;
   // Stops the /metrics endpoint (also done by the destructor). Idempotent.
   void StopExposer();
 

@@ -43,7 +43,6 @@ class Connection {
                 bool head_only = false);
   // True if the server closed the connection within `timeout` (data read meanwhile is dropped).
   bool ClosedWithin(std::chrono::milliseconds timeout);
-  int fd() const { return fd_; }
 
  private:
   int fd_ = -1;

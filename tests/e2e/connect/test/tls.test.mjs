@@ -38,6 +38,20 @@ function alpn(port, protocols) {
   });
 }
 
+// GET /readyz over TLS with no ALPN offered: the raw response's first bytes.
+function readyzWithoutAlpn(port) {
+  return new Promise((resolve, reject) => {
+    const socket = tlsConnect({ host: "127.0.0.1", port, ca }, () => {
+      socket.write("GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    });
+    let data = "";
+    socket.setEncoding("latin1");
+    socket.on("data", (chunk) => { data += chunk; });
+    socket.on("end", () => resolve(data));
+    socket.on("error", reject);
+  });
+}
+
 before(async () => {
   dir = mkdtempSync(join(tmpdir(), "offload-tls-"));
   execFileSync("openssl", [
@@ -66,6 +80,8 @@ describe("HTTPS with ALPN", () => {
     assert.equal(await alpn(server.httpPort, ["h2", "http/1.1"]), "h2");
     assert.equal(await alpn(server.httpPort, ["http/1.1"]), "http/1.1");
     assert.equal(await alpn(server.httpPort, undefined), false);
+    // ... and without ALPN the server speaks HTTP/1.1 on that connection.
+    assert.match(await readyzWithoutAlpn(server.httpPort), /^HTTP\/1\.1 200 /);
   });
 
   it("every transport over TLS answers as gRPC over TLS does", async () => {
