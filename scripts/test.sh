@@ -11,7 +11,8 @@
 # build does.
 #
 # ctest runs twice as many tests as there are cores: most tests spend their time waiting on
-# servers, and none asserts a time (a busy machine makes them slower, never wrong). The fuzz
+# servers, and none asserts a rate or a latency beyond the two design bounds README.md names
+# (a busy machine makes them slower, never wrong). The fuzz
 # targets, which keep a core busy each, run afterwards, one per core.
 set -euo pipefail
 cd "$(dirname "$0")/.."
