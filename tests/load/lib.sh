@@ -30,20 +30,22 @@ free_port() {
 }
 
 server_pid=""
+server_cpus="${server_cpus:-}"
 grpc_port=""
 metrics_port=""
 server_log=""
 
 # start_server DIR [server flags...]: a server with its data in DIR (created), gRPC on a free
 # port (the server picks it: --grpc_address=127.0.0.1:0), metrics on a free port, HTTP off; at
-# nice level $server_nice (default 0). $server_pid is the server itself (nice execs it).
+# nice level $server_nice (default 0), on the cores $server_cpus if set (taskset -c, else all).
+# $server_pid is the server itself (taskset and nice exec it).
 start_server() {
   local dir="$1"; shift
   mkdir -p "$dir"
   server_log="$dir/server.log"
   metrics_port="$(free_port)"
   OFFLOAD_KEK="$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')" \
-    nice -n "${server_nice:-0}" "$server_bin" --grpc_address=127.0.0.1:0 --http_address= \
+    ${server_cpus:+taskset -c "$server_cpus"} nice -n "${server_nice:-0}" "$server_bin" --grpc_address=127.0.0.1:0 --http_address= \
     --metrics_address="127.0.0.1:$metrics_port" --data_dir="$dir" "$@" >"$server_log" 2>&1 &
   server_pid=$!
   for _ in $(seq 300); do

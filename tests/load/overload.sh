@@ -15,15 +15,22 @@
 # Traffic (tests/load/offload_mixed_load): BatchVerify/BatchDerive/BatchOpen calls of --batch (32)
 # items, 20% warm (memo hits), the rest fresh from a pool bigger than the server's (small) memo
 # bounds (misses), 1% bad items. Batches of mostly misses let one generator on the same machine
-# offer 4x what the server computes: the generator spends a few us per item, the server tens. The server runs at nice --server_nice (10)
-# in both phases, so that under contention the generator gets the CPU it needs to keep offering
-# the load, as remote callers would. Nothing is asserted but correctness: every answer is
-# checked, and any unexpected outcome fails the run (exit 1).
+# offer 4x what the server computes: the generator spends a few us per item, the server tens.
+# --cpus split (the default on 2 or more cores): the server runs on the first half of the cores
+# and the generator on the other half (taskset), as a server and its remote callers each have
+# their own CPU: the callers cannot take the server's CPU, nor the server theirs, and capacity is
+# what the server does on its half. --cpus shared: both on all cores, the server at nice
+# --server_nice (10) so that the generator gets the CPU it needs to keep offering the load; there
+# the generator competes with the server for the same cores (see tests/load/README.md, "Memory
+# while the server stalls", for what that does to gRPC 1.51). Nothing is asserted but
+# correctness (every answer is checked, any unexpected outcome fails the run: exit 1) and, with
+# --rss_bound_mib, the server's peak RSS.
 #
 #   tests/load/overload.sh                                  # builds ./build (Release) if needed
 #   tests/load/overload.sh --build_dir build --seconds 30 --factor 4
 #   tests/load/overload.sh --server_arg=--max_queued_items=4096 --server_arg=--max_client_inflight=64
 #   tests/load/overload.sh --sized --pause_at 10 --pause_seconds 1.5 --rss_bound_mib 64   # the stall run
+#   tests/load/overload.sh --cpus shared --sized --pause_seconds 1.5 --rss_bound_mib 64     # same cores
 #
 # --sized is the configuration sized for a 2-core machine whose bound tests/load/README.md
 # states: --max_queued_items=2048 --max_client_inflight=32 --grpc_max_concurrent_streams=32
@@ -44,7 +51,8 @@ factor=4
 seconds=30
 capacity_seconds=15
 recovery_seconds=30
-server_nice=10
+cpus=""
+server_nice=""
 senders=2
 recovery_fraction=0.8
 inflight=16
@@ -70,6 +78,7 @@ while [[ $# -gt 0 ]]; do
     --warm_fraction) warm_fraction="$2"; shift 2 ;;
     --fresh_pool) fresh_pool="$2"; shift 2 ;;
     --deadline_ms) deadline_ms="$2"; shift 2 ;;
+    --cpus) cpus="$2"; shift 2 ;;
     --server_nice) server_nice="$2"; shift 2 ;;
     --senders) senders="$2"; shift 2 ;;
     --pause_at) pause_at="$2"; shift 2 ;;
@@ -83,11 +92,26 @@ while [[ $# -gt 0 ]]; do
     --server_arg) server_args+=("$2"); shift 2 ;;
     --load_arg=*) load_args+=("${1#--load_arg=}"); shift ;;
     --load_arg) load_args+=("$2"); shift 2 ;;
-    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,41p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
 [[ -n "$build_dir" ]] || build_dir="$root/build"
+ncpu="$(nproc)"
+if [[ -z "$cpus" ]]; then
+  if (( ncpu >= 2 )); then cpus=split; else cpus=shared; fi
+fi
+load_pin=()
+case "$cpus" in
+  split)
+    (( ncpu >= 2 )) || { echo "--cpus split needs 2 or more cores ($ncpu here)" >&2; exit 2; }
+    half=$(( ncpu / 2 ))
+    server_cpus="0-$(( half - 1 ))"
+    load_pin=(taskset -c "$half-$(( ncpu - 1 ))")
+    server_nice="${server_nice:-0}" ;;
+  shared) server_nice="${server_nice:-10}" ;;
+  *) echo "--cpus: split or shared, not '$cpus'" >&2; exit 2 ;;
+esac
 ensure_build "$build_dir"
 server_bin="$build_dir/bin/offload_server"
 load_bin="$build_dir/bin/offload_mixed_load"
@@ -106,7 +130,7 @@ echo "overload: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, load: $(cut -d
 # Small memo bounds: the fresh pool (3 x $fresh_pool items) cycles through them and misses.
 start_server "$work/server" --memo_verify_bytes=1048576 --memo_derive_bytes=1048576 \
   --memo_open_bytes_per_key=1048576 "${server_args[@]}"
-echo "overload: server pid $server_pid (nice $server_nice), gRPC 127.0.0.1:$grpc_port; server flags: ${server_args[*]:-(defaults)}"
+echo "overload: server pid $server_pid (nice $server_nice, cpus ${server_cpus:-all}; generator cpus ${load_pin[2]:-all}), gRPC 127.0.0.1:$grpc_port; server flags: ${server_args[*]:-(defaults)}"
 
 common=(--server="127.0.0.1:$grpc_port" --server_pid="$server_pid" --batch="$batch"
         --warm_fraction="$warm_fraction" --fresh_pool="$fresh_pool" --deadline_ms="$deadline_ms"
@@ -114,7 +138,7 @@ common=(--server="127.0.0.1:$grpc_port" --server_pid="$server_pid" --batch="$bat
 failed=0
 
 echo "overload: 1. capacity: closed loop, $inflight calls of $batch items in flight, ${capacity_seconds} s"
-if ! "$load_bin" "${common[@]}" --mode=closed --inflight="$inflight" \
+if ! "${load_pin[@]}" "$load_bin" "${common[@]}" --mode=closed --inflight="$inflight" \
      --duration="$capacity_seconds" --warmup=3 --report_every=5 >"$work/capacity.out"; then
   failed=1
 fi
@@ -129,7 +153,7 @@ fi
 rate="$(awk -v c="$cap_calls" -v f="$factor" 'BEGIN { printf "%.0f", c * f }')"
 
 echo "overload: 2. ${factor}x capacity: open loop, $rate calls/s for ${seconds} s; 3. recovery probe ${recovery_seconds} s"
-"$load_bin" "${common[@]}" --mode=open --rate="$rate" --duration="$seconds" \
+"${load_pin[@]}" "$load_bin" "${common[@]}" --mode=open --rate="$rate" --duration="$seconds" \
   --report_every=2 --deadline_exceeded_ok --max_outstanding=1000000 --senders="$senders" \
   --recovery_seconds="$recovery_seconds" --recovery_inflight="$inflight" \
   --normal_ok_per_s="$cap_items" --recovery_fraction="$recovery_fraction" \
