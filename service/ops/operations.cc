@@ -189,8 +189,12 @@ bool Operations::DeriveFromMemo(const v1::DeriveRequest& request, v1::DeriveResp
     if (!v1::DeriveOutput_IsValid(request.output())) {
       return absl::InvalidArgumentError(absl::StrCat("output: unknown value ", request.output()));
     }
-    OFFLOAD_ASSIGN_OR_RETURN(probe->key,
-                             FindKeyOfType(*keys_, request.key_id(), v1::KEY_TYPE_X25519));
+    // A batch's items share one probe: a key found for an earlier item (same id, so the same
+    // type) serves the next one without another lookup.
+    if (probe->key == nullptr || probe->key->key_id != request.key_id()) {
+      OFFLOAD_ASSIGN_OR_RETURN(probe->key,
+                               FindKeyOfType(*keys_, request.key_id(), v1::KEY_TYPE_X25519));
+    }
     OFFLOAD_ASSIGN_OR_RETURN(probe->version, FindVersion(*probe->key, request.key_version()));
     return absl::OkStatus();
   }();

@@ -65,7 +65,8 @@ class Operations final {
   absl::Status Derive(const v1::DeriveRequest& request, v1::DeriveResponse* response) const;
   // Derive in two steps, as Verify: DeriveFromMemo checks the request, finds the key version and
   // looks the peer up in the derive memo (no X25519; about 0.5 us); DeriveFresh runs the X25519
-  // of a miss on a worker and records it. Derive() is exactly the two in sequence.
+  // of a miss on a worker and records it. Derive() is exactly the two in sequence. A probe that
+  // already holds a key (the previous item of a batch) is reused for a request naming its id.
   struct DeriveProbe {
     std::shared_ptr<const keys::ManagedKey> key;
     const keys::ManagedKeyVersion* version = nullptr;

@@ -472,6 +472,64 @@ TEST_F(OperationsTest, BatchDeriveInTwoStepsAnswersAsDerive) {
   for (const auto& r : split.results()) EXPECT_TRUE(r.response().memo_hit());
 }
 
+// A batch's items share one probe, so a key found for one item serves the next item naming the
+// same id; an item naming another key, an unknown id, a key of another type or a missing version
+// must still get its own answer, before and after such a run.
+TEST_F(OperationsTest, BatchDeriveItemsNamingDifferentKeysEachGetTheirOwn) {
+  CreateKey("dh", v1::KEY_TYPE_X25519);
+  CreateKey("dh2", v1::KEY_TYPE_X25519);
+  CreateKey("aead", v1::KEY_TYPE_CHACHA20_POLY1305);
+  unsigned char pk[32], sk[32];
+  crypto_box_keypair(pk, sk);
+  const std::string peer(reinterpret_cast<char*>(pk), 32);
+  struct Item {
+    const char* key_id;
+    uint32_t version;
+    absl::StatusCode code;
+  };
+  const Item items[] = {{"dh", 0, absl::StatusCode::kOk},
+                        {"dh", 0, absl::StatusCode::kOk},
+                        {"dh2", 0, absl::StatusCode::kOk},
+                        {"nosuch", 0, absl::StatusCode::kNotFound},
+                        {"dh2", 0, absl::StatusCode::kOk},
+                        {"aead", 0, absl::StatusCode::kFailedPrecondition},
+                        {"dh2", 99, absl::StatusCode::kNotFound},
+                        {"dh", 1, absl::StatusCode::kOk}};
+  v1::BatchDeriveRequest batch;
+  for (const Item& it : items) {
+    v1::DeriveRequest* r = batch.add_items();
+    r->set_key_id(it.key_id);
+    r->set_key_version(it.version);
+    r->set_peer_public_key(peer);
+  }
+  std::string dh, dh2;
+  for (auto [id, out] : {std::pair{"dh", &dh}, std::pair{"dh2", &dh2}}) {
+    v1::DeriveRequest r;
+    r.set_key_id(id);
+    r.set_peer_public_key(peer);
+    v1::DeriveResponse response;
+    ASSERT_TRUE(ops_->Derive(r, &response).ok());  // recorded: the batch's items all hit
+    *out = response.shared_key();
+  }
+  ASSERT_NE(dh, dh2);
+  v1::BatchDeriveResponse response;
+  Operations::BatchDeriveProbe probe;
+  absl::Status status;
+  ASSERT_TRUE(ops_->BatchDeriveFromMemo(batch, &response, &probe, &status));  // no miss
+  ASSERT_TRUE(status.ok()) << status;
+  ASSERT_EQ(response.results_size(), batch.items_size());
+  for (int i = 0; i < batch.items_size(); ++i) {
+    const auto& r = response.results(i);
+    EXPECT_EQ(r.status().code(), static_cast<int>(items[i].code)) << i;
+    if (items[i].code != absl::StatusCode::kOk) {
+      EXPECT_FALSE(r.has_response()) << i;
+      continue;
+    }
+    EXPECT_TRUE(r.response().memo_hit()) << i;
+    EXPECT_EQ(r.response().shared_key(), items[i].key_id == std::string("dh") ? dh : dh2) << i;
+  }
+}
+
 TEST_F(OperationsTest, BatchVerifyInTwoStepsAnswersAsBatchVerify) {
   CreateKey("signer", v1::KEY_TYPE_ED25519);
   std::vector<v1::VerifyRequest> signed_items;
