@@ -97,7 +97,9 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 [[ -n "$build_dir" ]] || build_dir="$root/build"
-ncpu="$(nproc)"
+# The cores this script may use (its affinity, which a container's cpuset limits), in order.
+read -r -a allowed <<<"$(/usr/bin/python3 -c 'import os; print(*sorted(os.sched_getaffinity(0)))')"
+ncpu=${#allowed[@]}
 if [[ -z "$cpus" ]]; then
   if (( ncpu >= 2 )); then cpus=split; else cpus=shared; fi
 fi
@@ -106,8 +108,8 @@ case "$cpus" in
   split)
     (( ncpu >= 2 )) || { echo "--cpus split needs 2 or more cores ($ncpu here)" >&2; exit 2; }
     half=$(( ncpu / 2 ))
-    server_cpus="0-$(( half - 1 ))"
-    load_pin=(taskset -c "$half-$(( ncpu - 1 ))")
+    server_cpus="$(IFS=,; echo "${allowed[*]:0:half}")"
+    load_pin=(taskset -c "$(IFS=,; echo "${allowed[*]:half}")")
     server_nice="${server_nice:-0}" ;;
   shared) server_nice="${server_nice:-10}" ;;
   *) echo "--cpus: split or shared, not '$cpus'" >&2; exit 2 ;;
