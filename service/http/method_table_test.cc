@@ -6,6 +6,7 @@
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/descriptor.pb.h"
 #include "gtest/gtest.h"
+#include "service/ops/methods.h"
 
 namespace offload::http {
 namespace {
@@ -16,10 +17,9 @@ TEST(MethodTable, CoversEveryMethodWithTheProtoTypes) {
   const MethodTable table(/*operations=*/nullptr, /*keys=*/nullptr);
   const auto* pool = google::protobuf::DescriptorPool::generated_pool();
   std::set<std::string> expected;
-  for (const char* name : {"offload.v1.KeyService", "offload.v1.Ed25519Service",
-                           "offload.v1.X25519Service", "offload.v1.BoxService",
-                           "offload.v1.AeadService"}) {
-    const google::protobuf::ServiceDescriptor* service = pool->FindServiceByName(name);
+  for (absl::string_view name : ops::kServices) {
+    const google::protobuf::ServiceDescriptor* service =
+        pool->FindServiceByName(std::string(name));
     ASSERT_NE(service, nullptr) << name;
     for (int i = 0; i < service->method_count(); ++i) {
       const google::protobuf::MethodDescriptor* method = service->method(i);

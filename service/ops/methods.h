@@ -44,6 +44,9 @@ inline constexpr absl::string_view kEd25519Service = "offload.v1.Ed25519Service"
 inline constexpr absl::string_view kX25519Service = "offload.v1.X25519Service";
 inline constexpr absl::string_view kBoxService = "offload.v1.BoxService";
 inline constexpr absl::string_view kAeadService = "offload.v1.AeadService";
+// Every service of offload.v1, in the proto's order.
+inline constexpr absl::string_view kServices[] = {kKeyService, kEd25519Service, kX25519Service,
+                                                  kBoxService, kAeadService};
 
 // A key manager call: fills `response` or returns the error.
 template <typename Request, typename Response>

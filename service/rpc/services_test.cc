@@ -26,6 +26,7 @@
 #include "service/auth/authorizer.h"
 #include "service/crypto/backend.h"
 #include "service/metrics/metrics.h"
+#include "service/ops/methods.h"
 #include "service/ops/test_stack.h"
 
 namespace offload::rpc {
@@ -83,10 +84,9 @@ TEST_F(ServicesTest, EveryProtoMethodIsServed) {
   const auto* pool = google::protobuf::DescriptorPool::generated_pool();
   grpc::GenericStub stub(channel_);
   int methods = 0;
-  for (const char* name : {"offload.v1.KeyService", "offload.v1.Ed25519Service",
-                           "offload.v1.X25519Service", "offload.v1.BoxService",
-                           "offload.v1.AeadService"}) {
-    const google::protobuf::ServiceDescriptor* service = pool->FindServiceByName(name);
+  for (absl::string_view name : ops::kServices) {
+    const google::protobuf::ServiceDescriptor* service =
+        pool->FindServiceByName(std::string(name));
     ASSERT_NE(service, nullptr) << name;
     for (int i = 0; i < service->method_count(); ++i) {
       const std::string path = absl::StrCat("/", name, "/", service->method(i)->name());
@@ -151,15 +151,18 @@ TEST_F(ServicesTest, AnswersThroughTheGeneratedStubs) {
   auto keys = v1::KeyService::NewStub(channel_);
   auto ed = v1::Ed25519Service::NewStub(channel_);
   auto aead = v1::AeadService::NewStub(channel_);
-  {
+  auto create_key = [&](const std::string& id, v1::KeyType type) {
     grpc::ClientContext c;
     v1::CreateKeyRequest q;
-    q.set_key_id("signer");
-    q.set_type(v1::KEY_TYPE_ED25519);
+    q.set_key_id(id);
+    q.set_type(type);
     v1::KeyInfo r;
-    ASSERT_TRUE(keys->CreateKey(&c, q, &r).ok());
-    EXPECT_EQ(r.current_version(), 1u);
-  }
+    const grpc::Status status = keys->CreateKey(&c, q, &r);
+    EXPECT_TRUE(status.ok()) << id << ": " << status.error_message();
+    EXPECT_EQ(r.current_version(), 1u) << id;
+    return status.ok();
+  };
+  ASSERT_TRUE(create_key("signer", v1::KEY_TYPE_ED25519));
   v1::SignResponse signed_;
   {
     grpc::ClientContext c;
@@ -179,14 +182,7 @@ TEST_F(ServicesTest, AnswersThroughTheGeneratedStubs) {
     EXPECT_TRUE(r.valid());
     EXPECT_EQ(r.memo_hit(), want_hit);
   }
-  {
-    grpc::ClientContext c;
-    v1::CreateKeyRequest q;
-    q.set_key_id("box");
-    q.set_type(v1::KEY_TYPE_XCHACHA20_POLY1305);
-    v1::KeyInfo r;
-    ASSERT_TRUE(keys->CreateKey(&c, q, &r).ok());
-  }
+  ASSERT_TRUE(create_key("box", v1::KEY_TYPE_XCHACHA20_POLY1305));
   v1::AeadSealResponse sealed;
   {
     grpc::ClientContext c;
