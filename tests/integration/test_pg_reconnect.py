@@ -113,22 +113,31 @@ class PostgresReconnectTest(harness.ServerTestCase):
     def log_marks(self):
         return [len(r.log_lines()) for r in self.replicas]
 
-    def assert_no_bad_events(self, marks):
+    def assert_no_bad_events(self, marks, heal_timeout=10.0):
+        deadline = time.monotonic() + heal_timeout
         for r, mark in zip(self.replicas, marks):
-            lines = r.log_lines()[mark:]
-            bad = []
-            for i, line in enumerate(lines):
-                if not any(e in line for e in BAD_EVENTS):
-                    continue
-                # A reload (queued by a NOTIFY before a PostgreSQL restart) or a resync (of a
-                # listener that reconnected while PostgreSQL was shutting down) that runs while
-                # PostgreSQL is down cannot connect: no dead connection was used, and the resync
-                # after the listener's next reconnect heals it (required here).
-                if ("connect:" in line and
-                        any("keys_resynced" in later for later in lines[i + 1:])):
-                    continue
-                bad.append(line)
-            self.assertEqual(bad, [], "%s used a dead connection" % r.name)
+            while True:
+                lines = r.log_lines()[mark:]
+                bad, unhealed = [], []
+                for i, line in enumerate(lines):
+                    if not any(e in line for e in BAD_EVENTS):
+                        continue
+                    # A reload (queued by a NOTIFY before a PostgreSQL restart) or a resync (of a
+                    # listener that reconnected while PostgreSQL was shutting down) that runs
+                    # while PostgreSQL is down cannot connect: no dead connection was used, and
+                    # the resync after the listener's next reconnect heals it (required here; it
+                    # may come after the last call of the test, so it is waited for).
+                    if "connect:" in line:
+                        if not any("keys_resynced" in later for later in lines[i + 1:]):
+                            unhealed.append(line)
+                        continue
+                    bad.append(line)
+                self.assertEqual(bad, [], "%s used a dead connection" % r.name)
+                if not unhealed or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            self.assertEqual(unhealed, [], "%s: no resync after these failures within %.0fs"
+                             % (r.name, heal_timeout))
 
     def run_key_lifecycle(self, prefix, disrupt):
         """CreateKey through replica 0, RotateKey through 1, DeleteKey through 2, each the first
