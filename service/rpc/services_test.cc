@@ -23,6 +23,7 @@
 #include "offload/v1/aead.grpc.pb.h"
 #include "offload/v1/ed25519.grpc.pb.h"
 #include "offload/v1/keys.grpc.pb.h"
+#include "offload/v1/x25519.grpc.pb.h"
 #include "service/auth/authorizer.h"
 #include "service/crypto/backend.h"
 #include "service/metrics/metrics.h"
@@ -213,6 +214,103 @@ TEST_F(ServicesTest, AnswersThroughTheGeneratedStubs) {
     const grpc::Status s = aead->Open(&c, q, &r);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
     EXPECT_TRUE(r.plaintext().empty());
+  }
+}
+
+// BatchVerify and BatchDerive reuse their messages across calls (PooledAllocator): calls of
+// different sizes, one after another on one connection, each get exactly their own answer, also
+// after a call too large to be kept and one with a long field.
+TEST_F(ServicesTest, BatchCallsThatReuseMessagesAnswerOnlyTheirOwnItems) {
+  auto keys = v1::KeyService::NewStub(channel_);
+  auto ed = v1::Ed25519Service::NewStub(channel_);
+  auto x = v1::X25519Service::NewStub(channel_);
+  unsigned char pk[crypto_sign_PUBLICKEYBYTES], sk[crypto_sign_SECRETKEYBYTES];
+  crypto_sign_keypair(pk, sk);
+  auto item = [&](int i, size_t message_size, bool valid) {
+    v1::VerifyRequest q;
+    std::string message(message_size, static_cast<char>('a' + i % 26));
+    unsigned char sig[crypto_sign_BYTES];
+    crypto_sign_detached(sig, nullptr, reinterpret_cast<const unsigned char*>(message.data()),
+                         message.size(), sk);
+    if (!valid) sig[0] ^= 1;
+    q.set_public_key(pk, sizeof pk);
+    q.set_message(message);
+    q.set_signature(sig, sizeof sig);
+    return q;
+  };
+  struct Shape {
+    int items;
+    size_t message_size;
+  };
+  // 64 items; 3; 300 (more than a pooled request keeps); 1 with a 2,000-byte message; 64 again.
+  for (const Shape& shape : {Shape{64, 40}, Shape{3, 10}, Shape{300, 12}, Shape{1, 2000},
+                             Shape{64, 40}}) {
+    v1::BatchVerifyRequest q;
+    for (int i = 0; i < shape.items; ++i) *q.add_items() = item(i, shape.message_size, i % 3 != 1);
+    if (shape.items > 2) q.mutable_items(2)->set_public_key("short");  // an item error
+    grpc::ClientContext c;
+    v1::BatchVerifyResponse r;
+    const grpc::Status status = ed->BatchVerify(&c, q, &r);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    ASSERT_EQ(r.results_size(), shape.items);
+    for (int i = 0; i < shape.items; ++i) {
+      const v1::BatchVerifyResult& result = r.results(i);
+      if (i == 2) {
+        EXPECT_EQ(result.status().code(), grpc::StatusCode::INVALID_ARGUMENT) << i;
+        EXPECT_FALSE(result.valid()) << i;
+      } else {
+        EXPECT_EQ(result.status().code(), 0) << shape.items << " items, item " << i;
+        EXPECT_EQ(result.valid(), i % 3 != 1) << shape.items << " items, item " << i;
+      }
+    }
+  }
+
+  {
+    grpc::ClientContext c;
+    v1::CreateKeyRequest q;
+    q.set_key_id("dh");
+    q.set_type(v1::KEY_TYPE_X25519);
+    v1::KeyInfo info;
+    ASSERT_TRUE(keys->CreateKey(&c, q, &info).ok());
+  }
+  auto peer = [](int i) {
+    std::string key(32, '\0');
+    crypto_generichash(reinterpret_cast<unsigned char*>(key.data()), key.size(),
+                       reinterpret_cast<const unsigned char*>(&i), sizeof i, nullptr, 0);
+    return key;
+  };
+  auto derive = [&](const std::string& peer_key) {
+    grpc::ClientContext c;
+    v1::DeriveRequest q;
+    q.set_key_id("dh");
+    q.set_peer_public_key(peer_key);
+    v1::DeriveResponse r;
+    EXPECT_TRUE(x->Derive(&c, q, &r).ok());
+    return r.shared_key();
+  };
+  for (int items : {64, 2, 200, 64}) {
+    v1::BatchDeriveRequest q;
+    for (int i = 0; i < items; ++i) {
+      v1::DeriveRequest* d = q.add_items();
+      d->set_key_id(i == 1 ? "nosuch" : "dh");
+      d->set_peer_public_key(peer(i * 7 + items));
+    }
+    grpc::ClientContext c;
+    v1::BatchDeriveResponse r;
+    const grpc::Status status = x->BatchDerive(&c, q, &r);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    ASSERT_EQ(r.results_size(), items);
+    for (int i = 0; i < items; ++i) {
+      const v1::BatchDeriveResult& result = r.results(i);
+      if (i == 1) {
+        EXPECT_EQ(result.status().code(), grpc::StatusCode::NOT_FOUND);
+        EXPECT_TRUE(result.response().shared_key().empty());
+      } else {
+        EXPECT_EQ(result.status().code(), 0) << items << " items, item " << i;
+        EXPECT_EQ(result.response().shared_key(), derive(peer(i * 7 + items)))
+            << items << " items, item " << i;
+      }
+    }
   }
 }
 
