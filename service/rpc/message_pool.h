@@ -21,6 +21,7 @@
 
 #include <sodium.h>
 
+#include <array>
 #include <cstddef>
 #include <string>
 #include <vector>
@@ -38,6 +39,19 @@ namespace offload::rpc {
 inline constexpr int kPoolMaxItems = 128;
 inline constexpr size_t kPoolMaxField = 256;
 
+// Whether a released batch request is small enough to keep: at most kPoolMaxItems items, and no
+// string field of an item (`fields(item)`, a std::array of pointers) holding over kPoolMaxField.
+template <typename Batch, typename Fields>
+bool ReusableBatch(const Batch& request, Fields fields) {
+  if (request.items_size() > kPoolMaxItems) return false;
+  for (const auto& item : request.items()) {
+    for (const std::string* field : fields(item)) {
+      if (field->capacity() > kPoolMaxField) return false;
+    }
+  }
+  return true;
+}
+
 // Per message type: whether a released request is small enough to keep, and which response
 // fields are secrets.
 template <typename Message>
@@ -46,28 +60,19 @@ struct PoolTraits;
 template <>
 struct PoolTraits<v1::BatchVerifyRequest> {
   static bool Reusable(const v1::BatchVerifyRequest& r) {
-    if (r.items_size() > kPoolMaxItems) return false;
-    for (const v1::VerifyRequest& item : r.items()) {
-      if (item.public_key().capacity() > kPoolMaxField || item.message().capacity() > kPoolMaxField ||
-          item.signature().capacity() > kPoolMaxField) {
-        return false;
-      }
-    }
-    return true;
+    return ReusableBatch(r, [](const v1::VerifyRequest& item) {
+      return std::array<const std::string*, 3>{&item.public_key(), &item.message(),
+                                               &item.signature()};
+    });
   }
 };
 
 template <>
 struct PoolTraits<v1::BatchDeriveRequest> {
   static bool Reusable(const v1::BatchDeriveRequest& r) {
-    if (r.items_size() > kPoolMaxItems) return false;
-    for (const v1::DeriveRequest& item : r.items()) {
-      if (item.key_id().capacity() > kPoolMaxField ||
-          item.peer_public_key().capacity() > kPoolMaxField) {
-        return false;
-      }
-    }
-    return true;
+    return ReusableBatch(r, [](const v1::DeriveRequest& item) {
+      return std::array<const std::string*, 2>{&item.key_id(), &item.peer_public_key()};
+    });
   }
 };
 

@@ -152,12 +152,13 @@ class Server:
         self.log.close()
 
 
-def start_ours(build_dir, workdir, name='ours', extra=()):
+def start_ours(build_dir, workdir, name='ours', extra=(), binary=None):
+    """Our server (build_dir/bin/offload_server, or `binary`) on loopback ports, fresh data dir."""
     data = os.path.join(workdir, name + '-data')
     os.makedirs(data, exist_ok=True)
     env = dict(os.environ, OFFLOAD_KEK=os.urandom(32).hex())
     http_port = free_port()
-    cmd = [os.path.join(build_dir, 'bin', 'offload_server'), '--grpc_address=127.0.0.1:0',
+    cmd = [binary or os.path.join(build_dir, 'bin', 'offload_server'), '--grpc_address=127.0.0.1:0',
            '--data_dir=' + data, f'--http_address=127.0.0.1:{http_port}',
            f'--metrics_address=127.0.0.1:{free_port()}'] + list(extra)
     server = Server(name, cmd, env, r'"grpc_port":(\d+)', workdir)
