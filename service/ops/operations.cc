@@ -95,6 +95,20 @@ void SetItemStatus(const absl::Status& status, v1::ItemStatus* out) {
   if (!status.ok()) out->set_message(std::string(status.message()));
 }
 
+// Drops a failed batch item's answer. A shared key's bytes are zeroed first: the response may
+// live on an arena, which frees its strings without wiping them.
+template <typename Result>
+void ClearFailedResponse(Result* result) {
+  result->clear_response();
+}
+void ClearFailedResponse(v1::BatchDeriveResult* result) {
+  if (result->has_response()) {
+    std::string* key = result->mutable_response()->mutable_shared_key();
+    sodium_memzero(key->data(), key->size());
+  }
+  result->clear_response();
+}
+
 // Writes the raw X25519 secret or the box key, as `output` asks, into `out` (32 bytes).
 absl::Status DeriveInto(const keys::ManagedKey& key, const keys::ManagedKeyVersion& version,
                         absl::Span<const uint8_t> peer, v1::DeriveOutput output,
@@ -525,7 +539,7 @@ void Operations::BatchOf(const BatchRequest& request, BatchResponse* response,
       [this, &request, response, single](int i) {
         auto* result = response->mutable_results(i);
         absl::Status s = (this->*single)(request.items(i), result->mutable_response());
-        if (!s.ok()) result->clear_response();
+        if (!s.ok()) ClearFailedResponse(result);
         SetItemStatus(s, result->mutable_status());
       },
       std::move(done), std::move(alive));
@@ -560,7 +574,7 @@ bool Operations::BatchDeriveFromMemo(const v1::BatchDeriveRequest& request,
       probe->have_probe = true;
       return false;
     }
-    if (!item_status.ok()) result->clear_response();
+    if (!item_status.ok()) ClearFailedResponse(result);
     SetItemStatus(item_status, result->mutable_status());
   }
   probe->next = limit;
@@ -585,7 +599,7 @@ void Operations::BatchDeriveFresh(const v1::BatchDeriveRequest& request,
         absl::Status s = (j == 0 && first_probe != nullptr)
                              ? DeriveFresh(request.items(i), *first_probe, out)
                              : Derive(request.items(i), out);
-        if (!s.ok()) result->clear_response();
+        if (!s.ok()) ClearFailedResponse(result);
         SetItemStatus(s, result->mutable_status());
       },
       std::move(done), std::move(alive));

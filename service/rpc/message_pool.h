@@ -6,16 +6,18 @@
 // The request is a heap message that is cleared, not freed, when gRPC releases the call: a
 // cleared protobuf message keeps its repeated items and their strings' buffers, so parsing the
 // next call's items allocates nothing. The response lives on a protobuf arena whose first block
-// is part of the holder and survives Arena::Reset(): its items and statuses cost no malloc
-// either. Before a response is reset its secrets are wiped (WipeSecrets, e.g. BatchDerive's
-// shared keys), so they never reach free memory or a later call.
+// is part of the holder and survives Arena::Reset(), so the items and statuses of a memo hit's
+// answer cost no malloc either. A released response's secrets are wiped at once (WipeSecrets:
+// BatchDerive's shared keys); the wiped response is reset when the holder is handed out again.
+// (gRPC's serialized copy of an answer is gRPC's, freed by gRPC.)
 //
 // What waits for reuse is bounded: at most `max_idle` holders, and a request is kept only while
-// it is small (PoolTraits<Request>::Reusable: at most kPoolMaxItems items, no string field over
-// kPoolMaxField bytes); a larger one is freed on release, so one big batch does not pin its
-// memory. An idle holder keeps at most its 16 KB arena block plus kPoolMaxItems items of short
-// fields (~100 KB); 16 idle holders, under 2 MB per method. Thread-safety: AllocateMessages and
-// Release may be called from any thread.
+// it is small (Reusable: at most kPoolMaxItems items, no string field over kPoolMaxField bytes,
+// no unknown fields); a larger one is freed on release, so one big batch does not pin its
+// memory. An idle holder keeps at most its 16 KB arena block, the blocks of its last response
+// (at most kPoolMaxItems items) and kPoolMaxItems items of short fields: 16 idle holders, a few
+// MB per method at worst. Thread-safety: AllocateMessages and Release may be called from any
+// thread. REQUIRES: the allocator outlives every call that uses it (shut the server down first).
 #ifndef SERVICE_RPC_MESSAGE_POOL_H_
 #define SERVICE_RPC_MESSAGE_POOL_H_
 
@@ -29,6 +31,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "google/protobuf/arena.h"
+#include "google/protobuf/message.h"
+#include "google/protobuf/unknown_field_set.h"
 #include "grpcpp/support/message_allocator.h"
 #include "offload/v1/ed25519.pb.h"
 #include "offload/v1/x25519.pb.h"
@@ -39,12 +43,18 @@ namespace offload::rpc {
 inline constexpr int kPoolMaxItems = 128;
 inline constexpr size_t kPoolMaxField = 256;
 
-// Whether a released batch request is small enough to keep: at most kPoolMaxItems items, and no
-// string field of an item (`fields(item)`, a std::array of pointers) holding over kPoolMaxField.
+// Whether a released batch request is small enough to keep: at most kPoolMaxItems items, no
+// string field of an item (`fields(item)`, a std::array of pointers) holding over kPoolMaxField,
+// and no unknown fields (a cleared UnknownFieldSet keeps its vector's capacity).
+inline bool HasUnknownFields(const google::protobuf::Message& m) {
+  return !m.GetReflection()->GetUnknownFields(m).empty();
+}
+
 template <typename Batch, typename Fields>
 bool ReusableBatch(const Batch& request, Fields fields) {
-  if (request.items_size() > kPoolMaxItems) return false;
+  if (request.items_size() > kPoolMaxItems || HasUnknownFields(request)) return false;
   for (const auto& item : request.items()) {
+    if (HasUnknownFields(item)) return false;
     for (const std::string* field : fields(item)) {
       if (field->capacity() > kPoolMaxField) return false;
     }
@@ -52,45 +62,32 @@ bool ReusableBatch(const Batch& request, Fields fields) {
   return true;
 }
 
-// Per message type: whether a released request is small enough to keep, and which response
-// fields are secrets.
-template <typename Message>
-struct PoolTraits;
+inline bool Reusable(const v1::BatchVerifyRequest& request) {
+  return ReusableBatch(request, [](const v1::VerifyRequest& item) {
+    return std::array<const std::string*, 3>{&item.public_key(), &item.message(),
+                                             &item.signature()};
+  });
+}
 
-template <>
-struct PoolTraits<v1::BatchVerifyRequest> {
-  static bool Reusable(const v1::BatchVerifyRequest& r) {
-    return ReusableBatch(r, [](const v1::VerifyRequest& item) {
-      return std::array<const std::string*, 3>{&item.public_key(), &item.message(),
-                                               &item.signature()};
-    });
+inline bool Reusable(const v1::BatchDeriveRequest& request) {
+  return ReusableBatch(request, [](const v1::DeriveRequest& item) {
+    return std::array<const std::string*, 2>{&item.key_id(), &item.peer_public_key()};
+  });
+}
+
+// Zeroes the secrets a batch response holds, before it is cleared, reset or freed: an arena frees
+// its strings without wiping them, and a cleared item's sub-message is out of reach afterwards.
+// Only BatchDerive's answers carry secrets here (shared keys); other responses: nothing to do.
+template <typename Response>
+void WipeSecrets(Response*) {}
+
+inline void WipeSecrets(v1::BatchDeriveResponse* response) {
+  for (v1::BatchDeriveResult& result : *response->mutable_results()) {
+    if (!result.has_response()) continue;
+    std::string* key = result.mutable_response()->mutable_shared_key();
+    sodium_memzero(key->data(), key->size());
   }
-};
-
-template <>
-struct PoolTraits<v1::BatchDeriveRequest> {
-  static bool Reusable(const v1::BatchDeriveRequest& r) {
-    return ReusableBatch(r, [](const v1::DeriveRequest& item) {
-      return std::array<const std::string*, 2>{&item.key_id(), &item.peer_public_key()};
-    });
-  }
-};
-
-template <>
-struct PoolTraits<v1::BatchVerifyResponse> {
-  static void WipeSecrets(v1::BatchVerifyResponse*) {}  // validity bits and statuses only
-};
-
-template <>
-struct PoolTraits<v1::BatchDeriveResponse> {
-  static void WipeSecrets(v1::BatchDeriveResponse* r) {
-    for (v1::BatchDeriveResult& result : *r->mutable_results()) {
-      if (!result.has_response()) continue;
-      std::string* key = result.mutable_response()->mutable_shared_key();
-      sodium_memzero(key->data(), key->size());
-    }
-  }
-};
+}
 
 template <typename Request, typename Response>
 class PooledAllocator final : public grpc::MessageAllocator<Request, Response> {
@@ -103,15 +100,17 @@ class PooledAllocator final : public grpc::MessageAllocator<Request, Response> {
   PooledAllocator& operator=(const PooledAllocator&) = delete;
 
   grpc::MessageHolder<Request, Response>* AllocateMessages() override {
+    Holder* holder = nullptr;
     {
       absl::MutexLock lock(&mu_);
       if (!idle_.empty()) {
-        Holder* holder = idle_.back();
+        holder = idle_.back();
         idle_.pop_back();
-        return holder;
       }
     }
-    return new Holder(this);
+    if (holder == nullptr) return new Holder(this);
+    holder->Refresh();
+    return holder;
   }
 
   // Holders waiting for reuse (for tests).
@@ -127,17 +126,26 @@ class PooledAllocator final : public grpc::MessageAllocator<Request, Response> {
       this->set_request(&request_);
       NewResponse();
     }
-    ~Holder() override { PoolTraits<Response>::WipeSecrets(this->response()); }
+    ~Holder() override { WipeSecrets(this->response()); }
 
     void Release() override {
-      PoolTraits<Response>::WipeSecrets(this->response());
-      const bool reusable = PoolTraits<Request>::Reusable(request_);
+      WipeSecrets(this->response());
+      const bool reusable = Reusable(request_);
       if (reusable) {
         request_.Clear();
-        arena_.Reset();  // frees every block but block_, and the response's strings
-        NewResponse();
+        stale_ = true;  // the response is reset when the holder is handed out again
       }
       pool_->Return(this, reusable);
+    }
+
+    // A fresh response for the next call. On the thread that handles that call's parse and, for
+    // memo hits, builds its answer: protobuf 3.21 gives an arena's first block to the thread that
+    // set it up (here, by Reset), other threads get blocks of their own.
+    void Refresh() {
+      if (!stale_) return;
+      arena_.Reset();  // frees every block but block_, and the (wiped) response's strings
+      NewResponse();
+      stale_ = false;
     }
 
    private:
@@ -146,6 +154,7 @@ class PooledAllocator final : public grpc::MessageAllocator<Request, Response> {
       google::protobuf::ArenaOptions options;
       options.initial_block = block;
       options.initial_block_size = kBlock;
+      options.start_block_size = 4096;  // another thread's first block (a pool worker's)
       options.max_block_size = 64 * 1024;
       return options;
     }
@@ -154,6 +163,7 @@ class PooledAllocator final : public grpc::MessageAllocator<Request, Response> {
     }
 
     PooledAllocator* const pool_;
+    bool stale_ = false;
     Request request_;
     alignas(8) char block_[kBlock];
     google::protobuf::Arena arena_;  // after block_: constructed over it, destroyed before it

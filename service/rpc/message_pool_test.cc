@@ -1,5 +1,5 @@
-// PooledAllocator: released messages come back cleared, the bounds on what waits for reuse hold,
-// and a response's secrets are wiped when it is released.
+// PooledAllocator: released messages come back cleared, the bounds on what waits for reuse hold
+// (items, field sizes, unknown fields), and a response's secrets are wiped when it is released.
 
 #include "service/rpc/message_pool.h"
 
@@ -64,6 +64,30 @@ TEST(PooledAllocatorTest, LargeRequestsAreFreedNotKept) {
   EXPECT_EQ(pool.idle(), 1u);
 }
 
+TEST(PooledAllocatorTest, RequestsWithUnknownFieldsAreFreedNotKept) {
+  v1::BatchVerifyRequest sent;
+  Fill(&sent, 2, 10);
+  std::string wire = sent.SerializeAsString();
+  wire += std::string("\xb8\x06\x01", 3);  // field 103, varint 1: not in the proto
+  VerifyPool pool;
+  auto* top = pool.AllocateMessages();
+  ASSERT_TRUE(top->request()->ParseFromString(wire));
+  ASSERT_TRUE(HasUnknownFields(*top->request()));
+  top->Release();
+  EXPECT_EQ(pool.idle(), 0u);
+
+  v1::VerifyRequest item;
+  item.set_public_key(std::string(32, 'k'));
+  std::string item_wire = item.SerializeAsString() + std::string("\xb8\x06\x01", 3);
+  std::string batch_wire = "\x0a" + std::string(1, static_cast<char>(item_wire.size())) + item_wire;
+  auto* nested = pool.AllocateMessages();
+  ASSERT_TRUE(nested->request()->ParseFromString(batch_wire));
+  ASSERT_EQ(nested->request()->items_size(), 1);
+  ASSERT_TRUE(HasUnknownFields(nested->request()->items(0)));
+  nested->Release();
+  EXPECT_EQ(pool.idle(), 0u);
+}
+
 TEST(PooledAllocatorTest, KeepsAtMostMaxIdle) {
   VerifyPool pool(/*max_idle=*/2);
   std::vector<grpc::MessageHolder<v1::BatchVerifyRequest, v1::BatchVerifyResponse>*> held;
@@ -77,8 +101,30 @@ TEST(PooledAllocatorTest, WipesSharedKeys) {
   response.add_results()->mutable_response()->set_shared_key(std::string(32, '\xAA'));
   response.add_results()->mutable_status()->set_code(5);  // an item without a key
   const std::string* key = &response.results(0).response().shared_key();
-  PoolTraits<v1::BatchDeriveResponse>::WipeSecrets(&response);
+  WipeSecrets(&response);
   EXPECT_EQ(*key, std::string(32, '\0'));
+}
+
+// Release wipes the shared keys at once; the wiped response stays in the idle holder's arena
+// (still alive, so it may be read here) until the holder is handed out again.
+TEST(PooledAllocatorTest, ReleaseWipesTheResponsesSharedKeys) {
+  DerivePool pool;
+  auto* holder = pool.AllocateMessages();
+  holder->request()->add_items()->set_key_id("dh");
+  for (int i = 0; i < 3; ++i) {
+    holder->response()->add_results()->mutable_response()->set_shared_key(std::string(32, '\xAA'));
+  }
+  std::vector<const std::string*> keys;
+  for (const auto& result : holder->response()->results()) {
+    keys.push_back(&result.response().shared_key());
+  }
+  holder->Release();
+  ASSERT_EQ(pool.idle(), 1u);
+  for (const std::string* key : keys) EXPECT_EQ(*key, std::string(32, '\0'));
+  auto* again = pool.AllocateMessages();
+  ASSERT_EQ(again, holder);
+  EXPECT_EQ(again->response()->results_size(), 0);
+  again->Release();
 }
 
 TEST(PooledAllocatorTest, ManyThreadsAllocateAndRelease) {

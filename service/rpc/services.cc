@@ -437,7 +437,10 @@ class Dispatcher {
       }
       const metrics::ItemCounts counts =
           status.ok() ? CountBatch(*response) : metrics::ItemCounts{};
-      if (!status.ok()) response->Clear();
+      if (!status.ok()) {
+        WipeSecrets(response);  // items answered before the call failed (see message_pool.h)
+        response->Clear();
+      }
       Finish(reactor, method, start, status, counts, request->items_size());
     };
   }

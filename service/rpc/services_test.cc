@@ -226,9 +226,12 @@ TEST_F(ServicesTest, BatchCallsThatReuseMessagesAnswerOnlyTheirOwnItems) {
   auto x = v1::X25519Service::NewStub(channel_);
   unsigned char pk[crypto_sign_PUBLICKEYBYTES], sk[crypto_sign_SECRETKEYBYTES];
   crypto_sign_keypair(pk, sk);
-  auto item = [&](int i, size_t message_size, bool valid) {
+  // Each call's items differ from the previous calls' (`call` is in every message and in which
+  // items are invalid): an answer left over from an earlier call would not match.
+  auto item = [&](int call, int i, size_t message_size, bool valid) {
     v1::VerifyRequest q;
-    std::string message(message_size, static_cast<char>('a' + i % 26));
+    std::string message(message_size, static_cast<char>('a' + (i + call) % 26));
+    message[0] = static_cast<char>(call);
     unsigned char sig[crypto_sign_BYTES];
     crypto_sign_detached(sig, nullptr, reinterpret_cast<const unsigned char*>(message.data()),
                          message.size(), sk);
@@ -243,10 +246,12 @@ TEST_F(ServicesTest, BatchCallsThatReuseMessagesAnswerOnlyTheirOwnItems) {
     size_t message_size;
   };
   // 64 items; 3; 300 (more than a pooled request keeps); 1 with a 2,000-byte message; 64 again.
-  for (const Shape& shape : {Shape{64, 40}, Shape{3, 10}, Shape{300, 12}, Shape{1, 2000},
-                             Shape{64, 40}}) {
+  const Shape shapes[] = {{64, 40}, {3, 10}, {300, 12}, {1, 2000}, {64, 40}};
+  for (int call = 0; call < 5; ++call) {
+    const Shape& shape = shapes[call];
+    auto valid = [call](int i) { return (i + call) % 3 != 1; };
     v1::BatchVerifyRequest q;
-    for (int i = 0; i < shape.items; ++i) *q.add_items() = item(i, shape.message_size, i % 3 != 1);
+    for (int i = 0; i < shape.items; ++i) *q.add_items() = item(call, i, shape.message_size, valid(i));
     if (shape.items > 2) q.mutable_items(2)->set_public_key("short");  // an item error
     grpc::ClientContext c;
     v1::BatchVerifyResponse r;
@@ -260,18 +265,24 @@ TEST_F(ServicesTest, BatchCallsThatReuseMessagesAnswerOnlyTheirOwnItems) {
         EXPECT_FALSE(result.valid()) << i;
       } else {
         EXPECT_EQ(result.status().code(), 0) << shape.items << " items, item " << i;
-        EXPECT_EQ(result.valid(), i % 3 != 1) << shape.items << " items, item " << i;
+        EXPECT_EQ(result.valid(), valid(i)) << shape.items << " items, item " << i;
       }
     }
   }
 
+  // An imported scalar, so that the expected shared keys come from libsodium here, not from the
+  // server (whose memo would answer a Derive with what BatchDerive just stored).
+  unsigned char scalar[crypto_scalarmult_SCALARBYTES];
+  randombytes_buf(scalar, sizeof scalar);
   {
     grpc::ClientContext c;
-    v1::CreateKeyRequest q;
+    v1::ImportKeyRequest q;
     q.set_key_id("dh");
     q.set_type(v1::KEY_TYPE_X25519);
+    q.set_secret(scalar, sizeof scalar);
     v1::KeyInfo info;
-    ASSERT_TRUE(keys->CreateKey(&c, q, &info).ok());
+    const grpc::Status status = keys->ImportKey(&c, q, &info);
+    ASSERT_TRUE(status.ok()) << status.error_message();
   }
   auto peer = [](int i) {
     std::string key(32, '\0');
@@ -280,20 +291,22 @@ TEST_F(ServicesTest, BatchCallsThatReuseMessagesAnswerOnlyTheirOwnItems) {
     return key;
   };
   auto derive = [&](const std::string& peer_key) {
-    grpc::ClientContext c;
-    v1::DeriveRequest q;
-    q.set_key_id("dh");
-    q.set_peer_public_key(peer_key);
-    v1::DeriveResponse r;
-    EXPECT_TRUE(x->Derive(&c, q, &r).ok());
-    return r.shared_key();
+    std::string shared(crypto_scalarmult_BYTES, '\0');
+    EXPECT_EQ(crypto_scalarmult(reinterpret_cast<unsigned char*>(shared.data()), scalar,
+                                reinterpret_cast<const unsigned char*>(peer_key.data())),
+              0);
+    return shared;
   };
-  for (int items : {64, 2, 200, 64}) {
+  // The last call repeats the first's items: memo hits, after three calls of other items.
+  const int sizes[] = {64, 2, 200, 64, 64};
+  for (int call = 0; call < 5; ++call) {
+    const int items = sizes[call];
+    const int seed = call == 4 ? 0 : call;
     v1::BatchDeriveRequest q;
     for (int i = 0; i < items; ++i) {
       v1::DeriveRequest* d = q.add_items();
       d->set_key_id(i == 1 ? "nosuch" : "dh");
-      d->set_peer_public_key(peer(i * 7 + items));
+      d->set_peer_public_key(peer(i * 7 + seed * 1000));
     }
     grpc::ClientContext c;
     v1::BatchDeriveResponse r;
@@ -307,7 +320,7 @@ TEST_F(ServicesTest, BatchCallsThatReuseMessagesAnswerOnlyTheirOwnItems) {
         EXPECT_TRUE(result.response().shared_key().empty());
       } else {
         EXPECT_EQ(result.status().code(), 0) << items << " items, item " << i;
-        EXPECT_EQ(result.response().shared_key(), derive(peer(i * 7 + items)))
+        EXPECT_EQ(result.response().shared_key(), derive(peer(i * 7 + seed * 1000)))
             << items << " items, item " << i;
       }
     }

@@ -17,12 +17,14 @@ run_all.py's h2load rows do (2 connections x 4 streams, 1 s warm-up, --seconds m
 It prints server CPU us per item (utime+stime of the server over the window / items answered)
 and items/s per round, then the median per row and server. --threads adds, per thread name, the
 context switches per call (voluntary / involuntary, /proc/<pid>/task/*/status) over the window.
-Any non-2xx answer fails the run (exit 1). Nothing is asserted about speed.
+Each body is first sent once with curl and must answer grpc-status 0; any non-2xx answer under
+h2load fails the run too (exit 1). Nothing is asserted about speed.
 """
 import argparse
 import glob
 import os
 import re
+import shutil
 import sys
 import tempfile
 
@@ -72,7 +74,12 @@ def main():
                     help='where bin/offload_load is')
     ap.add_argument('--threads', action='store_true', help='context switches per call by thread')
     args = ap.parse_args()
-    servers = [s.split('=', 1) for s in args.server]
+    servers = []
+    for spec in args.server:
+        name, sep, binary = spec.partition('=')
+        if not sep or not name or not os.access(binary, os.X_OK):
+            ap.error(f'--server {spec!r}: expected NAME=BINARY, an executable')
+        servers.append((name, binary))
     rows = args.rows.split(',')
     for row in rows:
         if row not in ROWS:
@@ -96,6 +103,12 @@ def main():
                                           ['--memo=false'] if no_memo else [], binary=binary)
                 try:
                     body = R.write_request(runner, server, body_flags, os.path.join(work, tag + '.bin'))
+                    # h2load counts a gRPC error (HTTP 200, grpc-status in the trailers) as 2xx:
+                    # one call with curl first, which must answer grpc-status 0.
+                    if not R.grpc_call_ok(server.port, path, body + '.grpc'):
+                        print(f'round {r + 1} {row} {name}: no grpc-status 0', flush=True)
+                        failed = True
+                        continue
                     before = thread_switches(server.pid) if args.threads else {}
                     res = R.h2load(server.pid, f'http://127.0.0.1:{server.port}{path}',
                                    body + '.grpc', GRPC_HEADERS, False, args.seconds, 1)
@@ -122,9 +135,11 @@ def main():
                         if vol or invol:
                             # The window includes h2load's 1 s warm-up: switches per call are
                             # over all calls answered in warm-up and window together.
-                            calls = res['ok'] * (1 + args.seconds) / args.seconds
+                            measured = max(1, round(args.seconds))  # as h2load's -D runs it
+                            calls = res['ok'] * (1 + measured) / measured
                             print(f'    {tname:16s} x{n}: {vol / calls:.2f} voluntary, '
                                   f'{invol / calls:.2f} involuntary switches per call')
+    shutil.rmtree(work, ignore_errors=True)
     print('\nmedian server CPU us/item [min-max], median items/s')
     for (row, name), xs in sorted(results.items()):
         cpus = [c for c, _ in xs]
