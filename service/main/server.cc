@@ -450,6 +450,10 @@ absl::Status RunServer(const ServerConfig& config) {
     quota.SetMaxThreads(kGrpcSyncThreads);
     builder.SetResourceQuota(quota);
   }
+  // gRPC sets SO_REUSEPORT on Linux by default: a second server started on a port already in
+  // use (an old process still running, a mistyped flag) would then share its connections with
+  // the first without a word. Refuse the port instead (`grpc_address: cannot listen`).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   if (config.grpc_max_concurrent_streams > 0) {
     builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
                                config.grpc_max_concurrent_streams);

@@ -231,7 +231,22 @@ class Server:
         raise KeyError(flag)
 
     def start(self):
-        """Starts the process and waits until health reports SERVING (fails fast if it exits)."""
+        """Starts the process and waits until it logged server_started and health reports
+        SERVING (fails fast if it exits). The ports come from free_port(), so another process
+        may take one of them before the server binds it: the server then exits with "cannot
+        listen on" (it refuses shared ports, SO_REUSEPORT off), and the start is retried on
+        fresh ports, up to 3 times."""
+        for attempt in range(3):
+            try:
+                return self._start_once()
+            except RuntimeError:
+                if attempt == 2 or b"cannot listen on" not in self._read_log():
+                    raise
+                if self.proc is not None:  # it exited: reap it, then try fresh ports
+                    self.proc.wait()
+                    self._closed()
+
+    def _start_once(self):
         assert self.proc is None, "already running"
         self.starts += 1
         cmd = self.command()
@@ -243,6 +258,9 @@ class Server:
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log,
                                      stderr=self._log, env=env)
         _LIVE_SERVERS.append(self)
+        # Our own process must have bound its ports: until then, what listens on them (and
+        # answers the health check) may be another process that took the same free port.
+        self._wait_logged(b'"event":"server_started"', START_TIMEOUT_S)
         # A channel made before the port listens backs off (about 1 s, then longer) before it
         # tries again: wait for the port first, then connect once.
         self._wait_listening(START_TIMEOUT_S)
@@ -250,6 +268,25 @@ class Server:
         self._bind_stubs(self.channel)
         self.wait_serving(START_TIMEOUT_S)
         return self
+
+    def _read_log(self):
+        with open(self.log_path, "rb") as f:
+            return f.read()
+
+    def _wait_logged(self, needle, timeout):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if needle in self._read_log():
+                return
+            rc = self.proc.poll()
+            if rc is not None:
+                self._log.flush()
+                raise RuntimeError("%s exited with code %s before %s\n%s"
+                                   % (self.name, rc, needle.decode(), self.log_tail()))
+            time.sleep(0.02)
+        self.kill()
+        raise RuntimeError("%s did not log %s within %.0fs\n%s"
+                           % (self.name, needle.decode(), timeout, self.log_tail()))
 
     def _wait_listening(self, timeout):
         host, port = self.address.rsplit(":", 1)
