@@ -575,7 +575,8 @@ class TableService final : public grpc::Service {
 // Builds the gRPC services from ops::ForEachMethod: one TableService per proto service, each
 // method bound to the Dispatcher's way of running its kind. Batches get their arena allocator;
 // BatchVerify and BatchDerive, whose memo hits are answered on the gRPC thread, reuse their
-// messages (PooledAllocator: a 64-item hit then allocates nothing for its items).
+// messages (PooledAllocator: a 64-item hit then parses into kept buffers, builds its answer in
+// a kept arena block).
 class ServicesBuilder {
  public:
   ServicesBuilder(Dispatcher* d, std::deque<TableService>* services,
