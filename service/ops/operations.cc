@@ -95,17 +95,13 @@ void SetItemStatus(const absl::Status& status, v1::ItemStatus* out) {
   if (!status.ok()) out->set_message(std::string(status.message()));
 }
 
-// Drops a failed batch item's answer. A shared key's bytes are zeroed first: the response may
-// live on an arena, which frees its strings without wiping them.
+// Drops a failed batch item's answer; a shared key's bytes are zeroed first (WipeSharedKey).
 template <typename Result>
 void ClearFailedResponse(Result* result) {
   result->clear_response();
 }
 void ClearFailedResponse(v1::BatchDeriveResult* result) {
-  if (result->has_response()) {
-    std::string* key = result->mutable_response()->mutable_shared_key();
-    sodium_memzero(key->data(), key->size());
-  }
+  WipeSharedKey(result);
   result->clear_response();
 }
 
@@ -124,6 +120,12 @@ absl::Status DeriveInto(const keys::ManagedKey& key, const keys::ManagedKeyVersi
 }
 
 }  // namespace
+
+void WipeSharedKey(v1::BatchDeriveResult* result) {
+  if (!result->has_response()) return;
+  std::string* key = result->mutable_response()->mutable_shared_key();
+  sodium_memzero(key->data(), key->size());
+}
 
 Operations::Operations(keys::KeyManager* keys, memo::Memo* memo, WorkerPool* pool,
                        crypto::BackendChoice backends, Options options)

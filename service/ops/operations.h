@@ -35,6 +35,10 @@
 
 namespace offload::ops {
 
+// Zeroes a BatchDerive item's shared key in place, if it has one. A batch response may live on
+// an arena, which frees strings without wiping them: call it before the item is cleared or freed.
+void WipeSharedKey(v1::BatchDeriveResult* result);
+
 class Operations final {
  public:
   struct Options {

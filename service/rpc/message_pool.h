@@ -21,8 +21,6 @@
 #ifndef SERVICE_RPC_MESSAGE_POOL_H_
 #define SERVICE_RPC_MESSAGE_POOL_H_
 
-#include <sodium.h>
-
 #include <array>
 #include <cstddef>
 #include <string>
@@ -36,6 +34,7 @@
 #include "grpcpp/support/message_allocator.h"
 #include "offload/v1/ed25519.pb.h"
 #include "offload/v1/x25519.pb.h"
+#include "service/ops/operations.h"
 
 namespace offload::rpc {
 
@@ -82,11 +81,7 @@ template <typename Response>
 void WipeSecrets(Response*) {}
 
 inline void WipeSecrets(v1::BatchDeriveResponse* response) {
-  for (v1::BatchDeriveResult& result : *response->mutable_results()) {
-    if (!result.has_response()) continue;
-    std::string* key = result.mutable_response()->mutable_shared_key();
-    sodium_memzero(key->data(), key->size());
-  }
+  for (v1::BatchDeriveResult& result : *response->mutable_results()) ops::WipeSharedKey(&result);
 }
 
 template <typename Request, typename Response>
