@@ -493,7 +493,8 @@ absl::Status RunServer(const ServerConfig& config) {
        {"drain_timeout_seconds", absl::ToDoubleSeconds(config.drain_timeout)}});
   server->GetHealthCheckService()->SetServingStatus(false);
   ready->store(false);
-  const absl::Time drain_deadline = absl::Now() + config.drain_timeout;
+  const absl::Time drain_start = absl::Now();
+  const absl::Time drain_deadline = drain_start + config.drain_timeout;
   // /readyz 503, new HTTP calls UNAVAILABLE, idle HTTP connections closed; HTTP calls in
   // flight finish meanwhile.
   if (gateway != nullptr) gateway->Drain();
@@ -502,6 +503,7 @@ absl::Status RunServer(const ServerConfig& config) {
   // which a pooled idle connection (or one that never finished its handshake) takes seconds to
   // do: once no call has been in flight for a moment, the connections left are closed here.
   absl::Notification shut;
+  bool cut_idle = false;
   std::thread shutdown([&] {
     server->Shutdown(absl::ToChronoTime(drain_deadline));
     shut.Notify();
@@ -510,18 +512,26 @@ absl::Status RunServer(const ServerConfig& config) {
     quiet = services.in_flight() == 0 ? quiet + 1 : 0;
     if (quiet >= 4) {
       grpc_server_cancel_all_calls(server->c_server());
+      cut_idle = true;
       break;
     }
     shut.WaitForNotificationWithTimeout(absl::Milliseconds(5));
   }
   shutdown.join();
+  // How the gRPC side ended, for operators who tune --drain_timeout: every connection gone by
+  // itself, idle ones cut once no call was in flight, or the deadline.
+  const char* grpc_drain = cut_idle ? "idle_connections_cut"
+                           : absl::Now() < drain_deadline ? "connections_closed"
+                                                          : "deadline";
   server->Wait();
   if (gateway != nullptr) gateway->Stop(drain_deadline);
   // Tasks still queued (calls past the drain deadline) run now, while everything they use is
   // still here.
   pool.WaitIdle();
   metrics.StopExposer();
-  Log(LogLevel::kInfo, "server_stopped");
+  Log(LogLevel::kInfo, "server_stopped",
+      {{"grpc_drain", grpc_drain},
+       {"drain_seconds", absl::ToDoubleSeconds(absl::Now() - drain_start)}});
   return absl::OkStatus();
 }
 

@@ -5,16 +5,17 @@ the middle of their request headers are held open; a new Connect call (new conne
 gRPC call (new channel) must still be answered at once, correctly. Then: a SIGTERM with all of
 them open exits 0 promptly.
 
-"At once" is checked as: the median of 5 new calls of each kind within 100 ms (the issue's
-target; a server that ties a thread to a connection makes them wait for a read or idle timeout,
-10 s or more), and every single call within 2 s (a bound, not a speed: it holds on a loaded
-machine). The measured times are printed.
+The server's read and idle timeouts are set far beyond the test (600 s), so nothing cuts the
+held connections while it runs: a server that ties a thread to a connection could then answer a
+new call only after one of them ends, and every new call here has a 10 s client timeout. The
+test asserts answers, not speed; the measured times are printed. The drain timeout is long too
+(120 s): a server that waited for the idle connections on SIGTERM would need all of it, one that
+closes them exits at once.
 """
 
 import http.client
 import resource
 import socket
-import statistics
 import time
 import unittest
 
@@ -59,7 +60,9 @@ class HttpConnections(ServerTestCase):
             self.skipTest("the open-file limit (%d) is below %d" % (limit, IDLE + STALLED + 200))
         http_port = free_port()
         server = Server("http-conns", backend="libsodium",
-                        args=["--http_address=127.0.0.1:%d" % http_port]).start()
+                        args=["--http_address=127.0.0.1:%d" % http_port,
+                              "--http_read_timeout=600s", "--http_idle_timeout=600s",
+                              "--drain_timeout=120s"]).start()
         self.addCleanup(server.kill)
         server.keys.CreateKey(pb.keys.CreateKeyRequest(key_id="signer",
                                                        type=pb.keys.KEY_TYPE_ED25519))
@@ -107,9 +110,6 @@ class HttpConnections(ServerTestCase):
               "call %s ms" % (IDLE, STALLED,
                               [round(t * 1000, 1) for t in connect_times],
                               [round(t * 1000, 1) for t in grpc_times]))
-        for name, times in (("Connect", connect_times), ("gRPC", grpc_times)):
-            self.assertLessEqual(max(times), 2.0, "%s calls: %s" % (name, times))
-            self.assertLessEqual(statistics.median(times), 0.1, "%s calls: %s" % (name, times))
 
         # The idle connections are still served (a sample), and the server counts them all.
         for s in sockets[:IDLE:200]:
@@ -117,9 +117,9 @@ class HttpConnections(ServerTestCase):
             self.assertEqual(read_response(s)[0], 200)
 
         # SIGTERM with every connection open: a prompt, clean exit.
-        took = server.stop(timeout=15)
+        took = server.stop(timeout=150)
         print("SIGTERM with %d connections open: exit 0 after %.2f s" % (len(sockets), took))
-        self.assertLess(took, 10.0)
+        self.assertLess(took, 60.0, "waited for idle connections (--drain_timeout=120s)")
 
 
 if __name__ == "__main__":
