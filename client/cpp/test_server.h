@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -272,8 +273,6 @@ class ServerProcess {
     ASSERT_NE(mkdtemp(tmpl), nullptr);
     dir_ = tmpl;
     log_ = dir_ + "/" + name_ + ".log";
-    address_ = absl::StrCat("127.0.0.1:", FreePort());
-    metrics_address_ = absl::StrCat("127.0.0.1:", FreePort());
     std::filesystem::create_directories(dir_ + "/data");
     unsigned char kek[32];
     randombytes_buf(kek, sizeof(kek));
@@ -281,12 +280,7 @@ class ServerProcess {
     sodium_bin2hex(kek_hex, sizeof(kek_hex), kek, sizeof(kek));
     kek_hex_ = kek_hex;
     sodium_memzero(kek, sizeof(kek));
-    const std::string binary = ServerBinary();
-    extra_flags_.clear();
-    for (const std::string& flag : AddressFlags(binary)) {
-      if (flag == "grpc_address" || flag == "metrics_address") continue;
-      extra_flags_.push_back(absl::StrCat("--", flag, "=127.0.0.1:", FreePort()));
-    }
+    PickPorts();
   }
 
   // Forks and execs the server (Prepare first if needed); does not wait for it to listen.
@@ -318,27 +312,34 @@ class ServerProcess {
 
   // Waits until a ListKeys answers (60 s at most). gtest failures on trouble.
   void WaitUntilServing() {
-    ClientOptions o;
-    o.endpoints = address_;
-    o.timeout = absl::Seconds(1);
-    o.max_attempts = 1;
-    auto probe = Client::Create(o);
-    ASSERT_TRUE(probe.ok()) << probe.status();
-    const absl::Time give_up = absl::Now() + absl::Seconds(60);
-    while (absl::Now() < give_up) {
-      int wstatus = 0;
-      ASSERT_EQ(waitpid(pid_, &wstatus, WNOHANG), 0) << name_ << " exited early\n" << LogTail();
-      if ((*probe)->ListKeys().ok()) return;
-      absl::SleepFor(absl::Milliseconds(50));
-    }
-    FAIL() << name_ << " not answering after 60s\n" << LogTail();
+    const absl::Status s = WaitServing();
+    if (!s.ok()) FAIL() << name_ << ": " << s.message() << "\n" << LogTail();
   }
 
   // Starts the process and waits until a ListKeys answers. gtest failures on trouble.
+  // FreePort's ports are free when picked, not reserved: a test running beside this one may take
+  // one first, and the server then exits with "cannot listen on". A first start then picks fresh
+  // ports and tries again (3 times in all); a restart keeps its ports, which clients know.
   void Start() {
-    Launch();
-    if (::testing::Test::HasFatalFailure()) return;
-    WaitUntilServing();
+    for (int attempt = 1;; ++attempt) {
+      Launch();
+      if (::testing::Test::HasFatalFailure()) return;
+      const absl::Status s = WaitServing();
+      if (s.ok()) {
+        started_ = true;
+        return;
+      }
+      const std::string log = LogTail();
+      if (started_ || attempt >= 3 || !absl::IsFailedPrecondition(s) ||
+          log.find("cannot listen on") == std::string::npos) {
+        FAIL() << name_ << ": " << s.message() << "\n" << log;
+      }
+      std::printf("%s: a port was taken (attempt %d), starting again on fresh ports\n%s\n",
+                  name_.c_str(), attempt, log.c_str());
+      pid_ = -1;  // reaped by WaitServing
+      PickPorts();
+      std::ofstream(log_, std::ios::trunc);
+    }
   }
 
   // SIGKILLs the process and starts it again on the same ports and data (keys survive).
@@ -383,6 +384,39 @@ class ServerProcess {
   bool running() const { return pid_ > 0; }
 
  private:
+  // The gRPC, metrics and every other listener's port (from --helpfull): fresh free ones.
+  void PickPorts() {
+    address_ = absl::StrCat("127.0.0.1:", FreePort());
+    metrics_address_ = absl::StrCat("127.0.0.1:", FreePort());
+    extra_flags_.clear();
+    for (const std::string& flag : AddressFlags(ServerBinary())) {
+      if (flag == "grpc_address" || flag == "metrics_address") continue;
+      extra_flags_.push_back(absl::StrCat("--", flag, "=127.0.0.1:", FreePort()));
+    }
+  }
+
+  // OK once a ListKeys answers; FailedPrecondition if the process exited first (it is reaped);
+  // DeadlineExceeded after 60 s.
+  absl::Status WaitServing() {
+    ClientOptions o;
+    o.endpoints = address_;
+    o.timeout = absl::Seconds(1);
+    o.max_attempts = 1;
+    auto probe = Client::Create(o);
+    if (!probe.ok()) return probe.status();
+    const absl::Time give_up = absl::Now() + absl::Seconds(60);
+    while (absl::Now() < give_up) {
+      int wstatus = 0;
+      if (waitpid(pid_, &wstatus, WNOHANG) == pid_) {
+        pid_ = -1;
+        return absl::FailedPreconditionError("exited before it answered");
+      }
+      if ((*probe)->ListKeys().ok()) return absl::OkStatus();
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return absl::DeadlineExceededError("not answering after 60s");
+  }
+
   std::string name_;
   std::string dir_;
   std::string log_;
@@ -391,6 +425,7 @@ class ServerProcess {
   std::string kek_hex_;
   std::vector<std::string> extra_flags_;
   pid_t pid_ = -1;
+  bool started_ = false;  // answered once: its ports are known to clients and stay
 };
 
 // A fixture with `n` replicas started by StartReplicas (named replica0, replica1, ...); their
