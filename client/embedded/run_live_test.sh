@@ -24,20 +24,30 @@ fi
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
-GRPC=$(free_port); HTTP=$(free_port); METRICS=$(free_port)
+# The ports are free when picked, not reserved: a test running beside this one may take one
+# first, and the server then exits with "cannot listen on". Then: fresh ports, 3 tries in all.
 mkdir -p "$TMP/data"
-OFFLOAD_KEK=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n') \
-  "$SERVER" --grpc_address=127.0.0.1:$GRPC --http_address=127.0.0.1:$HTTP \
-  --metrics_address=127.0.0.1:$METRICS --data_dir="$TMP/data" >"$TMP/server.log" 2>&1 &
-SERVER_PID=$!
-S=(--server=127.0.0.1:$GRPC --timeout=5s)
+KEK=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
 ready=0
-for _ in $(seq 100); do
-  if "$CTL" "${S[@]}" keys list >/dev/null 2>&1 && (exec 3<>/dev/tcp/127.0.0.1/$HTTP) 2>/dev/null; then
-    ready=1; break
-  fi
-  kill -0 "$SERVER_PID" 2>/dev/null || break
-  sleep 0.1
+for attempt in 1 2 3; do
+  GRPC=$(free_port); HTTP=$(free_port); METRICS=$(free_port)
+  OFFLOAD_KEK=$KEK "$SERVER" --grpc_address=127.0.0.1:$GRPC --http_address=127.0.0.1:$HTTP \
+    --metrics_address=127.0.0.1:$METRICS --data_dir="$TMP/data" >"$TMP/server.log" 2>&1 &
+  SERVER_PID=$!
+  S=(--server=127.0.0.1:$GRPC --timeout=30s)
+  give_up=$((SECONDS + 60))  # an ASan server on a busy machine
+  while ((SECONDS < give_up)); do
+    if "$CTL" "${S[@]}" --timeout=2s keys list >/dev/null 2>&1 &&
+       (exec 3<>/dev/tcp/127.0.0.1/$HTTP) 2>/dev/null; then
+      ready=1; break
+    fi
+    kill -0 "$SERVER_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  ((ready)) && break
+  kill -9 "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null; SERVER_PID=
+  grep -q "cannot listen on" "$TMP/server.log" || break
+  echo "attempt $attempt: a port was taken ($(grep -o 'cannot listen on [^"]*' "$TMP/server.log")), trying fresh ports"
 done
 if [[ $ready -ne 1 ]]; then
   echo "FAIL: server did not come up on gRPC $GRPC / HTTP $HTTP"; cat "$TMP/server.log"; exit 1

@@ -38,20 +38,32 @@ server_log=""
 # start_server DIR [server flags...]: a server with its data in DIR (created), gRPC on a free
 # port (the server picks it: --grpc_address=127.0.0.1:0), metrics on a free port, HTTP off; at
 # nice level $server_nice (default 0), on the cores $server_cpus if set (taskset -c, else all).
-# $server_pid is the server itself (taskset and nice exec it).
+# $server_pid is the server itself (taskset and nice exec it). The metrics port is free when
+# picked, not reserved: if another process takes it first ("cannot listen on"), a fresh one is
+# tried, 3 times in all.
 start_server() {
   local dir="$1"; shift
   mkdir -p "$dir"
   server_log="$dir/server.log"
-  metrics_port="$(free_port)"
-  OFFLOAD_KEK="$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')" \
-    ${server_cpus:+taskset -c "$server_cpus"} nice -n "${server_nice:-0}" "$server_bin" --grpc_address=127.0.0.1:0 --http_address= \
-    --metrics_address="127.0.0.1:$metrics_port" --data_dir="$dir" "$@" >"$server_log" 2>&1 &
-  server_pid=$!
-  for _ in $(seq 300); do
-    if grep -q '"server_started"' "$server_log" 2>/dev/null; then break; fi
-    kill -0 "$server_pid" 2>/dev/null || { cat "$server_log" >&2; echo "server exited" >&2; exit 1; }
-    sleep 0.1
+  local kek attempt
+  kek="$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')"
+  for attempt in 1 2 3; do
+    metrics_port="$(free_port)"
+    OFFLOAD_KEK="$kek" \
+      ${server_cpus:+taskset -c "$server_cpus"} nice -n "${server_nice:-0}" "$server_bin" --grpc_address=127.0.0.1:0 --http_address= \
+      --metrics_address="127.0.0.1:$metrics_port" --data_dir="$dir" "$@" >"$server_log" 2>&1 &
+    server_pid=$!
+    for _ in $(seq 600); do  # 60 s
+      if grep -q '"server_started"' "$server_log" 2>/dev/null; then break; fi
+      kill -0 "$server_pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    grep -q '"server_started"' "$server_log" 2>/dev/null && break
+    if kill -0 "$server_pid" 2>/dev/null || ! grep -q "cannot listen on" "$server_log" || ((attempt == 3)); then
+      cat "$server_log" >&2; echo "server did not start" >&2; exit 1
+    fi
+    wait "$server_pid" 2>/dev/null || true
+    echo "start_server: metrics port $metrics_port was taken, trying another" >&2
   done
   grpc_port="$(grep -o '"grpc_port":[0-9]*' "$server_log" | head -1 | cut -d: -f2)"
   [[ -n "$grpc_port" ]] || { cat "$server_log" >&2; echo "server did not start" >&2; exit 1; }

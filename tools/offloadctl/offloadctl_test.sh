@@ -59,13 +59,24 @@ expect 2 "error: UNAVAILABLE:" -- --server=127.0.0.1:1 --timeout=3s keys list
 
 # --- against a live server -------------------------------------------------------------------
 if [[ -n $SERVER_BIN ]]; then
-  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  # gRPC on a port the server picks (read from its server_started line), HTTP and metrics off:
+  # nothing here can collide with another test's ports.
   mkdir -p "$TMP/data"
   OFFLOAD_KEK=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n') \
-    "$SERVER_BIN" --grpc_address=127.0.0.1:$port --data_dir="$TMP/data" >"$TMP/server.log" 2>&1 &
+    "$SERVER_BIN" --grpc_address=127.0.0.1:0 --http_address= --metrics_address= \
+    --data_dir="$TMP/data" >"$TMP/server.log" 2>&1 &
   SERVER_PID=$!
-  S=(--server=127.0.0.1:$port --timeout=5s)
-  for _ in $(seq 50); do "$CTL" "${S[@]}" keys list >/dev/null 2>&1 && break; sleep 0.2; done
+  port=
+  for _ in $(seq 600); do  # 60 s: an ASan server on a busy machine
+    port=$(grep -o '"grpc_port":[0-9]*' "$TMP/server.log" 2>/dev/null | head -1 | cut -d: -f2)
+    [[ -n $port ]] && break
+    kill -0 "$SERVER_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  if [[ -z $port ]]; then
+    echo "FAIL: the server did not start"; cat "$TMP/server.log"; exit 1
+  fi
+  S=(--server=127.0.0.1:$port --timeout=30s)
   field() { sed -n "s/^$1: //p" "$TMP/out"; }
   run() {  # run ARGS...: must exit 0
     "$CTL" "${S[@]}" "$@" >"$TMP/out" 2>"$TMP/err" </dev/null
