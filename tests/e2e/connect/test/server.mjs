@@ -36,7 +36,20 @@ function readyStatus(scheme, port, ca) {
   });
 }
 
+// Its ports are free when picked, not reserved: a test running beside this one may take one first,
+// and the server then exits with "cannot listen on". Then: fresh ports, 3 starts in all.
 export async function startServer(extraArgs = [], { scheme = "http", ca } = {}) {
+  for (let attempt = 1; ; ++attempt) {
+    try {
+      return await startOnce(extraArgs, scheme, ca);
+    } catch (e) {
+      if (attempt >= 3 || !String(e.message).includes("cannot listen on")) throw e;
+      console.error(`startServer: a port was taken (attempt ${attempt}), trying fresh ports`);
+    }
+  }
+}
+
+async function startOnce(extraArgs, scheme, ca) {
   const binary = process.env.OFFLOAD_SERVER;
   if (!binary) throw new Error("OFFLOAD_SERVER (the offload_server binary) is not set");
   const dataDir = mkdtempSync(join(tmpdir(), "offload-connect-"));
@@ -57,11 +70,16 @@ export async function startServer(extraArgs = [], { scheme = "http", ca } = {}) 
   let log = "";
   child.stderr.on("data", (d) => (log += d.toString()));
   const exited = new Promise((resolve) => child.on("exit", (code, signal) => resolve({ code, signal })));
+  const closed = new Promise((resolve) => child.on("close", resolve)); // stderr read to its end
 
   const http = `${scheme}://127.0.0.1:${httpPort}`;
-  const deadline = Date.now() + 30000;
+  const deadline = Date.now() + 60000; // an ASan server on a busy machine
   for (;;) {
-    if (child.exitCode !== null) throw new Error(`offload_server exited early:\n${log}`);
+    if (child.exitCode !== null) {
+      await closed; // its last words are in `log`
+      rmSync(dataDir, { recursive: true, force: true });
+      throw new Error(`offload_server exited early:\n${log}`);
+    }
     try {
       if ((await readyStatus(scheme, httpPort, ca)) === 200) break;
     } catch {
@@ -69,7 +87,7 @@ export async function startServer(extraArgs = [], { scheme = "http", ca } = {}) 
     }
     if (Date.now() > deadline) {
       child.kill("SIGKILL");
-      throw new Error(`offload_server not ready after 30 s:\n${log}`);
+      throw new Error(`offload_server not ready after 60 s:\n${log}`);
     }
     await new Promise((r) => setTimeout(r, 50));
   }
