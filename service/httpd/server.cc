@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <new>
 #include <thread>
@@ -456,7 +457,13 @@ void Loop::Run() {
   ready.Notify();
   if (ok) {
     while (!exit) {
-      if (h2o_evloop_run(ctx.loop, INT32_MAX) != 0) break;
+      if (h2o_evloop_run(ctx.loop, INT32_MAX) == 0) continue;
+      // epoll_wait failed. EINTR is no fault: Linux never restarts it after a stop signal, so
+      // every SIGSTOP/SIGCONT (a debugger, a frozen cgroup or container, a paused VM) ends up
+      // here (signal(7)); ending the loop then would leave the port open and never answered.
+      if (errno == EINTR) continue;
+      Log(LogLevel::kError, "http_loop_failed", {{"error", std::strerror(errno)}});
+      break;
     }
     Teardown();
   }

@@ -14,10 +14,13 @@ closes them exits at once.
 """
 
 import http.client
+import os
 import resource
+import signal
 import socket
 import time
 import unittest
+import urllib.request
 
 import grpc
 
@@ -120,6 +123,58 @@ class HttpConnections(ServerTestCase):
         took = server.stop(timeout=150)
         print("SIGTERM with %d connections open: exit 0 after %.2f s" % (len(sockets), took))
         self.assertLess(took, 60.0, "waited for idle connections (--drain_timeout=120s)")
+
+
+class StoppedProcess(ServerTestCase):
+    """A process that is stopped and continued (SIGSTOP/SIGCONT: a debugger, a frozen cgroup or
+    container, a paused VM) goes on serving on every port. Linux never restarts epoll_wait after a
+    stop signal (EINTR), and the HTTP event loops used to end there, leaving the HTTP and metrics
+    ports open and unanswered for good."""
+
+    def test_every_port_answers_after_stop_and_continue(self):
+        http_port, metrics_port = free_port(), free_port()
+        server = Server("stopped", backend="libsodium",
+                        args=["--http_address=127.0.0.1:%d" % http_port,
+                              "--metrics_address=127.0.0.1:%d" % metrics_port]).start()
+        self.servers = [server]
+        self.addCleanup(server.kill)
+        server.keys.CreateKey(pb.keys.CreateKeyRequest(key_id="signer",
+                                                       type=pb.keys.KEY_TYPE_ED25519), timeout=60)
+        signed = server.ed.Sign(pb.ed.SignRequest(key_id="signer", message=b"stop"), timeout=60)
+        verify = pb.ed.VerifyRequest(public_key=signed.public_key, message=b"stop",
+                                     signature=signed.signature).SerializeToString()
+        kept = http.client.HTTPConnection("127.0.0.1", http_port, timeout=30)  # keep-alive
+
+        def connect_verify(conn):
+            conn.request("POST", "/offload.v1.Ed25519Service/Verify", body=verify,
+                         headers={"Content-Type": "application/proto"})
+            response = conn.getresponse()
+            body = response.read()
+            self.assertEqual(response.status, 200, body)
+            self.assertTrue(pb.ed.VerifyResponse.FromString(body).valid)
+
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        connect_verify(kept)
+        for round_ in range(3):
+            os.kill(server.proc.pid, signal.SIGSTOP)
+            # A call sent while the process is stopped waits in the kernel until it goes on.
+            waiting = socket.create_connection(("127.0.0.1", http_port))
+            waiting.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            time.sleep(0.2)
+            os.kill(server.proc.pid, signal.SIGCONT)
+            waiting.settimeout(30)
+            self.assertIn(b" 200 ", waiting.recv(4096).split(b"\r\n")[0], "round %d" % round_)
+            waiting.close()
+            connect_verify(kept)
+            fresh = http.client.HTTPConnection("127.0.0.1", http_port, timeout=30)
+            connect_verify(fresh)
+            fresh.close()
+            metrics = opener.open("http://127.0.0.1:%d/metrics" % metrics_port, timeout=30).read()
+            self.assertIn(b"offload_requests_total", metrics)
+            self.assertTrue(server.ed.Verify(pb.ed.VerifyRequest.FromString(verify),
+                                             timeout=30).valid)
+        kept.close()
+        server.stop(timeout=60)
 
 
 if __name__ == "__main__":
