@@ -7,8 +7,9 @@ nginx routing gRPC (grpc_pass on an HTTP/2 listener) and HTTP (proxy_pass) by
 configuration is generated into a temporary folder (deploy/nginx is not read).
 
   a  a key created through one replica works on all of them (gRPC and HTTP through nginx too)
-  b  after a rotation through one replica, no replica seals with the old version 1 s later, and
-     the open memo of every replica forgot the key's entries; a deletion reaches all as well
+  b  after a rotation through one replica, no replica seals with the old version once the change
+     has arrived (1 s is the target, printed; 30 s the asserted bound), and the open memo of every
+     replica forgot the key's entries; a deletion reaches all as well
   c  a replayed open workload: the open-memo hit ratio through consistent-hash routing is within
      5 points of a single server's; round-robin routing is printed beside them
   d  SIGKILL of one replica under load (creates and seals through nginx): every acknowledged key
@@ -49,7 +50,9 @@ import pg_support  # noqa: E402
 NGINX = os.environ.get("OFFLOAD_NGINX", "/usr/sbin/nginx")
 REPLICAS = 3
 PROPAGATION_TARGET_S = 1.0  # the promise: a change reaches every replica within this (printed)
-PROPAGATION_BOUND_S = 5.0   # what the test asserts: a loaded machine may be slower than 1 s
+# What the test asserts: the change arrives (a bound that tells "never" from "slow"; ASan replicas
+# and PostgreSQL on 2 busy cores may take far longer than the target). The times are printed.
+PROPAGATION_BOUND_S = 30.0
 
 
 def envelope_version(envelope):
@@ -414,22 +417,23 @@ class ScaleOutTest(harness.ServerTestCase):
 
         stop = threading.Event()
         lock = threading.Lock()
-        acked, errors = [], []  # errors: (monotonic time, what)
+        acked, errors = [], []  # errors: (monotonic time the failed call started, what)
 
         def creator(t):
             i = 0
             while not stop.is_set():
                 key_id = "d-%d-%04d" % (t, i)
                 i += 1
+                started = time.monotonic()
                 try:
                     self.via_hash.keys.CreateKey(pb.keys.CreateKeyRequest(
-                        key_id=key_id, type=pb.keys.KEY_TYPE_XCHACHA20_POLY1305), timeout=5,
+                        key_id=key_id, type=pb.keys.KEY_TYPE_XCHACHA20_POLY1305), timeout=60,
                         metadata=self.md(key_id))
                     with lock:
                         acked.append(key_id)
                 except grpc.RpcError as e:
                     with lock:
-                        errors.append((time.monotonic(), "create %s: %s %s"
+                        errors.append((started, "create %s: %s %s"
                                        % (key_id, e.code(), e.details())))
 
         def sealer(t):
@@ -437,34 +441,48 @@ class ScaleOutTest(harness.ServerTestCase):
             while not stop.is_set():
                 key_id = "d-load-%d" % (i % 4)
                 i += 1
+                started = time.monotonic()
                 try:
                     env = self.via_hash.aead.Seal(pb.aead.AeadSealRequest(
-                        key_id=key_id, plaintext=b"p"), timeout=5, metadata=self.md(key_id))
+                        key_id=key_id, plaintext=b"p"), timeout=60, metadata=self.md(key_id))
+                    started = time.monotonic()
                     self.via_hash.aead.Open(pb.aead.AeadOpenRequest(
-                        key_id=key_id, envelope=env.envelope), timeout=5, metadata=self.md(key_id))
+                        key_id=key_id, envelope=env.envelope), timeout=60, metadata=self.md(key_id))
                 except grpc.RpcError as e:
                     with lock:
-                        errors.append((time.monotonic(), "seal %s: %s %s"
+                        errors.append((started, "seal %s: %s %s"
                                        % (key_id, e.code(), e.details())))
 
         threads = harness.thread_run(creator, 2) + harness.thread_run(sealer, 2)
-        time.sleep(1.0)
-        with lock:
-            acked_before_kill = len(acked)
+
+        def wait_acked(n):  # until `n` keys are acknowledged, 60 s at most
+            give_up = time.monotonic() + 60
+            while time.monotonic() < give_up:
+                with lock:
+                    if len(acked) >= n:
+                        break
+                time.sleep(0.02)
+            with lock:
+                return len(acked)
+
+        acked_before_kill = wait_acked(20)
         t_kill = time.monotonic()
         victim.kill()  # SIGKILL
-        time.sleep(2.0)
+        wait_acked(acked_before_kill + 20)
+        time.sleep(0.5)
         stop.set()
         for t in threads:
-            t.join(timeout=30)
-        # Calls in flight on the victim when it died may fail; after that, none may.
+            t.join(timeout=90)
+        # Calls that started before the kill, or as nginx was finding out (its first failed
+        # attempt on the dead replica marks it down), may fail; calls started later may not, however
+        # long they take.
         grace = 0.5
-        late = ["%+.3fs %s" % (when - t_kill, what) for when, what in errors
+        late = ["started %+.3fs after the kill: %s" % (when - t_kill, what) for when, what in errors
                 if when > t_kill + grace]
         if late:
             print("nginx error log:\n" + self.nginx.log_tail(), file=sys.stderr)
         print("scale-out d: %d keys acknowledged (%d before the SIGKILL), %d calls failed "
-              "(all within %.1fs of the kill: %s)"
+              "(all started within %.1fs of the kill: %s)"
               % (len(acked), acked_before_kill, len(errors), grace, not late), file=sys.stderr)
         self.assertGreater(acked_before_kill, 0)
         self.assertGreater(len(acked) - acked_before_kill, 0, "no key acknowledged after the kill")
