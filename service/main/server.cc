@@ -504,8 +504,10 @@ absl::Status RunServer(const ServerConfig& config) {
   // do: once no call has been in flight for a moment, the connections left are closed here.
   absl::Notification shut;
   bool cut_idle = false;
+  absl::Time shut_at;  // when Shutdown returned; written before `shut` is notified
   std::thread shutdown([&] {
     server->Shutdown(absl::ToChronoTime(drain_deadline));
+    shut_at = absl::Now();
     shut.Notify();
   });
   for (int quiet = 0; !shut.HasBeenNotified() && absl::Now() < drain_deadline;) {
@@ -518,11 +520,12 @@ absl::Status RunServer(const ServerConfig& config) {
     shut.WaitForNotificationWithTimeout(absl::Milliseconds(5));
   }
   shutdown.join();
-  // How the gRPC side ended, for operators who tune --drain_timeout: every connection gone by
-  // itself, idle ones cut once no call was in flight, or the deadline.
-  const char* grpc_drain = cut_idle ? "idle_connections_cut"
-                           : absl::Now() < drain_deadline ? "connections_closed"
-                                                          : "deadline";
+  // How the gRPC side ended, for operators who tune --drain_timeout: at the deadline (calls
+  // still running were cancelled), after idle connections were cut once no call was in flight,
+  // or with every connection gone by itself.
+  const char* grpc_drain = shut_at >= drain_deadline ? "deadline"
+                           : cut_idle                ? "idle_connections_cut"
+                                                     : "connections_closed";
   server->Wait();
   if (gateway != nullptr) gateway->Stop(drain_deadline);
   // Tasks still queued (calls past the drain deadline) run now, while everything they use is
