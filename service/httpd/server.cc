@@ -30,6 +30,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "service/common/log.h"
 
 namespace offload::httpd {
@@ -456,14 +458,21 @@ void Loop::Run() {
   const bool ok = setup_status.ok();
   ready.Notify();
   if (ok) {
+    absl::Time last_failure_logged = absl::InfinitePast();
     while (!exit) {
       if (h2o_evloop_run(ctx.loop, INT32_MAX) == 0) continue;
       // epoll_wait failed. EINTR is no fault: Linux never restarts it after a stop signal, so
       // every SIGSTOP/SIGCONT (a debugger, a frozen cgroup or container, a paused VM) ends up
-      // here (signal(7)); ending the loop then would leave the port open and never answered.
+      // here (signal(7)). The loop never ends on a failure: that would leave the port open and
+      // never answered. Anything else is logged (at most once a second) and retried after a
+      // pause, as H2O's own server keeps running its loops.
       if (errno == EINTR) continue;
-      Log(LogLevel::kError, "http_loop_failed", {{"error", std::strerror(errno)}});
-      break;
+      const int error = errno;
+      if (absl::Now() - last_failure_logged >= absl::Seconds(1)) {
+        last_failure_logged = absl::Now();
+        Log(LogLevel::kError, "http_loop_failed", {{"error", std::strerror(error)}});
+      }
+      absl::SleepFor(absl::Milliseconds(10));
     }
     Teardown();
   }
