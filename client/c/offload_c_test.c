@@ -64,19 +64,17 @@ static void sleep_ms(long ms) {
   nanosleep(&ts, NULL);
 }
 
-static pid_t start_server(const char* binary, const char* dir, char* address, size_t address_len) {
+/* Starts offload_server on fresh free ports with its data in `dir`/data, its stderr in `log`,
+   the key-encryption key `kek` (the same on every attempt: the key file is sealed with it). */
+static pid_t start_server(const char* binary, const char* dir, const char* kek, const char* log,
+                          char* address, size_t address_len) {
   char grpc_flag[128], metrics_flag[64], http_flag[64], data_flag[4200];
-  char kek[65];
   pid_t pid;
-  int i;
   snprintf(address, address_len, "127.0.0.1:%d", free_port());
   snprintf(grpc_flag, sizeof(grpc_flag), "--grpc_address=%s", address);
   snprintf(metrics_flag, sizeof(metrics_flag), "--metrics_address=127.0.0.1:%d", free_port());
   snprintf(http_flag, sizeof(http_flag), "--http_address=127.0.0.1:%d", free_port());
   snprintf(data_flag, sizeof(data_flag), "--data_dir=%s", dir);
-  srand((unsigned)time(NULL) ^ (unsigned)getpid());
-  for (i = 0; i < 64; i++) kek[i] = "0123456789abcdef"[rand() % 16];
-  kek[64] = '\0';
   pid = fork();
   if (pid == 0) {
     char* argv[6];
@@ -95,11 +93,36 @@ static pid_t start_server(const char* binary, const char* dir, char* address, si
       }
     }
     setenv("OFFLOAD_KEK", kek, 1);
-    freopen("/dev/null", "w", stdout);
+    if (freopen("/dev/null", "w", stdout) == NULL || freopen(log, "w", stderr) == NULL) _exit(126);
     execv(binary, argv);
     _exit(127);
   }
   return pid;
+}
+
+/* Whether the file at `path` contains `needle` (the server's log is small). */
+static int file_contains(const char* path, const char* needle) {
+  static char buf[1 << 16];
+  size_t n;
+  FILE* f = fopen(path, "r");
+  if (f == NULL) return 0;
+  n = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  return strstr(buf, needle) != NULL;
+}
+
+/* Waits, 60 s at most by the clock, for this process's own "server_started" log line (a probe over
+   the network could be answered by another test's server on a port both picked). 0: started;
+   1: exited first (reaped); 2: neither within 60 s (still running). */
+static int wait_started(pid_t pid, const char* log) {
+  const time_t give_up = time(NULL) + 60;
+  while (time(NULL) < give_up) {
+    if (file_contains(log, "\"server_started\"")) return 0;
+    if (waitpid(pid, NULL, WNOHANG) == pid) return 1;
+    sleep_ms(50);
+  }
+  return 2;
 }
 
 static void hex_to(const char* hex, uint8_t* out, size_t n) {
@@ -116,7 +139,8 @@ int main(int argc, char** argv) {
   char address[64];
   offload_client_t* client = NULL;
   pid_t pid;
-  int ready = 0, gave_up = 0, attempt, i;
+  char log[64], kek[65];
+  int ready = 0, attempt, i;
 
   if (argc != 2) {
     fprintf(stderr, "usage: %s /path/to/offload_server\n", argv[0]);
@@ -134,36 +158,48 @@ int main(int argc, char** argv) {
   CHECK(client == NULL);
   CHECK(strcmp(offload_status_name(OFFLOAD_BUFFER_TOO_SMALL), "BUFFER_TOO_SMALL") == 0);
 
-  pid = start_server(argv[1], dir, address, sizeof(address));
-  if (pid < 0) {
-    perror("fork");
-    return 2;
+  /* The ports are free when picked, not reserved: a test running beside this one may take one
+     first, and the server then exits with "cannot listen on". Then: fresh ports, 3 starts in all. */
+  snprintf(log, sizeof(log), "%s/server.log", dir);
+  srand((unsigned)time(NULL) ^ (unsigned)getpid());
+  for (i = 0; i < 64; i++) kek[i] = "0123456789abcdef"[rand() % 16];
+  kek[64] = '\0';
+  for (attempt = 1;; attempt++) {
+    int started;
+    pid = start_server(argv[1], dir, kek, log, address, sizeof(address));
+    if (pid < 0) {
+      perror("fork");
+      return 2;
+    }
+    started = wait_started(pid, log);
+    if (started == 0) break;
+    if (started == 1 && attempt < 3 && file_contains(log, "cannot listen on")) {
+      fprintf(stderr, "a port was taken (attempt %d); starting again on fresh ports\n", attempt);
+      continue;
+    }
+    fprintf(stderr, "offload_server %s:\n", started == 1 ? "exited before it started" :
+                                                        "did not start within 60 s");
+    {
+      char cmd[128];
+      snprintf(cmd, sizeof(cmd), "cat '%s' >&2", log);
+      if (system(cmd) != 0) fprintf(stderr, "(no log)\n");
+    }
+    if (started == 2) {
+      kill(pid, SIGKILL);
+      waitpid(pid, NULL, 0);
+    }
+    return 1;
   }
   CHECK_STATUS(offload_client_create(address, 2000, &client), OFFLOAD_OK);
   if (client == NULL) return 1;
   CHECK_STATUS(offload_verify(client, NULL, 0, NULL, 0, NULL, 0, NULL), OFFLOAD_INVALID_ARGUMENT);
   CHECK_STATUS(offload_verify(NULL, NULL, 0, NULL, 0, NULL, 0, NULL), OFFLOAD_INVALID_ARGUMENT);
 
-  /* Wait until the server answers (a key creation that works, 60 s at most). A server that exits
-     first most likely found a port taken by a test running beside this one (free_port's ports
-     are not reserved, and the server refuses to share one): then fresh ports, 3 starts in all. */
-  for (attempt = 1; attempt <= 3 && !ready && !gave_up; attempt++) {
-    if (attempt > 1) {
-      fprintf(stderr, "the server exited before it answered; starting it again on fresh ports\n");
-      offload_client_destroy(client);
-      client = NULL;
-      pid = start_server(argv[1], dir, address, sizeof(address));
-      if (pid < 0) {
-        perror("fork");
-        return 2;
-      }
-      CHECK_STATUS(offload_client_create(address, 2000, &client), OFFLOAD_OK);
-      if (client == NULL) return 1;
-    }
-    for (i = 0; i < 600 && !ready; i++) {
-      offload_status_t s;
-      if (waitpid(pid, NULL, WNOHANG) == pid) break; /* exited */
-      s = offload_key_create(client, "c-ed", OFFLOAD_KEY_ED25519, NULL, NULL);
+  /* It has started; its first answer (a key creation that works), 60 s at most by the clock. */
+  {
+    const time_t give_up = time(NULL) + 60;
+    while (!ready && time(NULL) < give_up) {
+      offload_status_t s = offload_key_create(client, "c-ed", OFFLOAD_KEY_ED25519, NULL, NULL);
       if (s == OFFLOAD_OK || s == OFFLOAD_ALREADY_EXISTS) {
         /* ALREADY_EXISTS: an earlier try that timed out on a slow server did create it. */
         ready = 1;
@@ -171,7 +207,6 @@ int main(int argc, char** argv) {
         sleep_ms(100);
       } else {
         fprintf(stderr, "key create: %s: %s\n", offload_status_name(s), offload_last_error());
-        gave_up = 1;
         break;
       }
     }

@@ -293,6 +293,9 @@ class ServerProcess {
                                       "--data_dir=" + dir_ + "/data",
                                       "--metrics_address=" + metrics_address_};
     args.insert(args.end(), extra_flags_.begin(), extra_flags_.end());
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(log_, ec);
+    log_start_ = ec ? 0 : static_cast<size_t>(size);  // this start's lines come after
     pid_ = fork();
     ASSERT_GE(pid_, 0);
     if (pid_ == 0) {
@@ -331,14 +334,13 @@ class ServerProcess {
       }
       const std::string log = LogTail();
       if (started_ || attempt >= 3 || !absl::IsFailedPrecondition(s) ||
-          log.find("cannot listen on") == std::string::npos) {
+          !LoggedSinceLaunch("cannot listen on")) {
         FAIL() << name_ << ": " << s.message() << "\n" << log;
       }
       std::printf("%s: a port was taken (attempt %d), starting again on fresh ports\n%s\n",
                   name_.c_str(), attempt, log.c_str());
       pid_ = -1;  // reaped by WaitServing
       PickPorts();
-      std::ofstream(log_, std::ios::trunc);
     }
   }
 
@@ -395,8 +397,9 @@ class ServerProcess {
     }
   }
 
-  // OK once a ListKeys answers; FailedPrecondition if the process exited first (it is reaped);
-  // DeadlineExceeded after 60 s.
+  // OK once this process has logged "server_started" and a ListKeys answers (the log line first:
+  // on a port taken by another test's server, that one would answer the probe);
+  // FailedPrecondition if the process exited first (it is reaped); DeadlineExceeded after 60 s.
   absl::Status WaitServing() {
     ClientOptions o;
     o.endpoints = address_;
@@ -405,16 +408,26 @@ class ServerProcess {
     auto probe = Client::Create(o);
     if (!probe.ok()) return probe.status();
     const absl::Time give_up = absl::Now() + absl::Seconds(60);
+    bool started = false;
     while (absl::Now() < give_up) {
       int wstatus = 0;
       if (waitpid(pid_, &wstatus, WNOHANG) == pid_) {
         pid_ = -1;
         return absl::FailedPreconditionError("exited before it answered");
       }
-      if ((*probe)->ListKeys().ok()) return absl::OkStatus();
+      if (!started) started = LoggedSinceLaunch("\"event\":\"server_started\"");
+      if (started && (*probe)->ListKeys().ok()) return absl::OkStatus();
       absl::SleepFor(absl::Milliseconds(50));
     }
     return absl::DeadlineExceededError("not answering after 60s");
+  }
+
+  bool LoggedSinceLaunch(absl::string_view needle) const {
+    std::ifstream f(log_);
+    f.seekg(static_cast<std::streamoff>(log_start_));
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return absl::StrContains(ss.str(), needle);
   }
 
   std::string name_;
@@ -425,6 +438,7 @@ class ServerProcess {
   std::string kek_hex_;
   std::vector<std::string> extra_flags_;
   pid_t pid_ = -1;
+  size_t log_start_ = 0;  // the log's size when the running process was launched
   bool started_ = false;  // answered once: its ports are known to clients and stay
 };
 

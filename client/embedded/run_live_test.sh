@@ -37,7 +37,10 @@ for attempt in 1 2 3; do
   S=(--server=127.0.0.1:$GRPC --timeout=30s)
   give_up=$((SECONDS + 60))  # an ASan server on a busy machine
   while ((SECONDS < give_up)); do
-    if "$CTL" "${S[@]}" --timeout=2s keys list >/dev/null 2>&1 &&
+    # Its own server_started line first: on a port taken by another test's server, that one
+    # would answer the probes.
+    if grep -q '"server_started"' "$TMP/server.log" &&
+       "$CTL" "${S[@]}" --timeout=2s keys list >/dev/null 2>&1 &&
        (exec 3<>/dev/tcp/127.0.0.1/$HTTP) 2>/dev/null; then
       ready=1; break
     fi

@@ -80,8 +80,10 @@ async function startOnce(extraArgs, scheme, ca) {
       rmSync(dataDir, { recursive: true, force: true });
       throw new Error(`offload_server exited early:\n${log}`);
     }
+    // Its own server_started line first: on a port taken by another test's server, that one
+    // would answer the probe.
     try {
-      if ((await readyStatus(scheme, httpPort, ca)) === 200) break;
+      if (log.includes('"event":"server_started"') && (await readyStatus(scheme, httpPort, ca)) === 200) break;
     } catch {
       // not listening yet
     }
