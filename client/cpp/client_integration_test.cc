@@ -2,7 +2,8 @@
 // - the API end to end (keys, sign/verify, derive, box, AEAD, explicit batches, errors);
 // - retries: an unreachable endpoint costs no attempt (the call waits for it until its
 //   deadline), a peer that drops every call gets exactly `max_attempts` RPCs;
-// - 1,000 concurrent single Verify calls go out as at most 40 RPCs, with the answers of
+// - 1,000 concurrent single Verify calls go out as exactly 4 full BatchVerify RPCs (and 200
+//   Derive + 200 AeadOpen as 4 + 4), each sent as soon as it is full, with the answers of
 //   individual Verify calls (counted by the server's /metrics and the client's own counters);
 // - three replicas: every request for one key id lands on one replica, keys spread over all
 //   three, and when one is SIGKILLed under load its keys move to the others with no error
@@ -338,6 +339,7 @@ TEST_F(ClientApiTest, ThousandConcurrentVerifiesGoOutAsFewBatches) {
     });
   }
   for (auto& t : threads) t.join();
+  const absl::Time all_answered = absl::Now();
   pthread_barrier_destroy(&go);
   const auto after = server_->Requests();
   const ClientStats stats = client->Stats();
@@ -372,6 +374,8 @@ TEST_F(ClientApiTest, ThousandConcurrentVerifiesGoOutAsFewBatches) {
               static_cast<long long>(stats.auto_batches - stats_before.auto_batches),
               static_cast<long long>(stats.auto_batched_items - stats_before.auto_batched_items));
   EXPECT_EQ(server_rpcs, 4);  // 1,000 / max_batch_items
+  // A full batch leaves at once: nobody waited for the (20 s) window to close.
+  EXPECT_LT(all_answered - *first, options.batch_window);
   EXPECT_EQ(delta("Verify"), 0);
   EXPECT_EQ(server_rpcs, static_cast<double>(client_rpcs));
   EXPECT_EQ(stats.auto_batched_items - stats_before.auto_batched_items, kCalls);
@@ -421,8 +425,10 @@ TEST_F(ClientApiTest, ConcurrentDeriveAndOpenAreCoalescedToo) {
       opened[i] = o.ok() ? o->plaintext() : o.status().ToString();
     });
   }
+  const absl::Time released = absl::Now();
   go.Notify();
   for (auto& t : threads) t.join();
+  EXPECT_LT(absl::Now() - released, options.batch_window);  // full batches left at once
   for (int i = 0; i < kCalls; ++i) {
     EXPECT_EQ(derived[i], want[i]) << i;
     EXPECT_EQ(opened[i], absl::StrCat("plain ", i)) << i;

@@ -88,9 +88,10 @@ def codes_of(futures):
 class OverloadTest(harness.ServerTestCase):
     @staticmethod
     def sent_while_stopped(server, send):
-        """Calls `send()` while the server is stopped (SIGSTOP), so that what it sends reaches the
-        server at once when it goes on (SIGCONT), however slowly this process gets to send on a
-        busy machine; returns what `send` returned."""
+        """Calls `send()` while the server is stopped (SIGSTOP), so that what it sends is waiting
+        in the server's socket when it goes on (SIGCONT), however slowly this process gets to
+        send on a busy machine (as much as HTTP/2 flow control lets through: the first window's
+        worth of calls, then the rest as the server reads); returns what `send` returned."""
         os.kill(server.proc.pid, signal.SIGSTOP)
         try:
             out = send()
@@ -212,21 +213,25 @@ class OverloadTest(harness.ServerTestCase):
                             "--max_batch_items=1024")
         before = metric(server, "offload_crypto_operations_total", 'op="ed25519_verify"') or 0
         small_items = bad_signatures(30)
-        # Eight 1024-item batches ahead of the small calls: the one worker needs hundreds of ms
-        # (seconds under ASan) for them, far more than a 20 ms deadline, however late this
-        # process gets to send the small calls on a busy machine.
-        bigs = [server.ed.BatchVerify.future(pb.ed.BatchVerifyRequest(items=bad_signatures(1024)),
-                                             timeout=120) for _ in range(8)]
-        # Send the small calls only once at least half of that work is still queued.
+        # Sixteen 1024-item batches ahead of the small calls: the one worker needs most of a
+        # second for them (seconds under ASan), far more than the small calls' 100 ms deadline,
+        # which in turn leaves this process ample time to send them on a busy machine.
+        requests = [pb.ed.BatchVerifyRequest(items=bad_signatures(1024)) for _ in range(16)]
+        bigs = [server.ed.BatchVerify.future(r, timeout=120) for r in requests]
+        # Send the small calls only once at least 6 batches' worth is queued (about 0.3 s of the
+        # worker's time in a Release build; 10 of the 16 were seen queued at once).
         deadline = time.monotonic() + 60
+        queued = 0.0
         while time.monotonic() < deadline:
             text = urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
                 "http://%s/metrics" % server.metrics_address, timeout=5).read().decode()
             m = re.search(r"^offload_queued_items (\S+)$", text, re.M)
-            if m and float(m.group(1)) >= 4 * 1024:
+            queued = float(m.group(1)) if m else 0.0
+            if queued >= 6 * 1024:
                 break
             time.sleep(0.002)
-        small = [server.ed.Verify.future(item, timeout=0.02) for item in small_items]
+        self.assertGreaterEqual(queued, 6 * 1024, "the big batches were never queued together")
+        small = [server.ed.Verify.future(item, timeout=0.1) for item in small_items]
         codes = codes_of(small)
         for big in bigs:
             self.assertEqual(len(big.result().results), 1024)
@@ -241,7 +246,7 @@ class OverloadTest(harness.ServerTestCase):
             time.sleep(0.1)
         self.assertGreater(dropped, 0)
         ran = metric(server, "offload_crypto_operations_total", 'op="ed25519_verify"') - before
-        self.assertLessEqual(ran, 8 * 1024 + 30 - dropped)
+        self.assertLessEqual(ran, 16 * 1024 + 30 - dropped)
 
 
 if __name__ == "__main__":
