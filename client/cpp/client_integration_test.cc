@@ -56,7 +56,27 @@ ClientOptions Patient() {
   return o;
 }
 
-std::unique_ptr<Client> MakeClient(const std::string& endpoints, ClientOptions o = Patient()) {
+std::unique_ptr<Client> MakeClient(const std::string& endpoints, ClientOptions o = Patient());
+
+// An auto-batching client for counting batches exactly: its window is longer than any spread of
+// "concurrent" calls on a busy machine, and a test makes `batch_items` divide its calls, so every
+// batch fills and leaves at once.
+constexpr absl::Duration kLongWindow = absl::Seconds(20);
+std::unique_ptr<Client> FullBatchClient(const std::string& endpoints, int batch_items) {
+  ClientOptions o = Patient();
+  o.batch_window = kLongWindow;
+  o.max_batch_items = batch_items;
+  return MakeClient(endpoints, o);
+}
+
+// offload_requests_total{method} at the server, `after` minus `before`.
+double RequestsDelta(const std::map<std::string, double>& before,
+                     const std::map<std::string, double>& after, const std::string& method) {
+  auto b = before.find(method), a = after.find(method);
+  return (a == after.end() ? 0 : a->second) - (b == before.end() ? 0 : b->second);
+}
+
+std::unique_ptr<Client> MakeClient(const std::string& endpoints, ClientOptions o) {
   o.endpoints = endpoints;
   auto c = Client::Create(o);
   EXPECT_TRUE(c.ok()) << c.status();
@@ -314,10 +334,7 @@ TEST_F(ClientApiTest, ThousandConcurrentVerifiesGoOutAsFewBatches) {
   // CI run with a 10 ms window once saw 43 batches). So the window here is longer than any such
   // spread and the batch size divides the calls: every batch fills and leaves at once, and the
   // count is exact - 4 batches of 250 - with no wait for a window to close.
-  ClientOptions options = Patient();
-  options.batch_window = absl::Seconds(20);
-  options.max_batch_items = 250;
-  auto batching_client = MakeClient(server_->address(), options);
+  auto batching_client = FullBatchClient(server_->address(), 250);
   ASSERT_NE(batching_client, nullptr);
   Client* client = batching_client.get();
   const auto before = server_->Requests();
@@ -361,10 +378,7 @@ TEST_F(ClientApiTest, ThousandConcurrentVerifiesGoOutAsFewBatches) {
   EXPECT_EQ(std::count(reference.begin(), reference.end(), "error INVALID_ARGUMENT"), 20);
 
   for (int i = 0; i < kCalls; ++i) EXPECT_EQ(batched[i], reference[i]) << "case " << i;
-  auto delta = [&](const char* method) {
-    auto b = before.find(method), a = after.find(method);
-    return (a == after.end() ? 0 : a->second) - (b == before.end() ? 0 : b->second);
-  };
+  auto delta = [&](const char* method) { return RequestsDelta(before, after, method); };
   const double server_rpcs = delta("BatchVerify") + delta("Verify");
   const int64_t client_rpcs = stats.rpcs - stats_before.rpcs;
   std::printf("1000 concurrent Verify calls: %.0f RPCs at the server (BatchVerify %.0f, Verify %.0f)"
@@ -375,7 +389,7 @@ TEST_F(ClientApiTest, ThousandConcurrentVerifiesGoOutAsFewBatches) {
               static_cast<long long>(stats.auto_batched_items - stats_before.auto_batched_items));
   EXPECT_EQ(server_rpcs, 4);  // 1,000 / max_batch_items
   // A full batch leaves at once: nobody waited for the (20 s) window to close.
-  EXPECT_LT(all_answered - *first, options.batch_window);
+  EXPECT_LT(all_answered - *first, kLongWindow);
   EXPECT_EQ(delta("Verify"), 0);
   EXPECT_EQ(server_rpcs, static_cast<double>(client_rpcs));
   EXPECT_EQ(stats.auto_batched_items - stats_before.auto_batched_items, kCalls);
@@ -406,10 +420,7 @@ TEST_F(ClientApiTest, ConcurrentDeriveAndOpenAreCoalescedToo) {
   }
   // As above: a window longer than the threads' spread and a batch size that divides the calls,
   // so that the count of batches is exact: 4 BatchDerive, then 4 BatchOpen, of 50 items each.
-  ClientOptions options = Patient();
-  options.batch_window = absl::Seconds(20);
-  options.max_batch_items = 50;
-  auto batching = MakeClient(server_->address(), options);
+  auto batching = FullBatchClient(server_->address(), 50);
   ASSERT_NE(batching, nullptr);
   Client* client = batching.get();
   const auto server_before = server_->Requests();
@@ -428,7 +439,7 @@ TEST_F(ClientApiTest, ConcurrentDeriveAndOpenAreCoalescedToo) {
   const absl::Time released = absl::Now();
   go.Notify();
   for (auto& t : threads) t.join();
-  EXPECT_LT(absl::Now() - released, options.batch_window);  // full batches left at once
+  EXPECT_LT(absl::Now() - released, kLongWindow);  // full batches left at once
   for (int i = 0; i < kCalls; ++i) {
     EXPECT_EQ(derived[i], want[i]) << i;
     EXPECT_EQ(opened[i], absl::StrCat("plain ", i)) << i;
@@ -439,9 +450,7 @@ TEST_F(ClientApiTest, ConcurrentDeriveAndOpenAreCoalescedToo) {
   EXPECT_EQ(stats.rpcs, 8);
   const auto server_after = server_->Requests();
   for (const char* method : {"BatchDerive", "BatchOpen"}) {
-    auto b = server_before.find(method), a = server_after.find(method);
-    EXPECT_EQ((a == server_after.end() ? 0 : a->second) - (b == server_before.end() ? 0 : b->second),
-              4) << method;
+    EXPECT_EQ(RequestsDelta(server_before, server_after, method), 4) << method;
   }
 }
 
