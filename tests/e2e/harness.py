@@ -412,8 +412,7 @@ class Server:
             self.name, min(lines, len(data)), self.log_path, "\n".join(data[-lines:]))
 
     def log_lines(self):
-        with open(self.log_path, "rb") as f:
-            return f.read().decode("utf-8", "replace").splitlines()
+        return self._read_log().decode("utf-8", "replace").splitlines()
 
 
 class ServerTestCase(unittest.TestCase):
