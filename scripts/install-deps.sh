@@ -11,8 +11,9 @@ packages=(
   # libraries (Debian 12: gRPC 1.51, Protobuf 3.21, libsodium 1.0.18, OpenSSL 3.0, Abseil 20220623)
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libsodium-dev libssl-dev libabsl-dev nlohmann-json3-dev prometheus-cpp-dev
-  # the HTTP gateway and /metrics: H2O's event loop (HTTP/1.1, HTTP/2), built against OpenSSL 3
-  libh2o-evloop-dev
+  # the HTTP engine under the gateway and /metrics: libnghttp2 (HTTP/2, Debian's security-
+  # maintained build) and Boost (Asio for sockets, timers and TLS; Beast's HTTP/1.1 parser)
+  libnghttp2-dev libboost-dev
   # the embedded client (client/embedded): nanopb generator (protoc-gen-nanopb) and runtime
   nanopb libnanopb-dev
   # tests and benchmarks (h2load drives the HTTP and gRPC benchmarks of tests/bench: http_edge.py,
@@ -25,6 +26,8 @@ packages=(
   clang libclang-rt-14-dev llvm-14
   # third-party clients used by the end-to-end tests (run with /usr/bin/python3)
   python3 python3-grpcio python3-protobuf python3-nacl
+  # the raw-frame HTTP/2 client of the abuse test (tests/e2e/test_http2_abuse.py)
+  python3-h2 python3-hyperframe python3-hpack
   # the Connect / gRPC-Web end-to-end test (tests/e2e/connect: @connectrpc/connect-node)
   nodejs npm
   # the web example's browser test (tests/e2e/web): Debian's Chromium, driven headless by

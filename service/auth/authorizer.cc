@@ -62,6 +62,11 @@ std::string Iso8601Now() {
 
 std::string Peer::ClientName() const {
   if (!identity.empty()) return identity;
+  if (!forwarded_client.empty()) return forwarded_client;
+  return Host();
+}
+
+std::string Peer::Host() const {
   // "ipv4:127.0.0.1:5000" / "ipv6:[::1]:5000" / "127.0.0.1" -> the host part.
   absl::string_view a = address;
   if (absl::StartsWith(a, "ipv4:") || absl::StartsWith(a, "ipv6:")) a.remove_prefix(5);

@@ -41,8 +41,13 @@ namespace offload::auth {
 struct Peer {
   std::string identity;  // verified client-certificate identity; empty if none
   std::string address;   // e.g. "ipv4:127.0.0.1:51234", for the audit trail
-  // The name admission control counts calls under: the identity, else the address's host.
+  // The client a trusted proxy forwarded (X-Forwarded-For, see TrustedProxies); empty if none.
+  std::string forwarded_client;
+  // The name admission control counts calls under: the identity, else the forwarded client,
+  // else the address's host (every connection from one host shares it).
   std::string ClientName() const;
+  // The host part of `address` ("127.0.0.1", "::1").
+  std::string Host() const;
 };
 
 // Every `key_id` string field in `message`, recursively (batch items included), deduplicated.

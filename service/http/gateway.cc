@@ -93,6 +93,7 @@ struct Gateway::Shared {
   bool mtls = false;
   auth::Authorizer* authorizer = nullptr;
   ops::Admission* admission = nullptr;
+  auth::TrustedProxies trusted_proxies;
   absl::flat_hash_map<const Method*, metrics::MethodMetrics*> method_metrics;
   std::atomic<bool> draining{false};
   CompressionOptions compression;
@@ -147,6 +148,12 @@ class Call final : public std::enable_shared_from_this<Call> {
     int64_t limit = max;
     if (type_.protocol == Protocol::kGrpcWeb) limit += kFrameHeaderBytes;
     if (type_.text) limit = MaxBody(max);
+    if (exchange_->body_too_large()) {
+      // Past what any protocol carries: the HTTP server never read it, the caller gets its
+      // protocol's own error (Connect 429 resource_exhausted, gRPC-Web grpc-status 8).
+      return Finish(absl::ResourceExhaustedError(absl::StrCat(
+          "request body: expected at most ", limit, " bytes, got more than ", MaxBody(max))));
+    }
     const absl::string_view body = exchange_->body();
     if (static_cast<int64_t>(body.size()) > limit) {
       return Finish(absl::ResourceExhaustedError(
@@ -200,6 +207,10 @@ class Call final : public std::enable_shared_from_this<Call> {
     batch_size_ = method_->batch ? BatchSize(*request_) : 0;
     peer_.identity = exchange_->peer_identity();
     peer_.address = exchange_->peer_address();
+    if (!shared_->trusted_proxies.empty()) {
+      peer_.forwarded_client =
+          shared_->trusted_proxies.ClientOf(peer_.Host(), exchange_->header("x-forwarded-for"));
+    }
     if (auth::Authorizer* authorizer = shared_->authorizer) {
       if (absl::Status s = authorizer->Authorize(peer_, method_->path, *request_, TransportName());
           !s.ok()) {
@@ -268,7 +279,11 @@ class Call final : public std::enable_shared_from_this<Call> {
   }
 
   void RunOnWorker(Method::Probe probe) {
-    if (exchange_->abandoned()) return Finish(absl::CancelledError("client went away"));
+    if (exchange_->abandoned()) {
+      // Work for nobody is not done (a reset stream, a closed connection: Rapid Reset).
+      if (shared_->admission != nullptr) shared_->admission->CountClientGoneDrop();
+      return Finish(absl::CancelledError("client went away"));
+    }
     if (absl::Now() > deadline_) {
       if (shared_->admission != nullptr) shared_->admission->CountDeadlineDrop();
       return Finish(absl::DeadlineExceededError("deadline passed while queued"));
@@ -500,6 +515,7 @@ Gateway::Gateway(const MethodTable* table, ops::WorkerPool* pool, metrics::Metri
   shared_->mtls = options_.tls != nullptr && options_.tls->mtls();
   shared_->authorizer = options_.authorizer;
   shared_->admission = options_.admission;
+  shared_->trusted_proxies = options_.trusted_proxies;
   shared_->compression = options_.compression;
   if (metrics == nullptr) return;
   shared_->count_bytes = true;
@@ -527,6 +543,27 @@ Gateway::Gateway(const MethodTable* table, ops::WorkerPool* pool, metrics::Metri
                           "Connections to the HTTP port: accepted, or refused at accept "
                           "(--http_max_connections reached)",
                           {{"result", "refused"}}, read(&Stats::refused));
+  // The front door's defences, by reason (httpd::AbuseReason), and the memory its budgets hold.
+  for (int i = 0; i < static_cast<int>(httpd::AbuseReason::kCount); ++i) {
+    metrics->AddPullCounter(
+        "offload_http_abuse_total",
+        "Front-door defences that acted on the HTTP port, by reason: a connection closed "
+        "(premature_resets, reset_rate, continuations, control_flood, settings, no_progress, "
+        "protocol_error, send_timeout), a request refused or cut short (header_too_large, "
+        "body_too_large, stream_refused: memory budget) or a connection's body held back "
+        "(read_paused: memory budget)",
+        {{"port", "http"}, {"reason", httpd::AbuseReasonName(static_cast<httpd::AbuseReason>(i))}},
+        [weak, i] {
+          std::shared_ptr<Shared> s = weak.lock();
+          if (s == nullptr) return 0.0;
+          absl::MutexLock lock(&s->server_mu);
+          return s->server == nullptr ? 0.0 : static_cast<double>(s->server->stats().abuse[i]);
+        });
+  }
+  metrics->AddPullGauge("offload_http_buffered_bytes",
+                        "Request body bytes held and answer bytes not yet sent on the HTTP port "
+                        "(--http_memory_budget_bytes bounds it)",
+                        {{"port", "http"}}, read(&Stats::buffered_bytes));
   metrics->AddPullCounter("offload_http_read_timeouts_total",
                           "HTTP connections cut for a request that did not arrive in time "
                           "(--http_read_timeout)",

@@ -36,6 +36,7 @@
 #include "absl/time/time.h"
 #include "service/auth/authorizer.h"
 #include "service/auth/tls.h"
+#include "service/auth/trusted_proxies.h"
 #include "service/http/method_table.h"
 #include "service/http/protocol.h"
 #include "service/http/rpc_codec.h"
@@ -73,6 +74,8 @@ class Gateway final : public httpd::Handler {
     // Identity, grants and audit; overload protection. Not owned; may be null.
     auth::Authorizer* authorizer = nullptr;
     ops::Admission* admission = nullptr;
+    // Proxies whose X-Forwarded-For names the client that admission counts (empty: none).
+    auth::TrustedProxies trusted_proxies;
   };
 
   // `metrics` may be null (nothing counted).

@@ -1,12 +1,15 @@
-// An event-driven HTTP/1.1 and HTTP/2 server on H2O (Debian's libh2o-evloop 2.2.5). A few event
-// loop threads share one listening socket; no thread is tied to a connection, so idle and slow
-// clients cost memory, not threads. A cleartext port speaks HTTP/1.1 and HTTP/2 with prior
-// knowledge (h2c); a TLS port negotiates `h2` or `http/1.1` by ALPN.
+// The front door: an event-driven HTTP/1.1 and HTTP/2 server on Boost.Asio (sockets, timers,
+// TLS), Boost.Beast (the HTTP/1.1 parser) and libnghttp2 (HTTP/2). A few event-loop threads serve
+// every connection; no thread is tied to a connection, so idle and slow clients cost memory, not
+// threads. A cleartext port speaks HTTP/1.1 and HTTP/2 with prior knowledge (h2c); a TLS port
+// negotiates `h2` or `http/1.1` by ALPN.
 //
-// A Handler gets each complete request (headers and body) on a loop thread and must never block
-// it: it answers at once, or keeps the Exchange and answers later from any thread (the request's
-// loop then writes the response: headers and body in one write). A request whose client went
-// away is abandoned: Respond() then does nothing.
+// A Handler gets each request on a loop thread and must never block it: it answers at once, or
+// keeps the Exchange and answers later from any thread (the request's loop then writes the
+// response: headers, body and trailers in one write). A request whose client went away is
+// abandoned: Respond() then does nothing. A handler may also take a request as a stream
+// (Handler::Streaming): it gets the exchange when the headers arrive, the body as it arrives, and
+// writes its answer in parts (StartResponse, Write, Finish) - a bidirectional HTTP/2 stream.
 //
 //   class Hello final : public httpd::Handler {
 //     void Handle(std::shared_ptr<httpd::Exchange> exchange) override {
@@ -22,18 +25,34 @@
 //   server.Stop(absl::Now() + absl::Seconds(20));   // answers in flight, then every socket closed
 //
 // Connection hygiene: TCP_NODELAY on every connection; a bound on open connections (more are
-// closed at accept and counted); an idle timeout (HTTP/1.1 keep-alive, HTTP/2 without requests);
-// a read timeout: HTTP/1.1 request headers must arrive whole within it and a TLS handshake must
-// finish within it, and a connection whose request (body, or HTTP/2 frame) makes no progress for
-// that long is cut; limits on header bytes (431) and body bytes (413).
+// closed at accept and counted); an idle timeout (HTTP/1.1 keep-alive, HTTP/2 without streams);
+// a read timeout (HTTP/1.1 request headers whole within it, TLS handshakes within it, and a
+// request body that makes no progress for that long is cut); a send timeout (an answer the client
+// does not take); limits on header bytes (431) and body bytes (the handler answers, see
+// Exchange::body_too_large).
 //
-// Thread-safety: Start, Drain and Stop from one thread, in that order; Exchange::Respond and
-// stats() from any thread. The handler must outlive Stop().
+// Abuse defences (HTTP/2 unless said; each counted in Stats::abuse by reason, see AbuseReason):
+// nghttp2's own limits (stream reset rate, CONTINUATION frames per header block, queued outbound
+// ACKs, SETTINGS entries); premature resets (Envoy's rule: once a connection has closed
+// `premature_reset_streams` streams, GOAWAY if half of them ended before their answer, reset by
+// the client or by us for its error); frames that make no progress (empty DATA, tiny
+// WINDOW_UPDATEs, PRIORITY, SETTINGS and idle PINGs) drain a per-connection token bucket, and an
+// empty bucket is GOAWAY ENHANCE_YOUR_CALM; memory: request bodies held plus answers not yet
+// sent are charged to the connection and to the server. Past `connection_budget_bytes` a
+// connection's new requests are refused (REFUSED_STREAM, 503) and its body bytes are not taken
+// (HTTP/2: their window is not given back), except for one request at a time, so that a request
+// of max_body_bytes still completes. Past `memory_budget_bytes` the same holds for every
+// connection that holds bytes (those are the ones refused; one that holds nothing still gets a
+// request in), and connections holding body bytes are not read.
+//
+// Thread-safety: Start, Drain and Stop from one thread, in that order; Exchange's response
+// methods and stats() from any thread. The handler must outlive Stop().
 #ifndef SERVICE_HTTPD_SERVER_H_
 #define SERVICE_HTTPD_SERVER_H_
 
 #include <openssl/ssl.h>
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -51,15 +70,17 @@ namespace offload::httpd {
 
 namespace internal {
 struct Access;
-struct Conn;
-struct Loop;
-struct Posting;
+class Loop;
+class Mailbox;
+struct Stream;
 }  // namespace internal
 
-// A response: status, headers (names lower-case, as HTTP/2 wants them), body. The server adds
-// `content-length`, `date` and `server`.
+using Headers = std::vector<std::pair<std::string, std::string>>;
+
+// A response: status, headers (names lower-case, as HTTP/2 wants them), body, trailers. The server
+// adds `content-length` (unless trailers follow), `date` and `server`.
 struct Response {
-  using Headers = std::vector<std::pair<std::string, std::string>>;
+  using Headers = httpd::Headers;
   Response() = default;
   Response(int status, Headers headers, std::string body)
       : status(status), headers(std::move(headers)), body(std::move(body)) {}
@@ -71,23 +92,49 @@ struct Response {
   // and the server keeps `owner` until the response is written or the client is gone.
   std::vector<absl::string_view> shared_body;
   std::shared_ptr<const void> owner;
+  // Sent after the body: HTTP/2 trailers (HEADERS with END_STREAM); on HTTP/1.1 the body is
+  // chunked and these are its trailer fields.
+  Headers trailers;
 
   size_t body_size() const;
 };
 
-// One request and its response. The request's views (method, path, query, headers, body) point
-// into the server's buffers: read them in Handler::Handle, on the loop thread, and copy what a
-// worker needs.
+// Why the engine refused, paused or closed something, for Stats::abuse and the
+// `offload_http_abuse_total{reason}` metric.
+enum class AbuseReason : int {
+  kPrematureResets = 0,  // GOAWAY: most of the connection's streams ended before their answer
+  kResetRate,            // nghttp2's stream reset rate limit (Rapid Reset)
+  kContinuations,        // too many CONTINUATION frames in one header block
+  kControlFlood,         // the client does not read our PING/SETTINGS ACKs and resets
+  kSettings,             // too many entries in a SETTINGS frame
+  kNoProgress,           // GOAWAY ENHANCE_YOUR_CALM: frames that make no progress
+  kProtocolError,        // a connection error (bad preface, bad frame, unparseable HTTP/1.1)
+  kHeaderTooLarge,       // request headers over the limit (431)
+  kBodyTooLarge,         // a request body over the limit (the handler answers it)
+  kStreamRefused,        // memory budget: a new request refused (REFUSED_STREAM, 503)
+  kReadPaused,           // memory budget: a connection's body bytes held back
+  kSendTimeout,          // an answer the client did not take within the send timeout
+  kCount
+};
+// The metric label of `reason` ("premature_resets", "reset_rate", ...).
+const char* AbuseReasonName(AbuseReason reason);
+
+// One request and its response. The request's method, path, query and headers are owned by the
+// exchange and stay valid while it lives; body() only during Handler::Handle (the server frees
+// request bodies once handed over: copy what a worker needs).
 class Exchange final : public std::enable_shared_from_this<Exchange> {
  public:
-  absl::string_view method() const { return method_; }
-  absl::string_view path() const { return path_; }    // without the query
-  absl::string_view query() const { return query_; }  // after '?', empty if none
-  // The first value of header `name` (lower-case), or nullopt. Loop thread, in Handle().
+  absl::string_view method() const { return Piece(method_); }
+  absl::string_view path() const { return Piece(path_); }    // without the query
+  absl::string_view query() const { return Piece(query_); }  // after '?', empty if none
+  // The first value of header `name` (lower-case), or nullopt.
   std::optional<absl::string_view> header(absl::string_view name) const;
-  // Every request header in order (names lower-case). Loop thread, in Handle().
+  // Every request header in order (names lower-case).
   void ForEachHeader(const std::function<void(absl::string_view, absl::string_view)>& fn) const;
   absl::string_view body() const { return body_; }
+  // True when the request body was larger than Options::max_body_bytes: body() is then empty,
+  // and the handler answers in its protocol's terms; the server closes the request afterwards.
+  bool body_too_large() const { return body_too_large_; }
   // 0x100 (HTTP/1.0), 0x101 (HTTP/1.1), 0x200 (HTTP/2).
   int http_version() const { return version_; }
   bool tls() const { return tls_; }
@@ -96,7 +143,7 @@ class Exchange final : public std::enable_shared_from_this<Exchange> {
   // Options::peer_identity of the connection's TLS client certificate; empty without one.
   const std::string& peer_identity() const { return peer_identity_; }
 
-  // Answers the request; the first call wins, later ones do nothing. From any thread: on the
+  // Answers the request; the first answer wins, later ones do nothing. From any thread: on the
   // request's loop thread the response is written at once, from another thread it is handed to
   // the loop (or dropped if the client or the server is gone).
   void Respond(Response response);
@@ -104,34 +151,72 @@ class Exchange final : public std::enable_shared_from_this<Exchange> {
   // stopped. From any thread.
   bool abandoned() const { return abandoned_.load(std::memory_order_acquire); }
 
+  // Streaming (Handler::Streaming said yes). The body's pieces go to `reader` on the loop thread
+  // as they arrive, then one call with `end` true (also when the client is gone: `data` empty).
+  // REQUIRES: called in Handle, once.
+  void ReadBody(std::function<void(absl::string_view data, bool end)> reader);
+  // The answer in parts, from any thread, in this order: StartResponse once, Write any number of
+  // times (each is sent as soon as flow control lets it), Finish once (trailers may be empty).
+  // Respond() is the three at once. A part after the request is over does nothing.
+  void StartResponse(int status, Headers headers);
+  void Write(std::string data);
+  void Finish(Headers trailers);
+  // Bytes written by Write and not yet sent (the client's flow-control window, a slow reader).
+  // From any thread; a producer may wait while it is high.
+  int64_t unsent_bytes() const { return unsent_.load(std::memory_order_relaxed); }
+
+  // A part of the answer as the engine queues it (internal/engine.h).
+  struct Part;
+
   // Made by the server, one per request.
-  Exchange(internal::Loop* loop, internal::Conn* conn, void* req);
+  Exchange(internal::Loop* loop, std::shared_ptr<internal::Mailbox> mailbox);
   ~Exchange();
   Exchange(const Exchange&) = delete;
   Exchange& operator=(const Exchange&) = delete;
 
  private:
   friend struct internal::Access;
+  struct Span {
+    uint32_t offset = 0, size = 0;
+  };
+  struct HeaderSpan {
+    Span name, value;
+  };
+  absl::string_view Piece(Span s) const { return absl::string_view(text_).substr(s.offset, s.size); }
+  // Hands a part to the loop (at once on the loop's own thread).
+  void Send(Part part);
 
   internal::Loop* const loop_;
-  internal::Conn* conn_;  // loop thread only; null once disposed
-  void* req_;             // h2o_req_t*, loop thread only; null once disposed
-  absl::string_view method_, path_, query_, body_;
+  const std::shared_ptr<internal::Mailbox> mailbox_;
+  internal::Stream* stream_ = nullptr;  // loop thread only; null once the request is over
+  std::string text_;                    // method, path, query, header names and values
+  Span method_, path_, query_;
+  std::vector<HeaderSpan> headers_;
+  std::string body_;
+  bool body_too_large_ = false;
   int version_ = 0;
   bool tls_ = false;
   std::string peer_address_;
   std::string peer_identity_;
+  std::function<void(absl::string_view, bool)> reader_;  // loop thread
   std::atomic<bool> responded_{false};
+  std::atomic<bool> started_{false};
+  std::atomic<bool> finished_{false};
   std::atomic<bool> abandoned_{false};
-  std::unique_ptr<internal::Posting> posting_;  // a response handed over from another thread
+  std::atomic<int64_t> unsent_{0};
+  std::atomic<int> in_mail_{0};  // parts posted to the loop and not yet delivered
 };
 
 class Handler {
  public:
   virtual ~Handler() = default;
-  // A complete request, on a loop thread. Must not block: answer at once, or keep `exchange`
-  // and Respond() from elsewhere (e.g. a worker pool).
+  // A request, on a loop thread: complete (headers and body), or only its headers when
+  // Streaming() said yes. Must not block: answer at once, or keep `exchange` and answer from
+  // elsewhere (e.g. a worker pool).
   virtual void Handle(std::shared_ptr<Exchange> exchange) = 0;
+  // Asked on the loop thread when a request's headers have arrived: true to get it at once and
+  // its body as it arrives (Exchange::ReadBody). Default: no, complete requests only.
+  virtual bool Streaming(const Exchange& exchange) { return false; }
 };
 
 class Server final {
@@ -146,16 +231,48 @@ class Server final {
     int max_connections = 10000;
     // A connection with no request under way is closed after this long.
     absl::Duration idle_timeout = absl::Seconds(60);
-    // See the header comment: headers whole, TLS handshakes and progress within this time.
+    // See the header comment: headers whole, TLS handshakes and body progress within this time.
     absl::Duration read_timeout = absl::Seconds(10);
+    // An answer that makes no progress (the client does not read, or keeps its flow-control
+    // window shut) for this long has its connection cut.
+    absl::Duration send_timeout = absl::Seconds(60);
     // Request line (or pseudo-headers) and headers, bytes in all: beyond it 431.
     int64_t max_header_bytes = 16 << 10;
-    // Request body: beyond it 413.
+    // Request body: beyond it the handler is called with body_too_large().
     int64_t max_body_bytes = 16 << 20;
-    // Concurrent requests per HTTP/2 connection.
-    int http2_max_streams = 100;
     // TCP_NODELAY on accepted connections (false only to measure what Nagle's algorithm costs).
     bool tcp_nodelay = true;
+
+    // Memory: request body bytes held plus answer bytes not yet sent, per connection and over
+    // all connections (see the header comment). A connection's budget is raised to fit one
+    // request of max_body_bytes. 0 = no bound.
+    int64_t connection_budget_bytes = 4 << 20;
+    int64_t memory_budget_bytes = 256 << 20;
+
+    struct Http2 {
+      // Concurrent requests per connection (SETTINGS_MAX_CONCURRENT_STREAMS).
+      int max_concurrent_streams = 100;
+      // The window a stream's request body may fill before we take it (SETTINGS_INITIAL_
+      // WINDOW_SIZE), and the connection's.
+      int32_t stream_window_bytes = 256 << 10;
+      int32_t connection_window_bytes = 1 << 20;
+      // nghttp2's limits: incoming RST_STREAM token bucket (burst, per second); CONTINUATION
+      // frames per header block; outbound ACK/RST frames queued unread; SETTINGS entries.
+      uint64_t reset_burst = 1000;
+      uint64_t reset_rate = 33;
+      size_t max_continuations = 8;
+      size_t max_outbound_ack = 1000;
+      size_t max_settings = 32;
+      // Premature resets: a connection that has closed this many streams is sent GOAWAY if at
+      // least half of them ended before their answer within `premature_reset_lifetime` of
+      // opening (0: off).
+      int premature_reset_streams = 200;
+      absl::Duration premature_reset_lifetime = absl::Seconds(1);
+      // Frames without progress: a token bucket per connection (burst, refill per second).
+      int no_progress_burst = 1000;
+      int no_progress_rate = 33;
+    } http2;
+
     // TLS when set: called once with the port's SSL_CTX to install the certificate and client
     // checks; ALPN (h2, http/1.1) and a session id context are added by the server.
     std::function<absl::Status(SSL_CTX*)> configure_tls;
@@ -174,6 +291,8 @@ class Server final {
     int64_t open = 0;               // open now
     uint64_t requests = 0;          // requests handed to the handler
     uint64_t header_too_large = 0;  // answered 431
+    int64_t buffered_bytes = 0;     // now: body bytes held and answer bytes not yet sent
+    std::array<uint64_t, static_cast<int>(AbuseReason::kCount)> abuse{};  // by AbuseReason
   };
 
   Server(Options options, Handler* handler);
@@ -187,8 +306,9 @@ class Server final {
   // The bound port, after Start.
   int port() const { return port_; }
 
-  // Stops accepting, sends HTTP/2 clients GOAWAY, turns keep-alive off and closes connections
-  // with no request under way; requests in flight still get their answers. Idempotent.
+  // Stops accepting, sends HTTP/2 clients GOAWAY (a first one that announces the drain, then the
+  // last stream id a moment later), turns keep-alive off and closes connections with no request
+  // under way; requests in flight still get their answers. Idempotent.
   void Drain();
   // Drain(), waits until every request handed to the handler has been answered (or until
   // `deadline`), then closes every connection and joins the loops. Idempotent.

@@ -42,6 +42,12 @@ class TestHandler final : public Handler {
       held_.push_back(exchange);
       return;
     }
+    if (exchange->body_too_large()) {
+      // The handler answers a body over the limit in its own terms (the gateway: its protocol's
+      // resource-exhausted error).
+      exchange->Respond({413, {{"content-type", "text/plain"}}, "too large\n"});
+      return;
+    }
     Response r;
     r.headers = {{"content-type", "text/plain"}, {"x-version", absl::StrCat(exchange->http_version())}};
     r.body = absl::StrCat(exchange->method(), " ", exchange->path(), " ", exchange->query(), " ",
@@ -317,8 +323,21 @@ TEST_F(ServerTest, HeaderAndBodyLimits) {
   fd = Connect(server_->port());
   SendAll(fd, absl::StrCat("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 4096\r\n\r\n",
                            std::string(4096, 'b')));
-  EXPECT_EQ(ReadResponse(fd).status, 413);
+  HttpResponse big = ReadResponse(fd);
+  EXPECT_EQ(big.status, 413);  // the handler's answer: it was told body_too_large()
+  EXPECT_THAT(big.body, HasSubstr("too large"));
+  EXPECT_THAT(absl::AsciiStrToLower(big.head), HasSubstr("connection: close"));
+  EXPECT_TRUE(ClosedWithin(fd, std::chrono::seconds(10)));
   close(fd);
+  // Chunked, past the limit: the same.
+  fd = Connect(server_->port());
+  SendAll(fd, absl::StrCat("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n",
+                           "800\r\n", std::string(2048, 'd'), "\r\n10\r\n", std::string(16, 'e'),
+                           "\r\n0\r\n\r\n"));
+  big = ReadResponse(fd);
+  EXPECT_EQ(big.status, 413);
+  close(fd);
+  EXPECT_EQ(server_->stats().abuse[static_cast<int>(AbuseReason::kBodyTooLarge)], 2u);
   // Within the limits: fine.
   fd = Connect(server_->port());
   SendAll(fd, absl::StrCat("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2000\r\n\r\n",

@@ -56,6 +56,47 @@ ABSL_FLAG(int64_t, http_max_header_bytes, 16 << 10,
           "Largest request headers (all lines) on the HTTP port; beyond: 431.");
 ABSL_FLAG(int, http2_max_concurrent_streams, 100,
           "Concurrent requests per HTTP/2 connection on the HTTP port.");
+ABSL_FLAG(absl::Duration, http_send_timeout, absl::Seconds(60),
+          "An HTTP answer that makes no progress for this long (the client does not read it, or "
+          "keeps its HTTP/2 window shut) has its connection cut.");
+ABSL_FLAG(int64_t, http_connection_budget_bytes, 4 << 20,
+          "Request body bytes held plus answer bytes not yet sent, per HTTP connection: past it "
+          "new requests are refused (REFUSED_STREAM, 503) and body windows are not given back "
+          "(a request of up to --max_message_bytes still completes). 0: no bound.");
+ABSL_FLAG(int64_t, http_memory_budget_bytes, 256 << 20,
+          "The same over all HTTP connections: past it new requests are refused and connections "
+          "holding body bytes are not read. 0: no bound.");
+ABSL_FLAG(int32_t, http2_stream_window_bytes, 256 << 10,
+          "HTTP/2 SETTINGS_INITIAL_WINDOW_SIZE: request body bytes a stream may send before the "
+          "server takes them.");
+ABSL_FLAG(int32_t, http2_connection_window_bytes, 1 << 20,
+          "HTTP/2 connection window: request body bytes of all of a connection's streams.");
+ABSL_FLAG(uint64_t, http2_reset_burst, 1000,
+          "nghttp2's incoming RST_STREAM limit (Rapid Reset): a token bucket of this many...");
+ABSL_FLAG(uint64_t, http2_reset_rate, 33, "...refilled at this many per second; empty: GOAWAY.");
+ABSL_FLAG(uint64_t, http2_max_continuations, 8,
+          "CONTINUATION frames per HTTP/2 header block; more ends the connection.");
+ABSL_FLAG(uint64_t, http2_max_outbound_ack, 1000,
+          "PING/SETTINGS ACKs and RST_STREAMs queued for a client that does not read them; more "
+          "ends the connection.");
+ABSL_FLAG(uint64_t, http2_max_settings, 32, "Entries per HTTP/2 SETTINGS frame; more ends the "
+          "connection.");
+ABSL_FLAG(int, http2_premature_reset_streams, 200,
+          "Premature resets (Envoy's rule): once an HTTP/2 connection has closed this many "
+          "streams (or half this many ended early), GOAWAY if half of them ended before their "
+          "answer, reset by the client or by the server for a client error. 0: off.");
+ABSL_FLAG(absl::Duration, http2_premature_reset_lifetime, absl::Seconds(1),
+          "A stream that ends before its answer within this long of opening is premature.");
+ABSL_FLAG(int, http2_no_progress_burst, 1000,
+          "HTTP/2 frames without progress (empty DATA, WINDOW_UPDATE under 1 KiB, PRIORITY, "
+          "repeated SETTINGS, PINGs with nothing sent between them, invalid frames): a token "
+          "bucket per connection of this many...");
+ABSL_FLAG(int, http2_no_progress_rate, 33,
+          "...refilled at this many per second; empty: GOAWAY ENHANCE_YOUR_CALM.");
+ABSL_FLAG(std::string, trusted_proxies, "",
+          "Comma-separated CIDRs (127.0.0.1/32, 10.0.0.0/8, ::1/128) of proxies in front of the "
+          "HTTP port: from those peers only, the nearest untrusted address of X-Forwarded-For is "
+          "the client that per-client admission counts. Empty: the peer address always.");
 ABSL_FLAG(bool, http_tcp_nodelay, true,
           "TCP_NODELAY on HTTP connections (false only to measure what Nagle's algorithm costs).");
 ABSL_FLAG(int, http_compression_level, 1,
@@ -137,7 +178,22 @@ int main(int argc, char** argv) {
   config.http_idle_timeout = absl::GetFlag(FLAGS_http_idle_timeout);
   config.http_read_timeout = absl::GetFlag(FLAGS_http_read_timeout);
   config.http_max_header_bytes = absl::GetFlag(FLAGS_http_max_header_bytes);
-  config.http2_max_concurrent_streams = absl::GetFlag(FLAGS_http2_max_concurrent_streams);
+  config.http_send_timeout = absl::GetFlag(FLAGS_http_send_timeout);
+  config.http_connection_budget_bytes = absl::GetFlag(FLAGS_http_connection_budget_bytes);
+  config.http_memory_budget_bytes = absl::GetFlag(FLAGS_http_memory_budget_bytes);
+  config.http2.max_concurrent_streams = absl::GetFlag(FLAGS_http2_max_concurrent_streams);
+  config.http2.stream_window_bytes = absl::GetFlag(FLAGS_http2_stream_window_bytes);
+  config.http2.connection_window_bytes = absl::GetFlag(FLAGS_http2_connection_window_bytes);
+  config.http2.reset_burst = absl::GetFlag(FLAGS_http2_reset_burst);
+  config.http2.reset_rate = absl::GetFlag(FLAGS_http2_reset_rate);
+  config.http2.max_continuations = absl::GetFlag(FLAGS_http2_max_continuations);
+  config.http2.max_outbound_ack = absl::GetFlag(FLAGS_http2_max_outbound_ack);
+  config.http2.max_settings = absl::GetFlag(FLAGS_http2_max_settings);
+  config.http2.premature_reset_streams = absl::GetFlag(FLAGS_http2_premature_reset_streams);
+  config.http2.premature_reset_lifetime = absl::GetFlag(FLAGS_http2_premature_reset_lifetime);
+  config.http2.no_progress_burst = absl::GetFlag(FLAGS_http2_no_progress_burst);
+  config.http2.no_progress_rate = absl::GetFlag(FLAGS_http2_no_progress_rate);
+  config.trusted_proxies = absl::GetFlag(FLAGS_trusted_proxies);
   config.http_tcp_nodelay = absl::GetFlag(FLAGS_http_tcp_nodelay);
   config.http_compression_level = absl::GetFlag(FLAGS_http_compression_level);
   config.http_compression_min_bytes = absl::GetFlag(FLAGS_http_compression_min_bytes);

@@ -87,13 +87,31 @@ absl::Status CheckConfig(const ServerConfig& config) {
         "), got ", config.max_queued_items));
   }
   if (config.http_threads < 0 || config.http_max_connections < 0 ||
-      config.http2_max_concurrent_streams < 1 || config.http_max_header_bytes < 1024 ||
+      config.http2.max_concurrent_streams < 1 || config.http_max_header_bytes < 1024 ||
       config.http_idle_timeout <= absl::ZeroDuration() ||
-      config.http_read_timeout <= absl::ZeroDuration()) {
+      config.http_read_timeout <= absl::ZeroDuration() ||
+      config.http_send_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
         "http flags: expected http_threads >= 0, http_max_connections >= 0, "
         "http2_max_concurrent_streams >= 1, http_max_header_bytes >= 1024 and positive "
-        "http_idle_timeout and http_read_timeout");
+        "http_idle_timeout, http_read_timeout and http_send_timeout");
+  }
+  const httpd::Server::Options::Http2& h2 = config.http2;
+  if (config.http_connection_budget_bytes < 0 || config.http_memory_budget_bytes < 0 ||
+      h2.stream_window_bytes < 65535 || h2.connection_window_bytes < 65535 ||
+      h2.reset_burst < 1 || h2.reset_rate < 1 || h2.max_continuations < 1 ||
+      h2.max_outbound_ack < 1 || h2.max_settings < 1 || h2.premature_reset_streams < 0 ||
+      h2.premature_reset_lifetime < absl::ZeroDuration() || h2.no_progress_burst < 1 ||
+      h2.no_progress_rate < 1) {
+    return absl::InvalidArgumentError(
+        "http budget and http2 limit flags: expected budgets >= 0 (0: none), HTTP/2 windows of "
+        "at least 65535 bytes, reset burst and rate, continuations, outbound ACKs, SETTINGS "
+        "entries and the no-progress burst and rate >= 1, premature_reset_streams >= 0");
+  }
+  if (absl::StatusOr<auth::TrustedProxies> proxies =
+          auth::TrustedProxies::Parse(config.trusted_proxies);
+      !proxies.ok()) {
+    return proxies.status();
   }
   if (config.http_compression_level < 0 || config.http_compression_level > 9 ||
       config.http_compression_min_bytes < 0) {
@@ -267,11 +285,13 @@ void RegisterGuardMetrics(metrics::Metrics& m, ops::Admission& admission,
   const std::pair<const char*, AdmissionRead> drops[] = {
       {"queue_full", &ops::Admission::Counts::queue_full},
       {"client_limit", &ops::Admission::Counts::client_limit},
-      {"deadline", &ops::Admission::Counts::deadline}};
+      {"deadline", &ops::Admission::Counts::deadline},
+      {"client_gone", &ops::Admission::Counts::client_gone}};
   for (const auto& [reason, field] : drops) {
     m.AddPullCounter("offload_dropped_total",
                      "Calls refused (queue_full, client_limit: RESOURCE_EXHAUSTED) or dropped "
-                     "unrun (deadline passed while queued)",
+                     "unrun (deadline: passed while queued; client_gone: the caller's stream or "
+                     "connection ended first)",
                      {{"reason", reason}},
                      [&admission, field = field] { return double(admission.counts().*field); });
   }
@@ -420,9 +440,14 @@ absl::Status RunServer(const ServerConfig& config) {
     http_options.http.max_connections = config.http_max_connections;
     http_options.http.idle_timeout = config.http_idle_timeout;
     http_options.http.read_timeout = config.http_read_timeout;
+    http_options.http.send_timeout = config.http_send_timeout;
     http_options.http.max_header_bytes = config.http_max_header_bytes;
-    http_options.http.http2_max_streams = config.http2_max_concurrent_streams;
+    http_options.http.connection_budget_bytes = config.http_connection_budget_bytes;
+    http_options.http.memory_budget_bytes = config.http_memory_budget_bytes;
+    http_options.http.http2 = config.http2;
     http_options.http.tcp_nodelay = config.http_tcp_nodelay;
+    OFFLOAD_ASSIGN_OR_RETURN(http_options.trusted_proxies,
+                             auth::TrustedProxies::Parse(config.trusted_proxies));
     http_options.compression.level = config.http_compression_level;
     http_options.compression.min_bytes = config.http_compression_min_bytes;
     http_options.log_sample_rate = config.log_requests_sample_rate;

@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "service/httpd/server.h"
 
 namespace offload {
 
@@ -39,9 +40,15 @@ struct ServerConfig {
   int http_max_connections = 10000;
   absl::Duration http_idle_timeout = absl::Seconds(60);
   absl::Duration http_read_timeout = absl::Seconds(10);
+  absl::Duration http_send_timeout = absl::Seconds(60);
   int64_t http_max_header_bytes = 16 << 10;
-  int http2_max_concurrent_streams = 100;
   bool http_tcp_nodelay = true;
+  // The HTTP engine's memory budgets and HTTP/2 limits (service/httpd/server.h; README's flags).
+  int64_t http_connection_budget_bytes = 4 << 20;
+  int64_t http_memory_budget_bytes = 256 << 20;
+  httpd::Server::Options::Http2 http2;
+  // Peers (CIDRs) whose X-Forwarded-For names the client that admission counts.
+  std::string trusted_proxies;
   int http_compression_level = 1;            // gzip level of responses, 1..9; 0: never compress
   int64_t http_compression_min_bytes = 1024;  // smaller response messages are sent as they are
   bool metrics_enabled = true;                      // false: calls are not even counted

@@ -73,7 +73,8 @@ void Admission::Return(uint64_t client, int64_t items) {
 Admission::Counts Admission::counts() const {
   return {queue_full_.load(std::memory_order_relaxed),
           client_limit_.load(std::memory_order_relaxed),
-          deadline_drops_.load(std::memory_order_relaxed)};
+          deadline_drops_.load(std::memory_order_relaxed),
+          client_gone_drops_.load(std::memory_order_relaxed)};
 }
 
 }  // namespace offload::ops

@@ -35,7 +35,8 @@ class Admission final {
   struct Counts {
     uint64_t queue_full = 0;
     uint64_t client_limit = 0;
-    uint64_t deadline = 0;  // see CountDeadlineDrop
+    uint64_t deadline = 0;     // see CountDeadlineDrop
+    uint64_t client_gone = 0;  // see CountClientGoneDrop
   };
 
   class Ticket {
@@ -64,6 +65,9 @@ class Admission final {
 
   // Counts a call that was admitted but dropped because its deadline passed while it waited.
   void CountDeadlineDrop() { deadline_drops_.fetch_add(1, std::memory_order_relaxed); }
+  // Counts a call that was admitted but dropped unrun because its client had gone (its stream
+  // reset, its connection closed) before a worker got to it.
+  void CountClientGoneDrop() { client_gone_drops_.fetch_add(1, std::memory_order_relaxed); }
 
   int64_t queued_items() const { return queued_items_.load(std::memory_order_relaxed); }
   Counts counts() const;
@@ -77,6 +81,7 @@ class Admission final {
   std::atomic<uint64_t> queue_full_{0};
   std::atomic<uint64_t> client_limit_{0};
   std::atomic<uint64_t> deadline_drops_{0};
+  std::atomic<uint64_t> client_gone_drops_{0};
   absl::Mutex mu_;
   // Calls in flight per client, keyed by a 64-bit hash of its name: no string is copied or
   // allocated per call. Two clients whose names collide would share one limit (never a wrong

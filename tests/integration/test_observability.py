@@ -486,7 +486,8 @@ class ObservabilityTest(harness.ServerTestCase):
                        "Memo bytes vs capacity", "Worker queue depth", "Busy workers / workers",
                        "Key store operations", "Key store load time", "Managed keys",
                        "Crypto operations", "Resident memory", "Build", REFUSALS_PANEL,
-                       DROPS_PANEL, "Queued items"):
+                       DROPS_PANEL, "Queued items", "Front-door defences by reason",
+                       "Front-door memory held"):
             self.assertIn(needed, titles)
 
     def test_every_dashboard_query_returns_data(self):
@@ -541,7 +542,8 @@ class ObservabilityTest(harness.ServerTestCase):
         shown = self.panel_counts_by_reason(DROPS_PANEL, self.metrics_address)
         print("  %s: %s (traffic: %s)" % (DROPS_PANEL, shown, dict(self.drops)))
         self.assertEqual(shown, {"queue_full": self.drops["queue_full"],
-                                 "client_limit": self.drops["client_limit"], "deadline": 0})
+                                 "client_limit": self.drops["client_limit"], "deadline": 0,
+                                 "client_gone": 0})
         shown = self.panel_counts_by_reason(REFUSALS_PANEL, self.tls_metrics_address)
         handshakes = sample(self.tls_samples, "offload_auth_denied_total",
                             reason="handshake_refused")

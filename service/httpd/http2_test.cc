@@ -1,0 +1,417 @@
+// The engine's HTTP/2 side over real loopback sockets, with libnghttp2's client session (a
+// blocking socket, driven by the test) as the client: answers with trailers, bidirectional
+// streaming exchanges, concurrent streams, large answers under flow control, a client reset that
+// abandons its exchange, a body over the limit, and the two-step GOAWAY of a drain. HTTP/1.1's
+// chunked trailers too (a plain socket).
+#include <arpa/inet.h>
+#include <nghttp2/nghttp2.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "service/httpd/server.h"
+
+namespace offload::httpd {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::Pair;
+
+// "/unary": echoes the body, trailers {x-end: done}. "/empty-trailers": no body, trailers only.
+// "/big": 1 MiB of 'b'. "/stream": a bidirectional stream; every body piece comes back at once,
+// written from another thread, and the end brings trailers. "/hold": kept, never answered.
+class Handler2 final : public Handler {
+ public:
+  bool Streaming(const Exchange& exchange) override { return exchange.path() == "/stream"; }
+
+  void Handle(std::shared_ptr<Exchange> exchange) override {
+    const absl::string_view path = exchange->path();
+    if (exchange->body_too_large()) {
+      exchange->Respond({413, {{"content-type", "text/plain"}}, "too large\n"});
+      return;
+    }
+    if (path == "/unary") {
+      Response r(200, {{"content-type", "application/test"}}, std::string(exchange->body()));
+      r.trailers = {{"x-end", "done"}, {"x-count", "1"}};
+      exchange->Respond(std::move(r));
+    } else if (path == "/empty-trailers") {
+      Response r(200, {{"content-type", "application/test"}}, "");
+      r.trailers = {{"x-end", "only"}};
+      exchange->Respond(std::move(r));
+    } else if (path == "/big") {
+      exchange->Respond({200, {{"content-type", "application/test"}}, std::string(1 << 20, 'b')});
+    } else if (path == "/stream") {
+      exchange->StartResponse(200, {{"content-type", "application/test"}});
+      std::weak_ptr<Exchange> weak = exchange;
+      exchange->ReadBody([this, weak](absl::string_view data, bool end) {
+        std::shared_ptr<Exchange> e = weak.lock();
+        if (e == nullptr) return;
+        {
+          absl::MutexLock lock(&mu_);
+          pieces_.push_back(std::string(data));
+          if (end) ended_ = true;
+        }
+        // Answered from another thread, as a worker would.
+        std::thread([e, reply = absl::StrCat("echo:", data), end] {
+          if (!reply.empty() && reply != "echo:") e->Write(reply);
+          if (end) e->Finish({{"x-pieces", "done"}});
+        }).detach();
+      });
+    } else {
+      absl::MutexLock lock(&mu_);
+      held_.push_back(exchange);
+    }
+  }
+
+  std::shared_ptr<Exchange> held() {
+    absl::MutexLock lock(&mu_);
+    return held_.empty() ? nullptr : held_.back();
+  }
+  void Release() {
+    std::vector<std::shared_ptr<Exchange>> held;
+    {
+      absl::MutexLock lock(&mu_);
+      held.swap(held_);
+    }
+    for (auto& e : held) e->Respond({200, {{"content-type", "text/plain"}}, "late\n"});
+  }
+  bool ended() {
+    absl::MutexLock lock(&mu_);
+    return ended_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::shared_ptr<Exchange>> held_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> pieces_ ABSL_GUARDED_BY(mu_);
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+int Connect(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// A client session of libnghttp2 on a blocking socket: requests are submitted, then Run() sends
+// and reads until a condition holds.
+class H2Client {
+ public:
+  struct Result {
+    int status = 0;
+    std::vector<std::pair<std::string, std::string>> headers, trailers;
+    std::string body;
+    bool closed = false;
+    uint32_t error = 0;
+    bool headers_seen = false;
+  };
+
+  explicit H2Client(int port) : fd_(Connect(port)) {
+    // Small frames (WINDOW_UPDATEs) must not wait on Nagle's algorithm for the server's ACK.
+    int on = 1;
+    setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
+    nghttp2_session_callbacks* cb = nullptr;
+    nghttp2_session_callbacks_new(&cb);
+    nghttp2_session_callbacks_set_send_callback(cb, [](nghttp2_session*, const uint8_t* data,
+                                                       size_t len, int, void* self) -> ssize_t {
+      const ssize_t n = send(static_cast<H2Client*>(self)->fd_, data, len, MSG_NOSIGNAL);
+      return n < 0 ? NGHTTP2_ERR_CALLBACK_FAILURE : n;
+    });
+    nghttp2_session_callbacks_set_on_header_callback(
+        cb, [](nghttp2_session*, const nghttp2_frame* frame, const uint8_t* name, size_t namelen,
+               const uint8_t* value, size_t valuelen, uint8_t, void* self) -> int {
+          Result& r = static_cast<H2Client*>(self)->results[frame->hd.stream_id];
+          std::string n(reinterpret_cast<const char*>(name), namelen);
+          std::string v(reinterpret_cast<const char*>(value), valuelen);
+          if (n == ":status") {
+            r.status = std::stoi(v);
+          } else if (r.headers_seen) {
+            r.trailers.emplace_back(n, v);
+          } else {
+            r.headers.emplace_back(n, v);
+          }
+          return 0;
+        });
+    nghttp2_session_callbacks_set_on_frame_recv_callback(
+        cb, [](nghttp2_session*, const nghttp2_frame* frame, void* self_ptr) -> int {
+          auto* self = static_cast<H2Client*>(self_ptr);
+          if (frame->hd.type == NGHTTP2_HEADERS) self->results[frame->hd.stream_id].headers_seen = true;
+          if (frame->hd.type == NGHTTP2_GOAWAY) self->goaways.push_back(frame->goaway.last_stream_id);
+          if (frame->hd.type == NGHTTP2_PING && (frame->hd.flags & NGHTTP2_FLAG_ACK) == 0) {
+            self->pings++;
+          }
+          return 0;
+        });
+    nghttp2_session_callbacks_set_on_data_chunk_recv_callback(
+        cb, [](nghttp2_session*, uint8_t, int32_t id, const uint8_t* data, size_t len,
+               void* self) -> int {
+          static_cast<H2Client*>(self)->results[id].body.append(reinterpret_cast<const char*>(data),
+                                                                len);
+          return 0;
+        });
+    nghttp2_session_callbacks_set_on_stream_close_callback(
+        cb, [](nghttp2_session*, int32_t id, uint32_t error, void* self) -> int {
+          Result& r = static_cast<H2Client*>(self)->results[id];
+          r.closed = true;
+          r.error = error;
+          return 0;
+        });
+    nghttp2_session_client_new(&session_, cb, this);
+    nghttp2_session_callbacks_del(cb);
+    nghttp2_submit_settings(session_, NGHTTP2_FLAG_NONE, nullptr, 0);
+  }
+  ~H2Client() {
+    nghttp2_session_del(session_);
+    if (fd_ >= 0) close(fd_);
+  }
+  bool connected() const { return fd_ >= 0; }
+
+  // A request; the body goes out as its provider allows (Send adds more when `end` is false).
+  int32_t Submit(const std::string& path, std::string body, bool end = true,
+                 const std::string& method = "POST") {
+    auto out = std::make_unique<Outgoing>();
+    out->data = std::move(body);
+    out->end = end;
+    // nghttp2 copies the names and values at submit time; these live until then.
+    const std::string fields[][2] = {{":method", method},
+                                     {":scheme", "http"},
+                                     {":path", path},
+                                     {":authority", "127.0.0.1"},
+                                     {"content-type", "application/test"}};
+    nghttp2_nv nva[5];
+    for (int i = 0; i < 5; ++i) nva[i] = Nv(fields[i][0], fields[i][1]);
+    nghttp2_data_provider provider;
+    provider.source.ptr = out.get();
+    provider.read_callback = &H2Client::Read;
+    const int32_t id = nghttp2_submit_request(session_, nullptr, nva, sizeof(nva) / sizeof(nva[0]),
+                                              method == "GET" ? nullptr : &provider, nullptr);
+    outgoing_[id] = std::move(out);
+    return id;
+  }
+  void Send(int32_t id, const std::string& more, bool end) {
+    Outgoing& out = *outgoing_[id];
+    out.data += more;
+    out.end = end;
+    nghttp2_session_resume_data(session_, id);
+  }
+  void Reset(int32_t id) { nghttp2_submit_rst_stream(session_, NGHTTP2_FLAG_NONE, id, NGHTTP2_CANCEL); }
+
+  // Sends and reads until `done` (true) or 10 s pass (false), or the connection ends.
+  bool Run(const std::function<bool()>& done) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (std::chrono::steady_clock::now() < end) {
+      if (nghttp2_session_send(session_) != 0) return done();
+      if (done()) return true;
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, 50) <= 0) continue;
+      uint8_t buf[65536];
+      const ssize_t n = recv(fd_, buf, sizeof(buf), 0);
+      if (n <= 0) {
+        eof = true;
+        return done();
+      }
+      if (nghttp2_session_mem_recv(session_, buf, static_cast<size_t>(n)) < 0) return done();
+    }
+    return false;
+  }
+
+  std::map<int32_t, Result> results;
+  std::vector<int32_t> goaways;
+  int pings = 0;
+  bool eof = false;
+
+ private:
+  struct Outgoing {
+    std::string data;
+    size_t offset = 0;
+    bool end = true;
+  };
+  static nghttp2_nv Nv(const std::string& n, const std::string& v) {
+    return nghttp2_nv{reinterpret_cast<uint8_t*>(const_cast<char*>(n.data())),
+                      reinterpret_cast<uint8_t*>(const_cast<char*>(v.data())), n.size(), v.size(),
+                      NGHTTP2_NV_FLAG_NONE};
+  }
+  static ssize_t Read(nghttp2_session*, int32_t, uint8_t* buf, size_t length, uint32_t* flags,
+                      nghttp2_data_source* source, void*) {
+    auto* out = static_cast<Outgoing*>(source->ptr);
+    const size_t n = std::min(length, out->data.size() - out->offset);
+    std::memcpy(buf, out->data.data() + out->offset, n);
+    out->offset += n;
+    if (out->offset == out->data.size()) {
+      if (!out->end) return n == 0 ? NGHTTP2_ERR_DEFERRED : static_cast<ssize_t>(n);
+      *flags |= NGHTTP2_DATA_FLAG_EOF;
+    }
+    return static_cast<ssize_t>(n);
+  }
+
+  int fd_;
+  nghttp2_session* session_ = nullptr;
+  std::map<int32_t, std::unique_ptr<Outgoing>> outgoing_;
+};
+
+class Http2Test : public ::testing::Test {
+ protected:
+  void Start(Server::Options options = {}) {
+    options.address = "127.0.0.1:0";
+    server_ = std::make_unique<Server>(std::move(options), &handler_);
+    ASSERT_TRUE(server_->Start().ok());
+  }
+  void TearDown() override {
+    handler_.Release();
+    if (server_ != nullptr) server_->Stop(absl::Now() + absl::Seconds(5));
+  }
+  Handler2 handler_;
+  std::unique_ptr<Server> server_;
+};
+
+TEST_F(Http2Test, AnswersWithTrailers) {
+  Start();
+  H2Client c(server_->port());
+  ASSERT_TRUE(c.connected());
+  const int32_t a = c.Submit("/unary", "hello trailers");
+  const int32_t b = c.Submit("/empty-trailers", "");
+  ASSERT_TRUE(c.Run([&] { return c.results[a].closed && c.results[b].closed; }));
+  const H2Client::Result& r = c.results[a];
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, "hello trailers");
+  EXPECT_EQ(r.error, 0u);
+  EXPECT_THAT(r.trailers, ElementsAre(Pair("x-end", "done"), Pair("x-count", "1")));
+  // With trailers to come, there is no content-length.
+  for (const auto& [name, value] : r.headers) EXPECT_NE(name, "content-length");
+  const H2Client::Result& e = c.results[b];
+  EXPECT_EQ(e.status, 200);
+  EXPECT_EQ(e.body, "");
+  EXPECT_THAT(e.trailers, ElementsAre(Pair("x-end", "only")));
+}
+
+TEST_F(Http2Test, StreamingExchangeIsBidirectional) {
+  Start();
+  H2Client c(server_->port());
+  const int32_t id = c.Submit("/stream", "one", /*end=*/false);
+  // The first answer arrives while the request is still open.
+  ASSERT_TRUE(c.Run([&] { return c.results[id].body == "echo:one"; })) << c.results[id].body;
+  EXPECT_EQ(c.results[id].status, 200);
+  EXPECT_FALSE(c.results[id].closed);
+  c.Send(id, "two", /*end=*/false);
+  ASSERT_TRUE(c.Run([&] { return c.results[id].body == "echo:oneecho:two"; }));
+  c.Send(id, "", /*end=*/true);
+  ASSERT_TRUE(c.Run([&] { return c.results[id].closed; }));
+  EXPECT_EQ(c.results[id].error, 0u);
+  EXPECT_THAT(c.results[id].trailers, ElementsAre(Pair("x-pieces", "done")));
+  EXPECT_TRUE(handler_.ended());
+}
+
+TEST_F(Http2Test, ConcurrentStreamsAndALargeAnswerUnderFlowControl) {
+  Start();
+  H2Client c(server_->port());
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 20; ++i) ids.push_back(c.Submit("/unary", absl::StrCat("body ", i)));
+  const int32_t big = c.Submit("/big", "", true, "GET");
+  ASSERT_TRUE(c.Run([&] {
+    for (int32_t id : ids) {
+      if (!c.results[id].closed) return false;
+    }
+    return c.results[big].closed;
+  }));
+  for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(c.results[ids[i]].body, absl::StrCat("body ", i));
+  EXPECT_EQ(c.results[big].body, std::string(1 << 20, 'b'));
+  EXPECT_EQ(server_->stats().buffered_bytes, 0);
+}
+
+TEST_F(Http2Test, ClientResetAbandonsTheExchange) {
+  Start();
+  H2Client c(server_->port());
+  const int32_t id = c.Submit("/hold", "x");
+  ASSERT_TRUE(c.Run([&] { return handler_.held() != nullptr; }));
+  std::shared_ptr<Exchange> held = handler_.held();
+  EXPECT_FALSE(held->abandoned());
+  c.Reset(id);
+  ASSERT_TRUE(c.Run([&] { return held->abandoned(); }));
+  held->Respond({200, {}, "too late"});  // does nothing, harms nothing
+  // The connection goes on.
+  const int32_t next = c.Submit("/unary", "after");
+  ASSERT_TRUE(c.Run([&] { return c.results[next].closed; }));
+  EXPECT_EQ(c.results[next].body, "after");
+}
+
+TEST_F(Http2Test, BodyOverTheLimitIsTheHandlersToAnswer) {
+  Server::Options options;
+  options.max_body_bytes = 4096;
+  Start(options);
+  H2Client c(server_->port());
+  const int32_t id = c.Submit("/unary", std::string(100000, 'z'));
+  ASSERT_TRUE(c.Run([&] { return c.results[id].closed; }));
+  EXPECT_EQ(c.results[id].status, 413);
+  EXPECT_EQ(c.results[id].body, "too large\n");
+  EXPECT_EQ(server_->stats().abuse[static_cast<int>(AbuseReason::kBodyTooLarge)], 1u);
+  const int32_t next = c.Submit("/unary", "small");
+  ASSERT_TRUE(c.Run([&] { return c.results[next].closed; }));
+  EXPECT_EQ(c.results[next].body, "small");
+}
+
+TEST_F(Http2Test, DrainSendsTwoGoawaysAndFinishesTheStreamInFlight) {
+  Start();
+  H2Client c(server_->port());
+  const int32_t id = c.Submit("/hold", "x");
+  ASSERT_TRUE(c.Run([&] { return handler_.held() != nullptr; }));
+  std::thread drain([&] { server_->Drain(); });
+  // First the notice (last stream id 2^31-1) with a PING; the client's automatic PING ACK brings
+  // the second GOAWAY, naming the last stream the server took.
+  ASSERT_TRUE(c.Run([&] { return c.goaways.size() >= 2; }));
+  drain.join();
+  EXPECT_EQ(c.goaways[0], (1u << 31) - 1);
+  EXPECT_EQ(c.goaways[1], id);
+  EXPECT_GE(c.pings, 1);
+  handler_.Release();
+  ASSERT_TRUE(c.Run([&] { return c.results[id].closed; }));
+  EXPECT_EQ(c.results[id].status, 200);
+  EXPECT_EQ(c.results[id].body, "late\n");
+  ASSERT_TRUE(c.Run([&] { return c.eof; }));  // closed once its last stream is done
+}
+
+TEST_F(Http2Test, Http11TrailersGoInAChunkedBody) {
+  Start();
+  const int fd = Connect(server_->port());
+  const std::string request = "POST /unary HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi";
+  ASSERT_EQ(send(fd, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
+  std::string data;
+  char buf[4096];
+  while (data.find("0\r\n") == std::string::npos || !absl::EndsWith(data, "\r\n\r\n")) {
+    pollfd p{fd, POLLIN, 0};
+    ASSERT_GT(poll(&p, 1, 10000), 0);
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    ASSERT_GT(n, 0);
+    data.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  EXPECT_THAT(data, HasSubstr("transfer-encoding: chunked\r\n"));
+  EXPECT_THAT(data, HasSubstr("trailer: x-end, x-count\r\n"));
+  EXPECT_THAT(data, HasSubstr("\r\n\r\n2\r\nhi\r\n0\r\nx-end: done\r\nx-count: 1\r\n\r\n"));
+}
+
+}  // namespace
+}  // namespace offload::httpd

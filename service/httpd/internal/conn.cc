@@ -1,0 +1,569 @@
+// Connections on Boost.Asio: the socket (plain, or TLS through asio::ssl), the protocol chosen by
+// ALPN or by the first bytes (the HTTP/2 client preface, else HTTP/1.1), reads fed to the
+// protocol, its output written in one gathered write, timeouts from the loop's sweep, and a
+// lingering close (our side shut, the client's last bytes read and dropped) so that an answer
+// sent before a request was whole is not lost to a reset.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
+#include <boost/asio/post.hpp>
+#include <boost/asio/ssl/stream.hpp>
+#include <boost/asio/write.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "service/common/log.h"
+#include "service/httpd/internal/loop.h"
+
+namespace offload::httpd::internal {
+namespace {
+
+namespace asio = boost::asio;
+namespace ssl = boost::asio::ssl;
+using tcp = asio::ip::tcp;
+using boost::system::error_code;
+
+thread_local Loop* current_loop = nullptr;
+
+constexpr absl::string_view kPreface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+Clock::duration Chrono(absl::Duration d) {
+  return std::chrono::duration_cast<Clock::duration>(absl::ToChronoNanoseconds(d));
+}
+
+std::string FormatPeer(const tcp::endpoint& ep) {
+  const asio::ip::address a = ep.address();
+  if (a.is_v6()) return absl::StrCat("ipv6:[", a.to_string(), "]:", ep.port());
+  return absl::StrCat("ipv4:", a.to_string(), ":", ep.port());
+}
+
+}  // namespace
+
+class SocketConn final : public Conn, public std::enable_shared_from_this<SocketConn> {
+ public:
+  SocketConn(Loop* loop, tcp::socket socket, ssl::context* tls)
+      : Conn(loop, loop->impl()), since_(Clock::now()) {
+    error_code ec;
+    const tcp::endpoint peer = socket.remote_endpoint(ec);
+    peer_address_ = ec ? std::string("unknown") : FormatPeer(peer);
+    socket.non_blocking(true, ec);
+    if (tls != nullptr) {
+      tls_stream_.emplace(std::move(socket), *tls);
+      tls_ = true;
+      state_ = State::kHandshake;
+    } else {
+      plain_.emplace(std::move(socket));
+      state_ = State::kDetect;
+    }
+    last_read_ = last_write_ = since_;
+  }
+
+  const std::shared_ptr<Mailbox>& mailbox() const override { return loop_->mailbox(); }
+
+  void Start() {
+    if (tls_stream_.has_value()) {
+      auto self = shared_from_this();
+      tls_stream_->async_handshake(ssl::stream_base::server,
+                                   [self](const error_code& ec) { self->OnHandshake(ec); });
+      return;
+    }
+    ArmRead();
+  }
+
+  // Loop's sweep: timeouts, budgets, drain steps.
+  void Sweep(Clock::time_point now) {
+    const Server::Options& o = options();
+    switch (state_) {
+      case State::kClosed:
+        return;
+      case State::kHandshake:
+        if (now - since_ >= Chrono(o.read_timeout)) {
+          counters().read_timeouts.fetch_add(1, std::memory_order_relaxed);
+          Close();
+        }
+        return;
+      case State::kLinger:
+        if (now - linger_since_ >= std::min(Chrono(o.read_timeout), Clock::duration(std::chrono::seconds(2)))) {
+          Close();
+        }
+        return;
+      case State::kDetect:
+        if (!detect_.empty() && now - since_ >= Chrono(o.read_timeout)) {
+          counters().read_timeouts.fetch_add(1, std::memory_order_relaxed);
+          Close();
+        } else if (detect_.empty() && now - since_ >= Chrono(o.idle_timeout)) {
+          Close();
+        }
+        return;
+      case State::kOpen:
+        break;
+    }
+    Protocol* p = protocol_.get();
+    p->Tick(now);
+    if (state_ != State::kOpen) return;
+    // Request headers must be whole within the read timeout of their first byte (seen here).
+    if (p->InHeaders()) {
+      if (headers_since_ == Clock::time_point()) headers_since_ = now;
+      if (now - headers_since_ >= Chrono(o.read_timeout)) return ReadTimeout();
+    } else {
+      headers_since_ = Clock::time_point();
+    }
+    // A body that makes no progress.
+    if (p->AwaitingBody() && now - last_read_ >= Chrono(o.read_timeout)) return ReadTimeout();
+    // An answer the client does not take.
+    const bool blocked = writing_ || p->OutputBlocked();
+    if (!blocked) {
+      stall_since_ = Clock::time_point();
+    } else if (stall_since_ == Clock::time_point() || last_write_ > stall_since_) {
+      stall_since_ = now;
+    } else if (now - stall_since_ >= Chrono(o.send_timeout)) {
+      counters().Count(AbuseReason::kSendTimeout);
+      Close();
+      return;
+    }
+    // Idle: no request under way for the idle timeout (HTTP/2: GOAWAY first).
+    if (!p->Busy() && !p->InHeaders() && !blocked && !idle_closing_ &&
+        now - std::max(last_read_, last_write_) >= Chrono(o.idle_timeout)) {
+      idle_closing_ = true;
+      p->Drain();
+    }
+    Pump();
+  }
+
+  void Drain() {
+    if (state_ == State::kOpen) {
+      protocol_->Drain();
+      Pump();
+    } else if (state_ == State::kDetect && detect_.empty()) {
+      Close();
+    }
+  }
+
+  // The loop stops: idle connections close now, busy ones once their answers are out.
+  void StopIfIdle() {
+    if (state_ != State::kOpen || (!protocol_->Busy() && batch_.empty())) Close();
+  }
+
+  void Close() {
+    if (state_ == State::kClosed) return;
+    state_ = State::kClosed;
+    if (protocol_ != nullptr) protocol_->Closed();
+    batch_.Clear();
+    error_code ec;
+    lowest().close(ec);  // pending operations end with operation_aborted
+    counters().open.fetch_sub(1, std::memory_order_relaxed);
+    loop_->Remove(this);  // the last owner may be a pending handler
+  }
+
+  // Conn
+  void WantWrite() override {
+    if (in_feed_) {
+      want_write_ = true;  // written once the input at hand is processed: one write
+      return;
+    }
+    Pump();
+  }
+  void ReadStateChanged() override {
+    if (!pumping_ && !in_feed_) ArmRead();
+  }
+
+ private:
+  enum class State { kHandshake, kDetect, kOpen, kLinger, kClosed };
+
+  tcp::socket& lowest() { return plain_.has_value() ? *plain_ : tls_stream_->next_layer(); }
+
+  bool WantsRead() const {
+    switch (state_) {
+      case State::kDetect:
+      case State::kLinger:
+        return !peer_eof_;
+      case State::kOpen:
+        return !peer_eof_ && protocol_->WantsRead();
+      default:
+        return false;
+    }
+  }
+
+  void OnHandshake(const error_code& ec) {
+    if (state_ != State::kHandshake) return;
+    if (ec) {
+      Close();
+      return;
+    }
+    SSL* ssl = tls_stream_->native_handle();
+    const unsigned char* alpn = nullptr;
+    unsigned alpn_len = 0;
+    SSL_get0_alpn_selected(ssl, &alpn, &alpn_len);
+    const bool h2 = alpn_len == 2 && std::memcmp(alpn, "h2", 2) == 0;
+    if (options().peer_identity) identity_ = options().peer_identity(SSL_get0_peer_certificate(ssl));
+    protocol_ = h2 ? MakeHttp2(this) : MakeHttp1(this);
+    state_ = State::kOpen;
+    last_read_ = Clock::now();
+    ArmRead();
+  }
+
+  void ArmRead() {
+    if (reading_ || !WantsRead()) return;
+    if (plain_.has_value()) {
+      ReadPlain();
+      return;
+    }
+    if (tls_buffer_.empty()) tls_buffer_.resize(16 << 10);
+    reading_ = true;
+    auto self = shared_from_this();
+    tls_stream_->async_read_some(asio::buffer(tls_buffer_),
+                                 [self](const error_code& ec, size_t n) {
+                                   self->reading_ = false;
+                                   self->OnTlsRead(ec, n);
+                                 });
+  }
+
+  // Plain sockets read into the loop's buffer what is there now, and wait (without a buffer)
+  // when nothing is: an idle connection holds no read buffer. `reading_` is set throughout, so
+  // that what the input sets off (Pump, ArmRead) never starts a second read or wait.
+  void ReadPlain() {
+    reading_ = true;
+    for (int i = 0; i < 8; ++i) {
+      if (!WantsRead()) {
+        reading_ = false;
+        return;
+      }
+      error_code ec;
+      const size_t n =
+          plain_->read_some(asio::buffer(loop_->read_buffer(), loop_->read_buffer_size()), ec);
+      if (ec == asio::error::would_block || ec == asio::error::try_again) {
+        auto self = shared_from_this();
+        plain_->async_wait(tcp::socket::wait_read, [self](const error_code& ec) {
+          self->reading_ = false;
+          if (ec) {
+            if (ec != asio::error::operation_aborted) self->Close();
+            return;
+          }
+          self->ReadPlain();
+        });
+        return;
+      }
+      if (ec == asio::error::interrupted) continue;
+      if (ec) {
+        reading_ = false;
+        OnReadEnd(ec);
+        return;
+      }
+      Feed(loop_->read_buffer(), n);
+      if (state_ == State::kClosed) {
+        reading_ = false;
+        return;
+      }
+    }
+    // More may be waiting: the other connections of the loop get their turn first.
+    auto self = shared_from_this();
+    asio::post(loop_->ctx(), [self] {
+      self->reading_ = false;
+      self->ReadPlain();
+    });
+  }
+
+  void OnTlsRead(const error_code& ec, size_t n) {
+    if (state_ == State::kClosed) return;
+    if (ec) {
+      if (ec != asio::error::operation_aborted) OnReadEnd(ec);
+      return;
+    }
+    Feed(tls_buffer_.data(), n);
+    ArmRead();
+  }
+
+  void OnReadEnd(const error_code& ec) {
+    if (state_ == State::kLinger || state_ == State::kDetect || state_ == State::kHandshake) {
+      Close();
+      return;
+    }
+    if (ec == asio::error::eof && protocol_->Busy()) {
+      // A client that shut its side may still read what is owed.
+      peer_eof_ = true;
+      protocol_->PeerClosed();
+      Pump();
+      return;
+    }
+    Close();
+  }
+
+  void Feed(const char* data, size_t n) {
+    last_read_ = Clock::now();
+    if (state_ == State::kLinger) return;  // dropped
+    std::string detected;
+    if (state_ == State::kDetect) {
+      detect_.append(data, n);
+      const size_t m = std::min(detect_.size(), kPreface.size());
+      const bool h2 = detect_.compare(0, m, kPreface.data(), m) == 0;
+      if (h2 && detect_.size() < kPreface.size()) return;  // the preface so far: more to come
+      protocol_ = h2 ? MakeHttp2(this) : MakeHttp1(this);
+      state_ = State::kOpen;
+      detected.swap(detect_);
+      data = detected.data();
+      n = detected.size();
+    }
+    in_feed_ = true;
+    protocol_->Receive(data, n);
+    in_feed_ = false;
+    want_write_ = false;
+    Pump();
+  }
+
+  // Writes what the protocol has (one gathered write), and closes when it is done.
+  void Pump() {
+    if (pumping_) {
+      again_ = true;
+      return;
+    }
+    pumping_ = true;
+    do {
+      again_ = false;
+      if (state_ != State::kOpen || writing_) break;
+      if (batch_.empty()) protocol_->Collect(&batch_);
+      if (!batch_.empty()) {
+        if (!Write()) break;  // waits for the socket; its completion pumps again
+        again_ = true;        // written: the protocol may have more
+        continue;
+      }
+      if (protocol_->WantsClose()) {
+        BeginClose();
+        break;
+      }
+      if (loop_->stopping() && !protocol_->Busy()) {
+        Close();
+        break;
+      }
+    } while (again_);
+    pumping_ = false;
+    if (state_ == State::kOpen || state_ == State::kLinger) ArmRead();
+  }
+
+  // True when the whole batch is written.
+  bool Write() {
+    if (tls_stream_.has_value()) {
+      writing_ = true;
+      buffers_.clear();
+      for (const iovec& v : batch_.Iov()) buffers_.emplace_back(v.iov_base, v.iov_len);
+      auto self = shared_from_this();
+      asio::async_write(*tls_stream_, buffers_, [self](const error_code& ec, size_t n) {
+        self->writing_ = false;
+        if (ec) {
+          if (ec != asio::error::operation_aborted) self->Close();
+          return;
+        }
+        self->Wrote(n);
+        self->Pump();
+      });
+      return false;
+    }
+    const int fd = plain_->native_handle();
+    while (!batch_.empty()) {
+      const std::vector<iovec>& iov = batch_.Iov();
+      msghdr msg{};
+      msg.msg_iov = const_cast<iovec*>(iov.data());
+      msg.msg_iovlen = iov.size();
+      const ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
+      if (n > 0) {
+        Wrote(static_cast<size_t>(n));
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        writing_ = true;
+        auto self = shared_from_this();
+        plain_->async_wait(tcp::socket::wait_write, [self](const error_code& ec) {
+          self->writing_ = false;
+          if (ec) {
+            if (ec != asio::error::operation_aborted) self->Close();
+            return;
+          }
+          self->Pump();
+        });
+        return false;
+      }
+      Close();  // the peer is gone
+      return false;
+    }
+    return true;
+  }
+
+  void Wrote(size_t n) {
+    last_write_ = Clock::now();
+    batch_.Consume(n);
+    if (batch_.empty()) {
+      batch_.Clear();
+      protocol_->Written(n);
+    }
+  }
+
+  // Our side is done: shut it and read the client's last bytes (dropped) until it closes, or
+  // for a moment; then close. TLS connections close at once.
+  void BeginClose() {
+    if (tls_stream_.has_value() || peer_eof_ || loop_->stopping()) {
+      Close();
+      return;
+    }
+    error_code ec;
+    plain_->shutdown(tcp::socket::shutdown_send, ec);
+    if (ec) {
+      Close();
+      return;
+    }
+    protocol_->Closed();
+    state_ = State::kLinger;
+    linger_since_ = Clock::now();
+  }
+
+  void ReadTimeout() {
+    counters().read_timeouts.fetch_add(1, std::memory_order_relaxed);
+    Close();
+  }
+
+  State state_;
+  std::optional<tcp::socket> plain_;
+  std::optional<ssl::stream<tcp::socket>> tls_stream_;
+  std::vector<char> tls_buffer_;
+  std::vector<asio::const_buffer> buffers_;
+  std::string detect_;
+  WriteBatch batch_;
+  bool reading_ = false;
+  bool writing_ = false;
+  bool in_feed_ = false;
+  bool want_write_ = false;
+  bool pumping_ = false;
+  bool again_ = false;
+  bool peer_eof_ = false;
+  bool idle_closing_ = false;
+  Clock::time_point since_, last_read_, last_write_, headers_since_, stall_since_, linger_since_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Loop
+
+Loop::Loop(Server::Impl* impl, ssl::context* tls)
+    : impl_(impl),
+      tls_(tls),
+      sweep_timer_(ctx_),
+      mailbox_(std::make_shared<Mailbox>(this, impl)),
+      read_buffer_(64 << 10) {
+  work_.emplace(ctx_.get_executor());
+}
+
+Loop::~Loop() {
+  mailbox_->CloseLoop();
+  Join();
+}
+
+Loop* Loop::Current() { return current_loop; }
+
+void Loop::Start() {
+  thread_ = std::thread([this] { Run(); });
+}
+
+void Loop::Join() {
+  if (thread_.joinable()) thread_.join();
+}
+
+void Loop::Run() {
+  current_loop = this;
+  ArmSweep();
+  ctx_.run();
+  mailbox_->CloseLoop();
+  // What is left (a stop past its grace) closes now.
+  std::vector<std::shared_ptr<SocketConn>> left;
+  for (auto& [p, c] : conns_) left.push_back(c);
+  for (auto& c : left) c->Close();
+  conns_.clear();
+  current_loop = nullptr;
+}
+
+void Loop::ArmSweep() {
+  const Server::Options& o = impl_->options;
+  absl::Duration period = std::min({o.read_timeout, o.idle_timeout, o.send_timeout}) / 4;
+  period = std::clamp(period, absl::Milliseconds(10), absl::Milliseconds(250));
+  sweep_timer_.expires_after(Chrono(period));
+  sweep_timer_.async_wait([this](const error_code& ec) {
+    if (ec) return;
+    Sweep();
+    ArmSweep();
+  });
+}
+
+void Loop::Sweep() {
+  const Clock::time_point now = Clock::now();
+  std::vector<std::shared_ptr<SocketConn>> all;
+  all.reserve(conns_.size());
+  for (auto& [p, c] : conns_) all.push_back(c);
+  const bool grace_over = stopping_ && now - stop_started_ >= std::chrono::seconds(1);
+  for (auto& c : all) {
+    if (grace_over) {
+      c->Close();
+    } else {
+      c->Sweep(now);
+    }
+  }
+  MaybeExit();
+}
+
+void Loop::Adopt(tcp::socket socket) {
+  Counters& counters = impl_->counters;
+  counters.accepted.fetch_add(1, std::memory_order_relaxed);
+  const int max = impl_->options.max_connections;
+  if (draining_ || (max > 0 && counters.open.load(std::memory_order_relaxed) >= max)) {
+    if (!draining_) counters.refused.fetch_add(1, std::memory_order_relaxed);
+    error_code ec;
+    socket.close(ec);
+    return;
+  }
+  error_code ec;
+  socket.set_option(tcp::no_delay(impl_->options.tcp_nodelay), ec);
+  counters.open.fetch_add(1, std::memory_order_relaxed);
+  auto conn = std::make_shared<SocketConn>(this, std::move(socket), tls_);
+  SocketConn* raw = conn.get();
+  conns_.emplace(raw, std::move(conn));
+  raw->Start();
+}
+
+void Loop::Remove(SocketConn* conn) {
+  auto it = conns_.find(conn);
+  if (it == conns_.end()) return;
+  // Freed once the handlers that still hold it have run.
+  std::shared_ptr<SocketConn> keep = std::move(it->second);
+  conns_.erase(it);
+  asio::post(ctx_, [keep] {});
+  MaybeExit();
+}
+
+void Loop::Drain() {
+  if (draining_) return;
+  draining_ = true;
+  std::vector<std::shared_ptr<SocketConn>> all;
+  for (auto& [p, c] : conns_) all.push_back(c);
+  for (auto& c : all) c->Drain();
+}
+
+void Loop::Stop() {
+  Drain();
+  stopping_ = true;
+  stop_started_ = Clock::now();
+  std::vector<std::shared_ptr<SocketConn>> all;
+  for (auto& [p, c] : conns_) all.push_back(c);
+  for (auto& c : all) c->StopIfIdle();
+  MaybeExit();
+}
+
+void Loop::MaybeExit() {
+  if (!stopping_ || !conns_.empty()) return;
+  sweep_timer_.cancel();
+  work_.reset();
+  ctx_.stop();
+}
+
+}  // namespace offload::httpd::internal

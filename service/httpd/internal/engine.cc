@@ -1,0 +1,282 @@
+#include "service/httpd/internal/engine.h"
+
+#include <time.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/ascii.h"
+
+namespace offload::httpd {
+
+size_t Response::body_size() const {
+  size_t n = body.size();
+  for (absl::string_view piece : shared_body) n += piece.size();
+  return n;
+}
+
+size_t Exchange::Part::size() const {
+  size_t n = data.size();
+  for (absl::string_view piece : shared) n += piece.size();
+  return n;
+}
+
+const char* AbuseReasonName(AbuseReason reason) {
+  switch (reason) {
+    case AbuseReason::kPrematureResets: return "premature_resets";
+    case AbuseReason::kResetRate: return "reset_rate";
+    case AbuseReason::kContinuations: return "continuations";
+    case AbuseReason::kControlFlood: return "control_flood";
+    case AbuseReason::kSettings: return "settings";
+    case AbuseReason::kNoProgress: return "no_progress";
+    case AbuseReason::kProtocolError: return "protocol_error";
+    case AbuseReason::kHeaderTooLarge: return "header_too_large";
+    case AbuseReason::kBodyTooLarge: return "body_too_large";
+    case AbuseReason::kStreamRefused: return "stream_refused";
+    case AbuseReason::kReadPaused: return "read_paused";
+    case AbuseReason::kSendTimeout: return "send_timeout";
+    case AbuseReason::kCount: break;
+  }
+  return "unknown";
+}
+
+std::optional<absl::string_view> Exchange::header(absl::string_view name) const {
+  for (const HeaderSpan& h : headers_) {
+    if (Piece(h.name) == name) return Piece(h.value);
+  }
+  return std::nullopt;
+}
+
+void Exchange::ForEachHeader(
+    const std::function<void(absl::string_view, absl::string_view)>& fn) const {
+  for (const HeaderSpan& h : headers_) fn(Piece(h.name), Piece(h.value));
+}
+
+void Exchange::ReadBody(std::function<void(absl::string_view, bool)> reader) {
+  reader_ = std::move(reader);
+}
+
+namespace internal {
+
+// ---------------------------------------------------------------------------------------------
+// WriteBatch
+
+void WriteBatch::Copy(const void* data, size_t size) {
+  if (size == 0) return;
+  if (!segments_.empty() && segments_.back().own &&
+      segments_.back().offset + segments_.back().size == own_.size()) {
+    segments_.back().size += size;  // grows the last copied segment
+  } else {
+    segments_.push_back(Segment{true, own_.size(), nullptr, size});
+  }
+  own_.append(static_cast<const char*>(data), size);
+  size_ += size;
+}
+
+void WriteBatch::Ref(const char* data, size_t size, const std::shared_ptr<const void>& owner) {
+  if (size == 0) return;
+  if (size < 512) {  // a small piece costs less copied than as an iovec of its own
+    Copy(data, size);
+    return;
+  }
+  segments_.push_back(Segment{false, 0, data, size});
+  if (owner != nullptr && (owners_.empty() || owners_.back() != owner)) owners_.push_back(owner);
+  size_ += size;
+}
+
+const std::vector<iovec>& WriteBatch::Iov() {
+  iov_.clear();
+  for (size_t i = first_; i < segments_.size() && iov_.size() < 64; ++i) {
+    const Segment& s = segments_[i];
+    const char* base = s.own ? own_.data() + s.offset : s.data;
+    const size_t skip = i == first_ ? first_done_ : 0;
+    iov_.push_back(iovec{const_cast<char*>(base + skip), s.size - skip});
+  }
+  return iov_;
+}
+
+void WriteBatch::Consume(size_t n) {
+  size_ -= n;
+  while (n > 0 && first_ < segments_.size()) {
+    const size_t left = segments_[first_].size - first_done_;
+    if (n < left) {
+      first_done_ += n;
+      return;
+    }
+    n -= left;
+    ++first_;
+    first_done_ = 0;
+  }
+}
+
+void WriteBatch::Clear() {
+  own_.clear();
+  if (own_.capacity() > (256 << 10)) std::string().swap(own_);
+  segments_.clear();
+  owners_.clear();
+  iov_.clear();
+  first_ = first_done_ = size_ = 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Conn
+
+Conn::~Conn() = default;
+
+const Server::Options& Conn::options() const { return impl_->options; }
+Counters& Conn::counters() const { return impl_->counters; }
+Handler* Conn::handler() const { return impl_->handler; }
+bool Conn::draining() const { return impl_->draining.load(std::memory_order_relaxed); }
+
+void Conn::Charge(int64_t delta) {
+  held_ += delta;
+  impl_->counters.buffered.fetch_add(delta, std::memory_order_relaxed);
+}
+
+int64_t Conn::budget() const { return impl_->options.connection_budget_bytes; }
+
+bool Conn::OverBudget() const {
+  const int64_t b = budget();
+  return b > 0 && held_ >= b;
+}
+
+bool Conn::ServerOverBudget() const {
+  const int64_t b = impl_->options.memory_budget_bytes;
+  return b > 0 && impl_->counters.buffered.load(std::memory_order_relaxed) >= b;
+}
+
+void Conn::Dispatch(Stream* stream) {
+  stream->dispatched = true;
+  impl_->counters.requests.fetch_add(1, std::memory_order_relaxed);
+  {
+    absl::MutexLock lock(&impl_->mu);
+    ++impl_->unanswered;
+  }
+  // The handler may answer at once; the stream stays (its protocol owns it) until closed.
+  std::shared_ptr<Exchange> exchange = stream->exchange;
+  impl_->handler->Handle(exchange);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Access
+
+Exchange& Access::Fill(Exchange& e, Conn* conn, Stream* stream, int version) {
+  e.stream_ = stream;
+  e.version_ = version;
+  e.tls_ = conn->tls();
+  e.peer_address_ = conn->peer_address();
+  e.peer_identity_ = conn->identity();
+  e.text_.reserve(512);
+  e.headers_.reserve(16);
+  return e;
+}
+
+Exchange::Span Access::Append(std::string& text, absl::string_view s) {
+  Exchange::Span span{static_cast<uint32_t>(text.size()), static_cast<uint32_t>(s.size())};
+  text.append(s.data(), s.size());
+  return span;
+}
+
+void Access::SetMethod(Exchange& e, absl::string_view method) { e.method_ = Append(e.text_, method); }
+
+void Access::SetTarget(Exchange& e, absl::string_view target) {
+  const size_t q = target.find('?');
+  e.path_ = Append(e.text_, target.substr(0, q));
+  if (q != absl::string_view::npos) e.query_ = Append(e.text_, target.substr(q + 1));
+}
+
+void Access::AddHeader(Exchange& e, absl::string_view name, absl::string_view value,
+                       bool lower_name) {
+  Exchange::HeaderSpan h;
+  h.name = Append(e.text_, name);
+  if (lower_name) {
+    char* p = e.text_.data() + h.name.offset;
+    for (uint32_t i = 0; i < h.name.size; ++i) p[i] = absl::ascii_tolower(p[i]);
+  }
+  h.value = Append(e.text_, value);
+  e.headers_.push_back(h);
+}
+
+void Access::ReleaseBody(Exchange& e) { std::string().swap(e.body_); }
+
+void Access::Read(Exchange& e, absl::string_view data, bool end) {
+  if (e.reader_ == nullptr) return;
+  e.reader_(data, end);
+  if (end) e.reader_ = nullptr;
+}
+
+void Access::Detach(Exchange& e) {
+  e.stream_ = nullptr;
+  e.abandoned_.store(true, std::memory_order_release);
+  e.unsent_.store(0, std::memory_order_relaxed);
+  if (e.reader_ != nullptr) {
+    auto reader = std::move(e.reader_);
+    e.reader_ = nullptr;
+    reader(absl::string_view(), true);
+  }
+}
+
+void Access::Deliver(Exchange& e, Exchange::Part part) {
+  Stream* stream = e.stream_;
+  if (stream == nullptr) return;  // the request is over
+  stream->conn->protocol()->Deliver(stream, std::move(part));
+}
+
+void AppendPieces(Exchange::Part& part, std::deque<Piece>* out, int64_t* bytes) {
+  if (!part.data.empty()) {
+    auto owned = std::make_shared<std::string>(std::move(part.data));
+    *bytes += static_cast<int64_t>(owned->size());
+    out->push_back(Piece{owned->data(), owned->size(), owned});
+  }
+  for (absl::string_view piece : part.shared) {
+    if (piece.empty()) continue;
+    *bytes += static_cast<int64_t>(piece.size());
+    out->push_back(Piece{piece.data(), piece.size(), part.owner});
+  }
+}
+
+absl::string_view HttpDate() {
+  thread_local time_t cached_second = 0;
+  thread_local char cached[40];
+  thread_local size_t cached_size = 0;
+  const time_t now = time(nullptr);
+  if (now != cached_second) {
+    tm t{};
+    gmtime_r(&now, &t);
+    cached_size = strftime(cached, sizeof(cached), "%a, %d %b %Y %H:%M:%S GMT", &t);
+    cached_second = now;
+  }
+  return absl::string_view(cached, cached_size);
+}
+
+const char* ReasonPhrase(int status) {
+  switch (status) {
+    case 100: return "Continue";
+    case 200: return "OK";
+    case 204: return "No Content";
+    case 304: return "Not Modified";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 409: return "Conflict";
+    case 411: return "Length Required";
+    case 412: return "Precondition Failed";
+    case 413: return "Payload Too Large";
+    case 415: return "Unsupported Media Type";
+    case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
+    case 499: return "Client Closed Request";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
+    case 505: return "HTTP Version Not Supported";
+    default: return "Status";
+  }
+}
+
+}  // namespace internal
+}  // namespace offload::httpd

@@ -1,0 +1,303 @@
+// The engine's insides, shared by server.cc (loops, accept, drain), conn.cc (sockets, TLS,
+// timeouts), http1.cc (Beast's parser) and http2.cc (nghttp2). Nothing here includes Asio or
+// Beast: the protocol files compile without them.
+//
+// Ownership: a Loop owns its connections (Conn); a Conn owns its Protocol; a Protocol owns its
+// Streams; a Stream holds its Exchange (shared with the handler). Everything here runs on the
+// connection's loop thread, except the counters (atomics) and Impl::unanswered (its mutex).
+#ifndef SERVICE_HTTPD_INTERNAL_ENGINE_H_
+#define SERVICE_HTTPD_INTERNAL_ENGINE_H_
+
+#include <sys/uio.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "service/httpd/server.h"
+
+namespace offload::httpd {
+
+struct Exchange::Part {
+  bool start = false;   // status and headers
+  bool end = false;     // the last part: trailers follow (maybe none)
+  int status = 200;
+  Headers headers;
+  std::string data;                        // body bytes
+  std::vector<absl::string_view> shared;   // more body bytes, kept by `owner`
+  std::shared_ptr<const void> owner;
+  Headers trailers;
+  size_t size() const;
+};
+
+namespace internal {
+
+using Clock = std::chrono::steady_clock;
+
+class Conn;
+class Loop;
+class Protocol;
+
+// Where answers from other threads go: their loop's queue while it runs. Shared by a loop and the
+// exchanges made on it, so that an answer after Stop (or after the server is gone) is dropped.
+class Mailbox {
+ public:
+  Mailbox(Loop* loop, Server::Impl* impl) : loop_(loop), impl_(impl) {}
+  // Runs `fn` on the loop; false once the loop has stopped (`fn` is then dropped).
+  bool Post(absl::AnyInvocable<void()> fn);
+  // An exchange has its answer (Impl::Answered while the server lives).
+  void Answered();
+  void CloseLoop();
+  void CloseServer();
+
+ private:
+  absl::Mutex mu_;
+  Loop* loop_ ABSL_GUARDED_BY(mu_);
+  Server::Impl* impl_ ABSL_GUARDED_BY(mu_);
+};
+
+// Counters shared by every loop (relaxed atomics; read by Server::stats()).
+struct Counters {
+  std::atomic<uint64_t> accepted{0}, refused{0}, read_timeouts{0}, requests{0},
+      header_too_large{0};
+  std::atomic<int64_t> open{0};
+  std::atomic<int64_t> buffered{0};  // body bytes held + answer bytes unsent, all connections
+  std::array<std::atomic<uint64_t>, static_cast<int>(AbuseReason::kCount)> abuse{};
+
+  void Count(AbuseReason reason) {
+    abuse[static_cast<int>(reason)].fetch_add(1, std::memory_order_relaxed);
+  }
+};
+
+// A piece of response body: bytes the server does not copy, alive while `owner` is.
+struct Piece {
+  const char* data = nullptr;
+  size_t size = 0;
+  std::shared_ptr<const void> owner;
+};
+
+// What one write sends: bytes copied into the batch (frame headers, HTTP/1.1 heads, HEADERS
+// frames) and pieces of response bodies referenced without a copy, in order.
+class WriteBatch {
+ public:
+  void Copy(const void* data, size_t size);
+  void Ref(const char* data, size_t size, const std::shared_ptr<const void>& owner);
+  bool empty() const { return size_ == 0; }
+  size_t size() const { return size_; }
+  // The unwritten rest as iovecs (valid until the next change).
+  const std::vector<iovec>& Iov();
+  // `n` more bytes were written.
+  void Consume(size_t n);
+  void Clear();
+
+ private:
+  struct Segment {
+    bool own = false;   // in own_ at `offset`
+    size_t offset = 0;  // own_ offset
+    const char* data = nullptr;
+    size_t size = 0;
+  };
+  std::string own_;
+  std::vector<Segment> segments_;
+  std::vector<std::shared_ptr<const void>> owners_;
+  std::vector<iovec> iov_;
+  size_t first_ = 0;       // first unwritten segment
+  size_t first_done_ = 0;  // bytes of it written
+  size_t size_ = 0;        // unwritten bytes
+};
+
+// One request and its answer within a connection (an HTTP/2 stream, or HTTP/1.1's current
+// request).
+struct Stream {
+  Conn* conn = nullptr;
+  int32_t id = 0;  // HTTP/2 stream id; 0 on HTTP/1.1
+  std::shared_ptr<Exchange> exchange;
+  Clock::time_point opened;
+  int64_t header_bytes = 0;
+  bool header_too_large = false;
+  bool streaming = false;     // the handler reads the body as it arrives
+  bool dispatched = false;    // handed to the handler
+  bool request_done = false;  // the whole body has arrived (or the request ended early)
+  bool body_too_large = false;
+  int64_t body_bytes = 0;     // body bytes received
+  int64_t held = 0;           // bytes charged to the budgets for this stream (body + answer)
+  int32_t unconsumed = 0;     // HTTP/2: body bytes whose window is not yet given back
+  // The answer.
+  bool started = false;         // status and headers known
+  bool headers_sent = false;    // handed to the protocol's writer
+  bool end = false;             // no more body will come
+  bool done = false;            // all of it sent (or the stream is gone)
+  bool reset_by_peer = false;
+  bool reset_by_us = false;
+  bool head = false;            // a HEAD request: no body on the wire
+  int status = 0;
+  Headers headers;
+  Headers trailers;
+  std::deque<Piece> out;        // body bytes not yet sent
+  int64_t out_bytes = 0;
+};
+
+// What the protocols need of a connection; SocketConn (conn.cc) is the one kind.
+class Conn {
+ public:
+  Conn(Loop* loop, Server::Impl* impl) : loop_(loop), impl_(impl) {}
+  virtual ~Conn();
+  Conn(const Conn&) = delete;
+  Conn& operator=(const Conn&) = delete;
+
+  Loop* loop() const { return loop_; }
+  Server::Impl* impl() const { return impl_; }
+  Protocol* protocol() const { return protocol_.get(); }
+  // The loop's mailbox, for the exchanges made here.
+  virtual const std::shared_ptr<Mailbox>& mailbox() const = 0;
+  const Server::Options& options() const;
+  Counters& counters() const;
+  Handler* handler() const;
+
+  // Output is ready: written now, or at the end of the input being processed.
+  virtual void WantWrite() = 0;
+  // The protocol's read wish changed (WantsRead): reading resumes or stops.
+  virtual void ReadStateChanged() = 0;
+
+  // Charges (`delta` > 0) or releases bytes to this connection's and the server's budget.
+  void Charge(int64_t delta);
+  int64_t held() const { return held_; }
+  // This connection's budget (at least one max-size request) and whether it, or the server's,
+  // is spent.
+  int64_t budget() const;
+  bool OverBudget() const;
+  bool ServerOverBudget() const;
+  // A new request on this connection is refused: its own budget is spent, or the server's is
+  // and this connection already holds bytes (the connections that hold the memory are the ones
+  // refused; one that holds nothing still gets its request in).
+  bool RefuseNewRequest() const { return OverBudget() || (held_ > 0 && ServerOverBudget()); }
+
+  // A request is handed to the handler (counted; Stop waits for its answer).
+  void Dispatch(Stream* stream);
+
+  const std::string& peer_address() const { return peer_address_; }
+  const std::string& identity() const { return identity_; }
+  bool tls() const { return tls_; }
+  bool draining() const;
+
+ protected:
+  Loop* const loop_;
+  Server::Impl* const impl_;
+  std::string peer_address_;
+  std::string identity_;
+  bool tls_ = false;
+  int64_t held_ = 0;
+  std::unique_ptr<Protocol> protocol_;
+};
+
+// One protocol on one connection: HTTP/1.1 (http1.cc) or HTTP/2 (http2.cc).
+class Protocol {
+ public:
+  virtual ~Protocol() = default;
+  // Bytes from the client. False: the connection must end (after what Collect still gives).
+  virtual bool Receive(const char* data, size_t size) = 0;
+  // Adds what is ready to send to `batch`.
+  virtual void Collect(WriteBatch* batch) = 0;
+  // `bytes` of answer data were written to the socket (budget release).
+  virtual void Written(size_t bytes) {}
+  // Close once the output is written.
+  virtual bool WantsClose() const = 0;
+  // Read more (false while HTTP/1.1 answers, or while a budget holds body bytes back).
+  virtual bool WantsRead() const = 0;
+  // A request is under way (not idle), and one is waiting for body bytes (read timeout).
+  virtual bool Busy() const = 0;
+  virtual bool AwaitingBody() const = 0;
+  // The client sent FIN (or reset): the connection ends once what is owed is written.
+  virtual void PeerClosed() = 0;
+  // HTTP/1.1 request headers have begun and are not whole (they must be within the read timeout).
+  virtual bool InHeaders() const { return false; }
+  // Answer bytes wait on the client (send timeout).
+  virtual bool OutputBlocked() const = 0;
+  // A response part for `stream` (loop thread).
+  virtual void Deliver(Stream* stream, Exchange::Part part) = 0;
+  // Drain: no new requests; answer those in flight; then close.
+  virtual void Drain() = 0;
+  // Periodic (each sweep): a budget may have room again, a drain's second GOAWAY.
+  virtual void Tick(Clock::time_point now) {}
+  // The connection is gone: every exchange abandoned, every charge released.
+  virtual void Closed() = 0;
+};
+
+std::unique_ptr<Protocol> MakeHttp1(Conn* conn);
+// The client's connection preface is part of the input to come.
+std::unique_ptr<Protocol> MakeHttp2(Conn* conn);
+
+// Everything that touches an Exchange's insides (loop thread).
+struct Access {
+  static Exchange& Fill(Exchange& e, Conn* conn, Stream* stream, int version);
+  static std::string& text(Exchange& e) { return e.text_; }
+  static void SetMethod(Exchange& e, absl::string_view method);
+  // `target`: path and query.
+  static void SetTarget(Exchange& e, absl::string_view target);
+  static void AddHeader(Exchange& e, absl::string_view name, absl::string_view value,
+                        bool lower_name);
+  static std::string& body(Exchange& e) { return e.body_; }
+  static void SetBodyTooLarge(Exchange& e) { e.body_too_large_ = true; }
+  // After Handle: the body's memory goes.
+  static void ReleaseBody(Exchange& e);
+  static bool Streaming(const Exchange& e) { return e.reader_ != nullptr; }
+  static void Read(Exchange& e, absl::string_view data, bool end);
+  // The request is over (answered, or its client or connection gone).
+  static void Detach(Exchange& e);
+  // Its client is gone, but an answer may still be written.
+  static void Abandon(Exchange& e) { e.abandoned_.store(true, std::memory_order_release); }
+  static void SetUnsent(Exchange& e, int64_t bytes) {
+    e.unsent_.store(bytes, std::memory_order_relaxed);
+  }
+  static void Deliver(Exchange& e, Exchange::Part part);
+
+ private:
+  static Exchange::Span Append(std::string& text, absl::string_view s);
+};
+
+// A response part's bytes as pieces (data first, then the shared views).
+void AppendPieces(Exchange::Part& part, std::deque<Piece>* out, int64_t* bytes);
+
+// The `date` header value for now (cached per second, per thread).
+absl::string_view HttpDate();
+const char* ReasonPhrase(int status);
+
+}  // namespace internal
+
+struct Server::Impl {
+  Impl(const Options& options, Handler* handler);
+  ~Impl();
+
+  const Options& options;
+  Handler* const handler;
+  internal::Counters counters;
+  std::atomic<bool> draining{false};
+  std::atomic<bool> stopping{false};
+  std::vector<std::unique_ptr<internal::Loop>> loops;
+  struct Io;  // the acceptor and TLS context (server.cc)
+  std::unique_ptr<Io> io;
+  bool started = false, drained = false, stopped = false;
+
+  // Requests handed to the handler and not yet answered (Stop waits for none).
+  absl::Mutex mu;
+  int64_t unanswered ABSL_GUARDED_BY(mu) = 0;
+  void Answered() {
+    absl::MutexLock lock(&mu);
+    --unanswered;
+  }
+};
+
+}  // namespace offload::httpd
+
+#endif  // SERVICE_HTTPD_INTERNAL_ENGINE_H_

@@ -1,0 +1,527 @@
+// HTTP/1.1 on Boost.Beast's request parser (http::basic_parser, fed the bytes the connection
+// reads; no allocation per header: names and values go straight into the Exchange). One request
+// at a time: bytes of a pipelined next request wait until the answer is written. Answers are
+// written in one piece (head and body), or chunked when the handler streams or sends trailers.
+#include <boost/beast/http/basic_parser.hpp>
+#include <boost/beast/http/error.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "service/httpd/internal/engine.h"
+
+namespace offload::httpd::internal {
+namespace {
+
+namespace http = boost::beast::http;
+using boost::beast::error_code;
+
+constexpr absl::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+
+class Http1;
+
+// Beast's parser, with its callbacks turned into calls on Http1.
+class Parser final : public http::basic_parser<true> {
+ public:
+  explicit Parser(Http1* owner) : owner_(owner) {}
+
+ private:
+  void on_request_impl(http::verb, boost::beast::string_view method,
+                       boost::beast::string_view target, int version, error_code& ec) override;
+  void on_response_impl(int, boost::beast::string_view, int, error_code&) override {}
+  void on_field_impl(http::field, boost::beast::string_view name,
+                     boost::beast::string_view value, error_code& ec) override;
+  void on_header_impl(error_code& ec) override;
+  void on_body_init_impl(const boost::optional<std::uint64_t>& length, error_code& ec) override;
+  std::size_t on_body_impl(boost::beast::string_view body, error_code& ec) override;
+  void on_chunk_header_impl(std::uint64_t, boost::beast::string_view, error_code&) override {}
+  std::size_t on_chunk_body_impl(std::uint64_t, boost::beast::string_view body,
+                                 error_code& ec) override;
+  void on_finish_impl(error_code& ec) override;
+
+  Http1* const owner_;
+};
+
+class Http1 final : public Protocol {
+ public:
+  explicit Http1(Conn* conn) : conn_(conn), options_(conn->options()) {}
+  ~Http1() override { Closed(); }
+
+  bool Receive(const char* data, size_t size) override;
+  void Collect(WriteBatch* batch) override;
+  void Written(size_t bytes) override;
+  bool WantsClose() const override { return close_ && out_.empty() && !pending_interim_; }
+  bool WantsRead() const override {
+    // While answering, a few bytes are read (a client that hangs up is seen; a pipelined request
+    // waits in `in_`); past that, the socket waits.
+    return !close_ && static_cast<int64_t>(in_.size()) < options_.max_header_bytes + 65536;
+  }
+  bool Busy() const override { return stream_ != nullptr; }
+  bool AwaitingBody() const override {
+    return stream_ != nullptr && !stream_->request_done && !stream_->streaming &&
+           !stream_->body_too_large;
+  }
+  bool InHeaders() const override {
+    return (stream_ == nullptr && !in_.empty()) || (parser_ != nullptr && !parser_->is_header_done());
+  }
+  bool OutputBlocked() const override { return !out_.empty(); }
+  void Deliver(Stream* stream, Exchange::Part part) override;
+  void Drain() override;
+  void Closed() override;
+  void PeerClosed() override;
+
+  // From the parser's callbacks.
+  void OnRequest(absl::string_view method, absl::string_view target, int version);
+  bool OnField(absl::string_view name, absl::string_view value);
+  // False stops the parser (stop_ says why).
+  bool OnHeaderDone();
+  bool OnBodyInit(std::optional<uint64_t> length);
+  void OnBody(absl::string_view data);
+  void OnFinish() { finished_ = true; }
+
+ private:
+  void Parse();
+  void Complete();
+  void TooLarge();
+  // An answer of the engine's own (400, 431, 503); the connection closes after it.
+  void Refuse(int status, std::string text, AbuseReason reason);
+  void StartAnswer(Stream* s);
+  void Finished();
+  void Push(std::shared_ptr<const std::string> bytes);
+  void Push(Piece piece);
+  static std::shared_ptr<const std::string> CrLf() {
+    static const auto* crlf = new std::shared_ptr<const std::string>(std::make_shared<std::string>("\r\n"));
+    return *crlf;
+  }
+
+  Conn* const conn_;
+  const Server::Options& options_;
+  std::string in_;                   // bytes read and not yet parsed
+  std::unique_ptr<Parser> parser_;   // the request being read
+  std::unique_ptr<Stream> stream_;   // the request under way (read or answered)
+  enum class Stop { kNone, kBusy, kTooLarge };
+  Stop stop_ = Stop::kNone;          // why a callback stopped the parser
+  bool finished_ = false;            // set by the parser, handled after put()
+  bool keep_alive_ = true;
+  bool close_ = false;               // close once the answer is written
+  bool expect_continue_ = false;
+  bool pending_interim_ = false;     // 100 Continue to send
+  bool chunked_out_ = false;         // the answer is chunked
+  bool answer_done_ = false;         // the last part of the answer is queued
+  bool draining_ = false;
+  bool peer_gone_ = false;
+  std::deque<Piece> out_;            // the answer's bytes, in order
+  int64_t out_bytes_ = 0;
+  int64_t written_pending_ = 0;      // bytes handed to the batch being written
+  int64_t charged_out_ = 0;          // answer bytes charged to the budgets (out_ and the batch)
+};
+
+void Parser::on_request_impl(http::verb, boost::beast::string_view method,
+                             boost::beast::string_view target, int version, error_code&) {
+  owner_->OnRequest(absl::string_view(method.data(), method.size()),
+                    absl::string_view(target.data(), target.size()), version);
+}
+
+void Parser::on_field_impl(http::field, boost::beast::string_view name,
+                           boost::beast::string_view value, error_code& ec) {
+  if (!owner_->OnField(absl::string_view(name.data(), name.size()),
+                       absl::string_view(value.data(), value.size()))) {
+    ec = http::error::header_limit;
+  }
+}
+
+void Parser::on_header_impl(error_code& ec) {
+  if (!owner_->OnHeaderDone()) ec = http::error::stale_parser;  // Http1::stop_ says why
+}
+
+void Parser::on_body_init_impl(const boost::optional<std::uint64_t>& length, error_code& ec) {
+  if (!owner_->OnBodyInit(length ? std::optional<uint64_t>(*length) : std::nullopt)) {
+    ec = http::error::stale_parser;
+  }
+}
+
+std::size_t Parser::on_body_impl(boost::beast::string_view body, error_code&) {
+  owner_->OnBody(absl::string_view(body.data(), body.size()));
+  return body.size();
+}
+
+std::size_t Parser::on_chunk_body_impl(std::uint64_t, boost::beast::string_view body,
+                                       error_code&) {
+  owner_->OnBody(absl::string_view(body.data(), body.size()));
+  return body.size();
+}
+
+void Parser::on_finish_impl(error_code&) { owner_->OnFinish(); }
+
+// ---------------------------------------------------------------------------------------------
+
+bool Http1::Receive(const char* data, size_t size) {
+  if (close_) return true;  // a lingering close: what comes is dropped
+  in_.append(data, size);
+  Parse();
+  return true;
+}
+
+void Http1::Parse() {
+  while (!close_ && !in_.empty()) {
+    if (stream_ != nullptr && stream_->request_done) {
+      // Answering: a pipelined request waits for the answer to be written.
+      return;
+    }
+    if (parser_ == nullptr) {
+      if (conn_->draining() && stream_ == nullptr) {
+        close_ = true;  // no new request while draining
+        return;
+      }
+      parser_ = std::make_unique<Parser>(this);
+      parser_->eager(true);
+      // Ours is Options::max_body_bytes (OnBodyInit, OnBody). (Beast 1.74 treats boost::none as
+      // a limit of 0 for a Content-Length body, so no limit is the largest one.)
+      parser_->body_limit(std::numeric_limits<std::uint64_t>::max());
+      // Beast's bound counts the request line and CR LFs too: ours (OnField) is the exact one.
+      parser_->header_limit(
+          static_cast<uint32_t>(std::min<int64_t>(options_.max_header_bytes * 2 + 4096, 1 << 30)));
+    }
+    error_code ec;
+    const size_t used = parser_->put(boost::asio::const_buffer(in_.data(), in_.size()), ec);
+    in_.erase(0, used);
+    if (ec == http::error::need_more) {
+      if (used == 0) return;
+      continue;
+    }
+    if (ec) {
+      const Stop stop = stop_;
+      stop_ = Stop::kNone;
+      if (stop == Stop::kTooLarge) {
+        TooLarge();
+      } else if (stop == Stop::kBusy) {
+        Refuse(503, "server busy: memory budget spent, try again\n", AbuseReason::kStreamRefused);
+      } else if (ec == http::error::header_limit) {
+        const int64_t got = stream_ != nullptr ? stream_->header_bytes : 0;
+        conn_->counters().header_too_large.fetch_add(1, std::memory_order_relaxed);
+        Refuse(431,
+               absl::StrCat("request headers: expected at most ", options_.max_header_bytes,
+                            " bytes, got ", got, " or more\n"),
+               AbuseReason::kHeaderTooLarge);
+      } else {
+        Refuse(400, absl::StrCat("bad request: ", ec.message(), "\n"),
+               AbuseReason::kProtocolError);
+      }
+      return;
+    }
+    if (finished_) {
+      finished_ = false;
+      Complete();
+    }
+    if (used == 0) return;
+  }
+}
+
+void Http1::OnRequest(absl::string_view method, absl::string_view target, int version) {
+  stream_ = std::make_unique<Stream>();
+  stream_->conn = conn_;
+  stream_->opened = Clock::now();
+  stream_->exchange = std::make_shared<Exchange>(conn_->loop(), conn_->mailbox());
+  Exchange& e = Access::Fill(*stream_->exchange, conn_, stream_.get(), version == 10 ? 0x100 : 0x101);
+  Access::SetMethod(e, method);
+  Access::SetTarget(e, target);
+  stream_->head = method == "HEAD";
+  stream_->header_bytes = static_cast<int64_t>(method.size() + target.size());
+  keep_alive_ = version >= 11;
+  expect_continue_ = false;
+}
+
+bool Http1::OnField(absl::string_view name, absl::string_view value) {
+  if (stream_ == nullptr) return false;
+  stream_->header_bytes += static_cast<int64_t>(name.size() + value.size());
+  if (stream_->header_bytes > options_.max_header_bytes) return false;
+  Access::AddHeader(*stream_->exchange, name, value, /*lower_name=*/true);
+  if (absl::EqualsIgnoreCase(name, "connection")) {
+    for (absl::string_view token : absl::StrSplit(value, ',')) {
+      token = absl::StripAsciiWhitespace(token);
+      if (absl::EqualsIgnoreCase(token, "close")) keep_alive_ = false;
+      if (absl::EqualsIgnoreCase(token, "keep-alive")) keep_alive_ = true;
+    }
+  } else if (absl::EqualsIgnoreCase(name, "expect") && absl::EqualsIgnoreCase(value, "100-continue")) {
+    expect_continue_ = true;
+  }
+  return true;
+}
+
+bool Http1::OnHeaderDone() {
+  Stream* s = stream_.get();
+  if (s == nullptr) return false;
+  if (conn_->RefuseNewRequest()) {
+    stop_ = Stop::kBusy;
+    return false;
+  }
+  if (conn_->handler()->Streaming(*s->exchange)) {
+    s->streaming = true;
+    conn_->Dispatch(s);
+  }
+  // Decided on the header alone: a client that waits for an answer (or for 100 Continue) before
+  // it sends its body gets one.
+  const boost::optional<std::uint64_t> length = parser_->content_length();
+  if (length && *length > static_cast<uint64_t>(options_.max_body_bytes) && !s->streaming) {
+    stop_ = Stop::kTooLarge;  // the body is never read
+    return false;
+  }
+  if (expect_continue_ && !s->started && ((length && *length > 0) || parser_->chunked())) {
+    pending_interim_ = true;
+    conn_->WantWrite();
+  }
+  return true;
+}
+
+bool Http1::OnBodyInit(std::optional<uint64_t>) { return stream_ != nullptr; }
+
+void Http1::TooLarge() {
+  // Content-Length over the limit: the handler answers at once, the body is never read, and the
+  // connection closes after the answer.
+  Stream* s = stream_.get();
+  conn_->counters().Count(AbuseReason::kBodyTooLarge);
+  s->body_too_large = true;
+  s->request_done = true;
+  keep_alive_ = false;
+  close_ = true;
+  parser_.reset();
+  in_.clear();
+  Access::SetBodyTooLarge(*s->exchange);
+  conn_->Dispatch(s);
+}
+
+void Http1::OnBody(absl::string_view data) {
+  Stream* s = stream_.get();
+  if (s == nullptr || s->body_too_large) return;
+  s->body_bytes += static_cast<int64_t>(data.size());
+  if (s->streaming) {
+    Access::Read(*s->exchange, data, false);
+    return;
+  }
+  if (s->body_bytes > options_.max_body_bytes) {
+    // A chunked body past the limit: answered now, the connection closes after the answer.
+    conn_->counters().Count(AbuseReason::kBodyTooLarge);
+    conn_->Charge(-s->held);
+    s->held = 0;
+    s->body_too_large = true;
+    s->request_done = true;
+    keep_alive_ = false;
+    close_ = true;
+    Access::ReleaseBody(*s->exchange);
+    Access::SetBodyTooLarge(*s->exchange);
+    conn_->Dispatch(s);
+    return;
+  }
+  Access::body(*s->exchange).append(data.data(), data.size());
+  s->held += static_cast<int64_t>(data.size());
+  conn_->Charge(static_cast<int64_t>(data.size()));
+}
+
+void Http1::Complete() {
+  parser_.reset();
+  Stream* s = stream_.get();
+  if (s == nullptr || s->request_done) return;
+  s->request_done = true;
+  pending_interim_ = false;
+  if (s->streaming) {
+    Access::Read(*s->exchange, absl::string_view(), true);
+    return;
+  }
+  std::shared_ptr<Exchange> exchange = s->exchange;
+  conn_->Dispatch(s);
+  Access::ReleaseBody(*exchange);
+  if (stream_.get() == s) {
+    conn_->Charge(-s->held);
+    s->held = 0;
+  }
+}
+
+void Http1::Refuse(int status, std::string text, AbuseReason reason) {
+  conn_->counters().Count(reason);
+  parser_.reset();
+  in_.clear();
+  if (stream_ != nullptr && stream_->exchange != nullptr) Access::Detach(*stream_->exchange);
+  if (stream_ != nullptr) conn_->Charge(-stream_->held);
+  stream_ = std::make_unique<Stream>();
+  stream_->conn = conn_;
+  stream_->request_done = true;
+  keep_alive_ = false;
+  Exchange::Part part;
+  part.start = part.end = true;
+  part.status = status;
+  part.headers = {{"content-type", "text/plain; charset=utf-8"}};
+  part.data = std::move(text);
+  Deliver(stream_.get(), std::move(part));
+  close_ = true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Answers
+
+void Http1::StartAnswer(Stream* s) {
+  if (draining_ || conn_->draining()) keep_alive_ = false;
+  const bool whole = s->end && s->trailers.empty();
+  chunked_out_ = !whole && s->exchange != nullptr && s->exchange->http_version() >= 0x101;
+  if (!whole && !chunked_out_) keep_alive_ = false;  // HTTP/1.0: the close ends the body
+  for (const auto& [name, value] : s->headers) {
+    if (name == "connection" && absl::EqualsIgnoreCase(value, "close")) keep_alive_ = false;
+  }
+  std::string head;
+  head.reserve(256);
+  absl::StrAppend(&head, "HTTP/1.1 ", s->status, " ", ReasonPhrase(s->status), "\r\ndate: ",
+                  HttpDate(), "\r\nserver: ", options_.server_name, "\r\n");
+  if (whole) {
+    absl::StrAppend(&head, "content-length: ", s->out_bytes, "\r\n");
+  } else if (chunked_out_) {
+    head += "transfer-encoding: chunked\r\n";
+    if (!s->trailers.empty()) {
+      head += "trailer: ";
+      for (size_t i = 0; i < s->trailers.size(); ++i) {
+        absl::StrAppend(&head, i == 0 ? "" : ", ", s->trailers[i].first);
+      }
+      head += "\r\n";
+    }
+  }
+  bool has_connection = false;
+  for (const auto& [name, value] : s->headers) {
+    if (name == "content-length" || name == "transfer-encoding") continue;
+    if (name == "connection") has_connection = true;
+    absl::StrAppend(&head, name, ": ", value, "\r\n");
+  }
+  if (!keep_alive_ && !has_connection) head += "connection: close\r\n";
+  if (keep_alive_ && s->exchange != nullptr && s->exchange->http_version() == 0x100) {
+    head += "connection: keep-alive\r\n";
+  }
+  head += "\r\n";
+  Push(std::make_shared<const std::string>(std::move(head)));
+  s->headers_sent = true;
+  s->headers.clear();
+}
+
+void Http1::Push(std::shared_ptr<const std::string> bytes) {
+  const absl::string_view v(*bytes);
+  Push(Piece{v.data(), v.size(), std::move(bytes)});
+}
+
+void Http1::Push(Piece piece) {
+  out_bytes_ += static_cast<int64_t>(piece.size);
+  charged_out_ += static_cast<int64_t>(piece.size);
+  conn_->Charge(static_cast<int64_t>(piece.size));
+  out_.push_back(std::move(piece));
+}
+
+void Http1::Deliver(Stream* s, Exchange::Part part) {
+  if (s != stream_.get() || s->done || answer_done_) return;
+  if (part.start) {
+    s->started = true;
+    s->status = part.status;
+    s->headers = std::move(part.headers);
+    pending_interim_ = false;
+  }
+  int64_t bytes = 0;
+  AppendPieces(part, &s->out, &bytes);
+  s->out_bytes += bytes;
+  if (part.end) {
+    s->end = true;
+    s->trailers = std::move(part.trailers);
+  }
+  if (!s->started) return;
+  // A whole answer (status, body and end together) has a content-length and goes in one write;
+  // a streamed one is chunked.
+  if (!s->headers_sent) StartAnswer(s);
+  if (!s->head && s->out_bytes > 0) {
+    if (chunked_out_) Push(std::make_shared<const std::string>(absl::StrCat(absl::Hex(s->out_bytes), "\r\n")));
+    for (Piece& p : s->out) Push(std::move(p));
+    if (chunked_out_) Push(CrLf());
+  }
+  s->out.clear();
+  s->out_bytes = 0;
+  if (s->end) {
+    if (chunked_out_) {
+      std::string last = "0\r\n";
+      for (const auto& [name, value] : s->trailers) absl::StrAppend(&last, name, ": ", value, "\r\n");
+      last += "\r\n";
+      Push(std::make_shared<const std::string>(std::move(last)));
+    }
+    answer_done_ = true;
+  }
+  if (s->exchange != nullptr) Access::SetUnsent(*s->exchange, out_bytes_);
+  conn_->WantWrite();
+}
+
+void Http1::Collect(WriteBatch* batch) {
+  if (pending_interim_ && (stream_ == nullptr || !stream_->headers_sent)) {
+    batch->Copy(kContinue.data(), kContinue.size());
+    pending_interim_ = false;
+  }
+  for (const Piece& p : out_) batch->Ref(p.data, p.size, p.owner);
+  written_pending_ += out_bytes_;
+  out_.clear();
+  out_bytes_ = 0;
+}
+
+void Http1::Written(size_t) {
+  conn_->Charge(-written_pending_);
+  charged_out_ -= written_pending_;
+  written_pending_ = 0;
+  if (stream_ == nullptr) return;
+  Stream* s = stream_.get();
+  if (s->exchange != nullptr) Access::SetUnsent(*s->exchange, out_bytes_);
+  if (answer_done_ && out_.empty()) Finished();
+}
+
+void Http1::Finished() {
+  // The answer is written: the request is over.
+  answer_done_ = false;
+  chunked_out_ = false;
+  if (stream_ != nullptr) {
+    stream_->done = true;
+    if (stream_->exchange != nullptr) Access::Detach(*stream_->exchange);
+    conn_->Charge(-stream_->held);
+  }
+  const bool request_read = stream_ == nullptr || stream_->request_done;
+  stream_.reset();
+  if (!keep_alive_ || !request_read || draining_ || conn_->draining()) {
+    close_ = true;
+    return;
+  }
+  keep_alive_ = true;
+  Parse();  // a pipelined request may be waiting
+}
+
+void Http1::Drain() {
+  draining_ = true;
+  if (stream_ == nullptr) close_ = true;  // idle: closed at once
+  conn_->ReadStateChanged();
+}
+
+void Http1::Closed() {
+  if (stream_ != nullptr) {
+    if (stream_->exchange != nullptr) Access::Detach(*stream_->exchange);
+    conn_->Charge(-stream_->held);
+    stream_->held = 0;
+    stream_.reset();
+  }
+  out_.clear();
+  out_bytes_ = 0;
+  conn_->Charge(-charged_out_);
+  charged_out_ = written_pending_ = 0;
+}
+
+void Http1::PeerClosed() {
+  // The client sent FIN: work for its request is not done, an answer already on its way is still
+  // written (a half-closed client reads it), and the connection ends after it.
+  close_ = true;
+  if (stream_ != nullptr && stream_->exchange != nullptr) Access::Abandon(*stream_->exchange);
+}
+
+}  // namespace
+
+std::unique_ptr<Protocol> MakeHttp1(Conn* conn) { return std::make_unique<Http1>(conn); }
+
+}  // namespace offload::httpd::internal

@@ -1,0 +1,732 @@
+// HTTP/2 on libnghttp2: one nghttp2_session per connection, fed with the bytes the connection
+// reads (nghttp2_session_mem_recv) and drained into the connection's write batch
+// (nghttp2_session_send, with response bodies referenced, not copied: NGHTTP2_DATA_FLAG_NO_COPY).
+//
+// Defences beyond nghttp2's own limits (set in Options::Http2): premature resets counted per
+// connection (Envoy's rule), frames without progress drained from a token bucket (nghttp2 1.67's
+// "glitch" limiter, which Debian's 1.52 lacks), and the memory budget: a new stream is refused
+// while the connection or the server is over budget, and body bytes are taken (their window given
+// back, nghttp2_session_consume) only while there is room.
+#include <nghttp2/nghttp2.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "service/common/log.h"
+#include "service/httpd/internal/engine.h"
+
+namespace offload::httpd::internal {
+namespace {
+
+constexpr size_t kMaxBatchBytes = 256 << 10;   // one write's worth, then the next
+constexpr uint32_t kTinyWindowUpdate = 1024;   // smaller increments count as no progress
+
+nghttp2_nv Nv(absl::string_view name, absl::string_view value) {
+  return nghttp2_nv{reinterpret_cast<uint8_t*>(const_cast<char*>(name.data())),
+                    reinterpret_cast<uint8_t*>(const_cast<char*>(value.data())), name.size(),
+                    value.size(), NGHTTP2_NV_FLAG_NONE};
+}
+
+class Http2 final : public Protocol {
+ public:
+  explicit Http2(Conn* conn);
+  ~Http2() override;
+
+  bool Receive(const char* data, size_t size) override;
+  void Collect(WriteBatch* batch) override;
+  void Written(size_t bytes) override;
+  bool WantsClose() const override;
+  bool WantsRead() const override { return !closing_ && !read_paused_; }
+  bool Busy() const override { return !streams_.empty(); }
+  bool AwaitingBody() const override;
+  bool OutputBlocked() const override;
+  void Deliver(Stream* stream, Exchange::Part part) override;
+  void Drain() override;
+  void Tick(Clock::time_point now) override;
+  void Closed() override;
+  void PeerClosed() override {
+    // An HTTP/2 client that closes has nothing left to read: nothing more is sent.
+    fatal_ = closing_ = true;
+    for (auto& [id, s] : streams_) {
+      if (s->exchange != nullptr) Access::Detach(*s->exchange);
+    }
+  }
+
+ private:
+  // nghttp2 callbacks.
+  static int OnBeginHeaders(nghttp2_session*, const nghttp2_frame* frame, void* self);
+  static int OnHeader(nghttp2_session*, const nghttp2_frame* frame, const uint8_t* name,
+                      size_t namelen, const uint8_t* value, size_t valuelen, uint8_t flags,
+                      void* self);
+  static int OnFrameRecv(nghttp2_session*, const nghttp2_frame* frame, void* self);
+  static int OnDataChunk(nghttp2_session*, uint8_t flags, int32_t stream_id, const uint8_t* data,
+                         size_t len, void* self);
+  static int OnStreamClose(nghttp2_session*, int32_t stream_id, uint32_t error_code, void* self);
+  static int OnInvalidFrame(nghttp2_session*, const nghttp2_frame* frame, int error, void* self);
+  static int OnFrameSend(nghttp2_session*, const nghttp2_frame* frame, void* self);
+  static ssize_t OnSend(nghttp2_session*, const uint8_t* data, size_t length, int flags,
+                        void* self);
+  static int OnSendData(nghttp2_session*, nghttp2_frame* frame, const uint8_t* framehd,
+                        size_t length, nghttp2_data_source* source, void* self);
+  static ssize_t ReadData(nghttp2_session*, int32_t stream_id, uint8_t* buf, size_t length,
+                          uint32_t* data_flags, nghttp2_data_source* source, void* self);
+
+  Stream* Find(int32_t id) {
+    auto it = streams_.find(id);
+    return it == streams_.end() ? nullptr : it->second.get();
+  }
+  void HeadersDone(Stream* s);
+  void RequestDone(Stream* s);
+  void BodyTooLarge(Stream* s);
+  void SubmitHeaders(Stream* s);
+  // Gives back the window of `s`'s held-back body bytes while the budgets allow.
+  void TakeBody(Stream* s);
+  void TakeHeldBack();
+  // A frame that makes no progress; an empty bucket ends the connection.
+  void NoProgress();
+  // GOAWAY with `code` for `reason`, and the connection ends once it is written.
+  void Abuse(AbuseReason reason, uint32_t code);
+  void UpdateReadPause();
+  void Release(Stream* s, int64_t bytes) {
+    s->held -= bytes;
+    conn_->Charge(-bytes);
+  }
+
+  Conn* const conn_;
+  const Server::Options& options_;
+  nghttp2_session* session_ = nullptr;
+  absl::flat_hash_map<int32_t, std::unique_ptr<Stream>> streams_;
+  WriteBatch* batch_ = nullptr;  // during Collect
+  int64_t batch_body_ = 0;       // body bytes in the batch being written (charged until then)
+  bool closing_ = false;         // GOAWAY for abuse or a fatal error: end once written
+  bool fatal_ = false;           // nothing more may be sent
+  bool our_goaway_ = false;      // the next GOAWAY sent is ours
+  bool read_paused_ = false;
+  // Drain: the first GOAWAY (last stream id 2^31-1) and a PING are out; the second GOAWAY goes
+  // when the PING comes back or a second has passed.
+  bool drain_noticed_ = false;
+  bool drain_final_ = false;
+  Clock::time_point drain_at_;
+  // Premature resets (Envoy's rule).
+  uint64_t closed_streams_ = 0;
+  uint64_t premature_ = 0;
+  // No-progress token bucket.
+  double tokens_;
+  Clock::time_point refilled_;
+  bool sent_since_ping_ = true;  // HEADERS or DATA sent since the last PING
+  int settings_frames_ = 0;
+  uint8_t last_recv_type_ = 0;
+};
+
+Http2::Http2(Conn* conn)
+    : conn_(conn),
+      options_(conn->options()),
+      tokens_(std::max(1, options_.http2.no_progress_burst)),
+      refilled_(Clock::now()) {
+  nghttp2_session_callbacks* cb = nullptr;
+  nghttp2_session_callbacks_new(&cb);
+  nghttp2_session_callbacks_set_on_begin_headers_callback(cb, &Http2::OnBeginHeaders);
+  nghttp2_session_callbacks_set_on_header_callback(cb, &Http2::OnHeader);
+  nghttp2_session_callbacks_set_on_frame_recv_callback(cb, &Http2::OnFrameRecv);
+  nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cb, &Http2::OnDataChunk);
+  nghttp2_session_callbacks_set_on_stream_close_callback(cb, &Http2::OnStreamClose);
+  nghttp2_session_callbacks_set_on_invalid_frame_recv_callback(cb, &Http2::OnInvalidFrame);
+  nghttp2_session_callbacks_set_on_frame_send_callback(cb, &Http2::OnFrameSend);
+  nghttp2_session_callbacks_set_send_callback(cb, &Http2::OnSend);
+  nghttp2_session_callbacks_set_send_data_callback(cb, &Http2::OnSendData);
+
+  const Server::Options::Http2& h2 = options_.http2;
+  nghttp2_option* opt = nullptr;
+  nghttp2_option_new(&opt);
+  nghttp2_option_set_no_auto_window_update(opt, 1);  // the budget decides (TakeBody)
+  nghttp2_option_set_no_closed_streams(opt, 1);      // no priority tree of closed streams
+  nghttp2_option_set_max_outbound_ack(opt, h2.max_outbound_ack);
+  nghttp2_option_set_max_settings(opt, h2.max_settings);
+  nghttp2_option_set_stream_reset_rate_limit(opt, h2.reset_burst, h2.reset_rate);
+  nghttp2_option_set_max_continuations(opt, h2.max_continuations);
+  nghttp2_session_server_new2(&session_, cb, this, opt);
+  nghttp2_option_del(opt);
+  nghttp2_session_callbacks_del(cb);
+
+  const nghttp2_settings_entry settings[] = {
+      {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS,
+       static_cast<uint32_t>(std::max(1, h2.max_concurrent_streams))},
+      {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, static_cast<uint32_t>(h2.stream_window_bytes)},
+      // RFC 9113 counts 32 bytes per field on top of names and values.
+      {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE,
+       static_cast<uint32_t>(std::min<int64_t>(options_.max_header_bytes + 32 * 64, 1 << 30))},
+      {NGHTTP2_SETTINGS_NO_RFC7540_PRIORITIES, 1},
+  };
+  nghttp2_submit_settings(session_, NGHTTP2_FLAG_NONE, settings,
+                          sizeof(settings) / sizeof(settings[0]));
+  nghttp2_session_set_local_window_size(session_, NGHTTP2_FLAG_NONE, 0,
+                                        h2.connection_window_bytes);
+}
+
+Http2::~Http2() {
+  Closed();
+  nghttp2_session_del(session_);
+}
+
+void Http2::Closed() {
+  for (auto& [id, s] : streams_) {
+    if (s->exchange != nullptr) Access::Detach(*s->exchange);
+    conn_->Charge(-s->held);
+    s->held = 0;
+  }
+  streams_.clear();
+  conn_->Charge(-batch_body_);
+  batch_body_ = 0;
+}
+
+bool Http2::Receive(const char* data, size_t size) {
+  if (closing_ || fatal_) return false;
+  const ssize_t rv =
+      nghttp2_session_mem_recv(session_, reinterpret_cast<const uint8_t*>(data), size);
+  if (rv < 0) {
+    AbuseReason reason = AbuseReason::kProtocolError;
+    if (rv == NGHTTP2_ERR_FLOODED) reason = AbuseReason::kControlFlood;
+    if (rv == NGHTTP2_ERR_TOO_MANY_CONTINUATIONS) reason = AbuseReason::kContinuations;
+    if (rv == NGHTTP2_ERR_TOO_MANY_SETTINGS) reason = AbuseReason::kSettings;
+    conn_->counters().Count(reason);
+    // A flood or a bad preface: nothing more is sent (nghttp2 may not be used again).
+    fatal_ = closing_ = true;
+    return false;
+  }
+  UpdateReadPause();
+  return !closing_;
+}
+
+void Http2::Collect(WriteBatch* batch) {
+  if (fatal_) return;
+  batch_ = batch;
+  const int rv = nghttp2_session_send(session_);
+  batch_ = nullptr;
+  if (rv != 0) {
+    conn_->counters().Count(AbuseReason::kProtocolError);
+    fatal_ = closing_ = true;
+  }
+}
+
+void Http2::Written(size_t) {
+  conn_->Charge(-batch_body_);
+  batch_body_ = 0;
+  TakeHeldBack();
+}
+
+bool Http2::WantsClose() const {
+  if (fatal_) return true;
+  if (closing_) return !nghttp2_session_want_write(session_);
+  if (drain_final_ && streams_.empty()) return !nghttp2_session_want_write(session_);
+  return !nghttp2_session_want_read(session_) && !nghttp2_session_want_write(session_);
+}
+
+bool Http2::AwaitingBody() const {
+  for (const auto& [id, s] : streams_) {
+    if (!s->request_done && !s->streaming) return true;
+  }
+  return false;
+}
+
+bool Http2::OutputBlocked() const {
+  for (const auto& [id, s] : streams_) {
+    if (!s->out.empty() || (s->started && !s->headers_sent)) return true;
+  }
+  return batch_body_ > 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Requests
+
+int Http2::OnBeginHeaders(nghttp2_session* session, const nghttp2_frame* frame, void* self_ptr) {
+  auto* self = static_cast<Http2*>(self_ptr);
+  if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST) return 0;
+  const int32_t id = frame->hd.stream_id;
+  Conn* conn = self->conn_;
+  if (conn->RefuseNewRequest()) {
+    conn->counters().Count(AbuseReason::kStreamRefused);
+    nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, id, NGHTTP2_REFUSED_STREAM);
+    return 0;
+  }
+  auto stream = std::make_unique<Stream>();
+  Stream* s = stream.get();
+  s->conn = conn;
+  s->id = id;
+  s->opened = Clock::now();
+  s->exchange = std::make_shared<Exchange>(conn->loop(), conn->mailbox());
+  Access::Fill(*s->exchange, conn, s, 0x200);
+  self->streams_.emplace(id, std::move(stream));
+  nghttp2_session_set_stream_user_data(session, id, s);
+  return 0;
+}
+
+int Http2::OnHeader(nghttp2_session*, const nghttp2_frame* frame, const uint8_t* name,
+                    size_t namelen, const uint8_t* value, size_t valuelen, uint8_t,
+                    void* self_ptr) {
+  auto* self = static_cast<Http2*>(self_ptr);
+  if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST) {
+    return 0;  // request trailers: not used
+  }
+  Stream* s = self->Find(frame->hd.stream_id);
+  if (s == nullptr || s->header_too_large) return 0;
+  s->header_bytes += static_cast<int64_t>(namelen + valuelen);
+  if (s->header_bytes > self->options_.max_header_bytes) {
+    s->header_too_large = true;
+    return 0;
+  }
+  const absl::string_view n(reinterpret_cast<const char*>(name), namelen);
+  const absl::string_view v(reinterpret_cast<const char*>(value), valuelen);
+  Exchange& e = *s->exchange;
+  if (!n.empty() && n[0] == ':') {
+    if (n == ":method") {
+      Access::SetMethod(e, v);
+      s->head = v == "HEAD";
+    } else if (n == ":path") {
+      Access::SetTarget(e, v);
+    }
+    return 0;
+  }
+  Access::AddHeader(e, n, v, /*lower_name=*/false);  // nghttp2 checked they are lower-case
+  return 0;
+}
+
+void Http2::HeadersDone(Stream* s) {
+  if (s->header_too_large) {
+    conn_->counters().Count(AbuseReason::kHeaderTooLarge);
+    conn_->counters().header_too_large.fetch_add(1, std::memory_order_relaxed);
+    Exchange::Part part;
+    part.start = part.end = true;
+    part.status = 431;
+    part.headers = {{"content-type", "text/plain; charset=utf-8"}};
+    part.data = absl::StrCat("request headers: expected at most ", options_.max_header_bytes,
+                             " bytes, got ", s->header_bytes, " or more\n");
+    s->request_done = true;  // whatever body comes is dropped
+    Deliver(s, std::move(part));
+    return;
+  }
+  if (conn_->handler()->Streaming(*s->exchange)) {
+    s->streaming = true;
+    conn_->Dispatch(s);
+  }
+}
+
+void Http2::RequestDone(Stream* s) {
+  if (s->request_done) return;
+  s->request_done = true;
+  if (s->streaming) {
+    if (s->exchange != nullptr) Access::Read(*s->exchange, absl::string_view(), true);
+    return;
+  }
+  if (s->dispatched || s->header_too_large) return;
+  std::shared_ptr<Exchange> exchange = s->exchange;
+  conn_->Dispatch(s);
+  // The body's bytes go (copied by the handler if it needs them), and their window with them.
+  Access::ReleaseBody(*exchange);
+  Release(s, s->body_bytes);
+  if (s->unconsumed > 0) {
+    nghttp2_session_consume(session_, s->id, static_cast<size_t>(s->unconsumed));
+    s->unconsumed = 0;
+  }
+}
+
+void Http2::BodyTooLarge(Stream* s) {
+  conn_->counters().Count(AbuseReason::kBodyTooLarge);
+  s->body_too_large = true;
+  Release(s, static_cast<int64_t>(Access::body(*s->exchange).size()));
+  if (s->unconsumed > 0) {
+    nghttp2_session_consume(session_, s->id, static_cast<size_t>(s->unconsumed));
+    s->unconsumed = 0;
+  }
+  Access::ReleaseBody(*s->exchange);
+  Access::SetBodyTooLarge(*s->exchange);
+  conn_->Dispatch(s);  // answered in the handler's protocol; the rest of the body is dropped
+}
+
+int Http2::OnDataChunk(nghttp2_session* session, uint8_t, int32_t stream_id, const uint8_t* data,
+                       size_t len, void* self_ptr) {
+  auto* self = static_cast<Http2*>(self_ptr);
+  Stream* s = self->Find(stream_id);
+  if (s == nullptr || s->request_done || s->body_too_large || s->header_too_large) {
+    nghttp2_session_consume(session, stream_id, len);  // nobody keeps these bytes
+    return 0;
+  }
+  const absl::string_view chunk(reinterpret_cast<const char*>(data), len);
+  s->body_bytes += static_cast<int64_t>(len);
+  if (s->streaming) {
+    Access::Read(*s->exchange, chunk, false);
+    nghttp2_session_consume(session, stream_id, len);
+    return 0;
+  }
+  if (s->body_bytes > self->options_.max_body_bytes) {
+    nghttp2_session_consume(session, stream_id, len);
+    self->BodyTooLarge(s);
+    return 0;
+  }
+  Access::body(*s->exchange).append(chunk.data(), chunk.size());
+  s->held += static_cast<int64_t>(len);
+  self->conn_->Charge(static_cast<int64_t>(len));
+  s->unconsumed += static_cast<int32_t>(len);
+  self->TakeBody(s);
+  return 0;
+}
+
+void Http2::TakeBody(Stream* s) {
+  if (s->unconsumed == 0) return;
+  // The connection's own budget leaves room for its biggest request: a stream goes on while the
+  // connection's other streams hold less than the budget. Past the server's budget, only a
+  // stream that is all its connection holds goes on (the connections holding memory wait).
+  const int64_t budget = conn_->budget();
+  const int64_t others = conn_->held() - s->held;
+  const bool room =
+      (budget <= 0 || others < budget) && (others == 0 || !conn_->ServerOverBudget());
+  if (!room) return;
+  nghttp2_session_consume(session_, s->id, static_cast<size_t>(s->unconsumed));
+  s->unconsumed = 0;
+}
+
+void Http2::TakeHeldBack() {
+  for (auto& [id, s] : streams_) {
+    if (s->unconsumed > 0) TakeBody(s.get());
+  }
+}
+
+void Http2::UpdateReadPause() {
+  // Only a connection holding body bytes stops reading when the server's budget is spent: the
+  // window it was given is its bound otherwise, and reading on lets WINDOW_UPDATEs in.
+  bool holding = false;
+  for (const auto& [id, s] : streams_) {
+    if (s->unconsumed > 0) holding = true;
+  }
+  const bool pause = holding && conn_->ServerOverBudget();
+  if (pause && !read_paused_) conn_->counters().Count(AbuseReason::kReadPaused);
+  if (pause != read_paused_) {
+    read_paused_ = pause;
+    conn_->ReadStateChanged();
+  }
+}
+
+int Http2::OnFrameRecv(nghttp2_session* session, const nghttp2_frame* frame, void* self_ptr) {
+  auto* self = static_cast<Http2*>(self_ptr);
+  self->last_recv_type_ = frame->hd.type;
+  switch (frame->hd.type) {
+    case NGHTTP2_DATA: {
+      const bool end = (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0;
+      if (frame->hd.length == 0 && !end) self->NoProgress();
+      if (end) {
+        if (Stream* s = self->Find(frame->hd.stream_id)) self->RequestDone(s);
+      }
+      break;
+    }
+    case NGHTTP2_HEADERS: {
+      Stream* s = self->Find(frame->hd.stream_id);
+      if (s == nullptr) break;
+      if (frame->headers.cat == NGHTTP2_HCAT_REQUEST) self->HeadersDone(s);
+      if ((frame->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0 && self->Find(frame->hd.stream_id)) {
+        self->RequestDone(s);
+      }
+      break;
+    }
+    case NGHTTP2_PRIORITY:
+      self->NoProgress();
+      break;
+    case NGHTTP2_RST_STREAM:
+      if (Stream* s = self->Find(frame->hd.stream_id)) s->reset_by_peer = true;
+      break;
+    case NGHTTP2_SETTINGS:
+      if ((frame->hd.flags & NGHTTP2_FLAG_ACK) == 0 && ++self->settings_frames_ > 1) {
+        self->NoProgress();
+      }
+      break;
+    case NGHTTP2_PING:
+      if ((frame->hd.flags & NGHTTP2_FLAG_ACK) != 0) {
+        if (self->drain_noticed_ && !self->drain_final_) {
+          self->drain_final_ = true;
+          nghttp2_submit_goaway(session, NGHTTP2_FLAG_NONE,
+                                nghttp2_session_get_last_proc_stream_id(session),
+                                NGHTTP2_NO_ERROR, nullptr, 0);
+        }
+        break;
+      }
+      // Keep-alive and BDP pings that follow our frames are fine; pings with nothing between
+      // them are not progress.
+      if (!self->sent_since_ping_) self->NoProgress();
+      self->sent_since_ping_ = false;
+      break;
+    case NGHTTP2_WINDOW_UPDATE:
+      if (frame->window_update.window_size_increment < static_cast<int32_t>(kTinyWindowUpdate)) {
+        self->NoProgress();
+      }
+      break;
+    default:
+      break;
+  }
+  return 0;
+}
+
+int Http2::OnInvalidFrame(nghttp2_session*, const nghttp2_frame*, int, void* self_ptr) {
+  static_cast<Http2*>(self_ptr)->NoProgress();
+  return 0;
+}
+
+void Http2::NoProgress() {
+  const Clock::time_point now = Clock::now();
+  const double burst = std::max(1, options_.http2.no_progress_burst);
+  tokens_ = std::min(burst, tokens_ + std::chrono::duration<double>(now - refilled_).count() *
+                                          options_.http2.no_progress_rate);
+  refilled_ = now;
+  tokens_ -= 1;
+  if (tokens_ < 0 && !closing_) Abuse(AbuseReason::kNoProgress, NGHTTP2_ENHANCE_YOUR_CALM);
+}
+
+void Http2::Abuse(AbuseReason reason, uint32_t code) {
+  if (closing_) return;
+  conn_->counters().Count(reason);
+  closing_ = true;
+  our_goaway_ = true;
+  nghttp2_submit_goaway(session_, NGHTTP2_FLAG_NONE,
+                        nghttp2_session_get_last_proc_stream_id(session_), code, nullptr, 0);
+  // Work for this connection's streams is not done: their exchanges are over.
+  for (auto& [id, s] : streams_) {
+    if (s->exchange != nullptr && !s->done) Access::Detach(*s->exchange);
+  }
+  conn_->ReadStateChanged();
+}
+
+int Http2::OnStreamClose(nghttp2_session* session, int32_t stream_id, uint32_t error_code,
+                         void* self_ptr) {
+  auto* self = static_cast<Http2*>(self_ptr);
+  auto it = self->streams_.find(stream_id);
+  if (it == self->streams_.end()) return 0;
+  std::unique_ptr<Stream> s = std::move(it->second);
+  self->streams_.erase(it);
+  ++self->closed_streams_;
+  const Server::Options::Http2& h2 = self->options_.http2;
+  // Ended before its answer, by the client's reset or one its error provoked (MadeYouReset).
+  const bool early = !s->done && (s->reset_by_peer || s->reset_by_us || error_code != 0);
+  if (early && Clock::now() - s->opened < absl::ToChronoNanoseconds(h2.premature_reset_lifetime)) {
+    ++self->premature_;
+  }
+  if (s->exchange != nullptr) Access::Detach(*s->exchange);
+  if (s->unconsumed > 0) nghttp2_session_consume_connection(session, s->unconsumed);
+  self->conn_->Charge(-s->held);
+  if (h2.premature_reset_streams > 0 && self->premature_ > 0) {
+    const uint64_t limit = static_cast<uint64_t>(h2.premature_reset_streams);
+    const bool over = self->closed_streams_ < limit ? self->premature_ * 2 >= limit
+                                                     : self->premature_ * 2 >= self->closed_streams_;
+    if (over) self->Abuse(AbuseReason::kPrematureResets, NGHTTP2_ENHANCE_YOUR_CALM);
+  }
+  self->UpdateReadPause();
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Answers
+
+void Http2::Deliver(Stream* s, Exchange::Part part) {
+  if (s->done) return;
+  if (part.start) {
+    s->started = true;
+    s->status = part.status;
+    s->headers = std::move(part.headers);
+  }
+  int64_t bytes = 0;
+  if (!s->head) {
+    AppendPieces(part, &s->out, &bytes);
+  } else {
+    bytes = 0;
+    s->out_bytes += static_cast<int64_t>(part.size());  // HEAD: only its length is sent
+  }
+  if (bytes > 0) {
+    s->out_bytes += bytes;
+    s->held += bytes;
+    conn_->Charge(bytes);
+  }
+  if (part.end) {
+    s->end = true;
+    s->trailers = std::move(part.trailers);
+  }
+  if (s->exchange != nullptr) Access::SetUnsent(*s->exchange, s->out_bytes);
+  if (!s->started) return;
+  if (!s->headers_sent) {
+    SubmitHeaders(s);
+  } else {
+    nghttp2_session_resume_data(session_, s->id);
+  }
+  conn_->WantWrite();
+}
+
+void Http2::SubmitHeaders(Stream* s) {
+  s->headers_sent = true;
+  std::string status = absl::StrCat(s->status);
+  std::string length;
+  std::vector<nghttp2_nv> nva;
+  nva.reserve(s->headers.size() + 4);
+  nva.push_back(Nv(":status", status));
+  nva.push_back(Nv("date", HttpDate()));
+  nva.push_back(Nv("server", options_.server_name));
+  if (s->end && s->trailers.empty()) {
+    length = absl::StrCat(s->out_bytes);
+    nva.push_back(Nv("content-length", length));
+  }
+  for (const auto& [name, value] : s->headers) nva.push_back(Nv(name, value));
+  const bool no_body = s->end && (s->head || s->out.empty());
+  if (no_body && s->trailers.empty()) {
+    nghttp2_submit_response(session_, s->id, nva.data(), nva.size(), nullptr);
+  } else if (no_body) {
+    // Headers, then trailers: two HEADERS frames, no DATA.
+    nghttp2_submit_headers(session_, NGHTTP2_FLAG_NONE, s->id, nullptr, nva.data(), nva.size(),
+                           nullptr);
+    std::vector<nghttp2_nv> tva;
+    for (const auto& [name, value] : s->trailers) tva.push_back(Nv(name, value));
+    nghttp2_submit_trailer(session_, s->id, tva.data(), tva.size());
+  } else {
+    nghttp2_data_provider provider;
+    provider.source.ptr = s;
+    provider.read_callback = &Http2::ReadData;
+    nghttp2_submit_response(session_, s->id, nva.data(), nva.size(), &provider);
+  }
+  s->headers.clear();
+  s->headers.shrink_to_fit();
+}
+
+ssize_t Http2::ReadData(nghttp2_session* session, int32_t stream_id, uint8_t*, size_t length,
+                        uint32_t* data_flags, nghttp2_data_source* source, void*) {
+  auto* s = static_cast<Stream*>(source->ptr);
+  size_t available = 0;
+  for (const Piece& p : s->out) {
+    available += p.size;
+    if (available >= length) break;
+  }
+  const size_t n = std::min(length, available);
+  if (n == 0 && !s->end) return NGHTTP2_ERR_DEFERRED;  // more comes (Deliver resumes)
+  *data_flags |= NGHTTP2_DATA_FLAG_NO_COPY;
+  if (s->end && n == static_cast<size_t>(s->out_bytes)) {
+    *data_flags |= NGHTTP2_DATA_FLAG_EOF;
+    if (!s->trailers.empty()) {
+      *data_flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
+      std::vector<nghttp2_nv> tva;
+      for (const auto& [name, value] : s->trailers) tva.push_back(Nv(name, value));
+      nghttp2_submit_trailer(session, stream_id, tva.data(), tva.size());
+    }
+  }
+  return static_cast<ssize_t>(n);
+}
+
+int Http2::OnSendData(nghttp2_session*, nghttp2_frame* frame, const uint8_t* framehd,
+                      size_t length, nghttp2_data_source* source, void* self_ptr) {
+  auto* self = static_cast<Http2*>(self_ptr);
+  auto* s = static_cast<Stream*>(source->ptr);
+  if (self->batch_ == nullptr || self->batch_->size() >= kMaxBatchBytes) {
+    return NGHTTP2_ERR_WOULDBLOCK;
+  }
+  self->batch_->Copy(framehd, 9);
+  size_t left = length;
+  while (left > 0 && !s->out.empty()) {
+    Piece& p = s->out.front();
+    const size_t n = std::min(left, p.size);
+    self->batch_->Ref(p.data, n, p.owner);
+    p.data += n;
+    p.size -= n;
+    left -= n;
+    if (p.size == 0) s->out.pop_front();
+  }
+  // The bytes are the batch's now: charged to it until written.
+  const int64_t moved = static_cast<int64_t>(length - left);
+  s->out_bytes -= moved;
+  s->held -= moved;
+  self->batch_body_ += moved;
+  if (s->exchange != nullptr) Access::SetUnsent(*s->exchange, s->out_bytes);
+  (void)frame;
+  return 0;
+}
+
+ssize_t Http2::OnSend(nghttp2_session*, const uint8_t* data, size_t length, int, void* self_ptr) {
+  auto* self = static_cast<Http2*>(self_ptr);
+  if (self->batch_ == nullptr || self->batch_->size() >= kMaxBatchBytes) {
+    return NGHTTP2_ERR_WOULDBLOCK;
+  }
+  self->batch_->Copy(data, length);
+  return static_cast<ssize_t>(length);
+}
+
+int Http2::OnFrameSend(nghttp2_session* session, const nghttp2_frame* frame, void* self_ptr) {
+  auto* self = static_cast<Http2*>(self_ptr);
+  switch (frame->hd.type) {
+    case NGHTTP2_DATA:
+    case NGHTTP2_HEADERS: {
+      self->sent_since_ping_ = true;
+      if ((frame->hd.flags & NGHTTP2_FLAG_END_STREAM) == 0) break;
+      Stream* s = self->Find(frame->hd.stream_id);
+      if (s == nullptr) break;
+      s->done = true;
+      if (s->exchange != nullptr) Access::Detach(*s->exchange);
+      if (!s->request_done) {
+        // Answered before the whole request came (a body too large, headers too large): the
+        // rest is not wanted.
+        nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_NO_ERROR);
+      }
+      break;
+    }
+    case NGHTTP2_RST_STREAM:
+      if (frame->rst_stream.error_code != NGHTTP2_NO_ERROR &&
+          frame->rst_stream.error_code != NGHTTP2_REFUSED_STREAM) {
+        if (Stream* s = self->Find(frame->hd.stream_id)) s->reset_by_us = true;
+      }
+      break;
+    case NGHTTP2_GOAWAY:
+      if (self->our_goaway_ || frame->goaway.error_code == NGHTTP2_NO_ERROR) break;
+      // nghttp2's own: its reset rate limit (after an RST_STREAM) or a protocol error.
+      self->conn_->counters().Count(self->last_recv_type_ == NGHTTP2_RST_STREAM
+                                        ? AbuseReason::kResetRate
+                                        : AbuseReason::kProtocolError);
+      self->closing_ = true;
+      self->conn_->ReadStateChanged();
+      break;
+    default:
+      break;
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Drain and time
+
+void Http2::Drain() {
+  if (closing_ || drain_noticed_) return;
+  drain_noticed_ = true;
+  drain_at_ = Clock::now();
+  if (streams_.empty()) {
+    drain_final_ = true;
+    nghttp2_submit_goaway(session_, NGHTTP2_FLAG_NONE,
+                          nghttp2_session_get_last_proc_stream_id(session_), NGHTTP2_NO_ERROR,
+                          nullptr, 0);
+  } else {
+    // gRPC's graceful shutdown: GOAWAY(2^31-1) and a PING; the real GOAWAY once the PING is
+    // answered, so that no stream the client sent meanwhile is lost.
+    nghttp2_submit_shutdown_notice(session_);
+    nghttp2_submit_ping(session_, NGHTTP2_FLAG_NONE, nullptr);
+  }
+  conn_->WantWrite();
+}
+
+void Http2::Tick(Clock::time_point now) {
+  if (drain_noticed_ && !drain_final_ && now - drain_at_ >= std::chrono::seconds(1)) {
+    drain_final_ = true;
+    nghttp2_submit_goaway(session_, NGHTTP2_FLAG_NONE,
+                          nghttp2_session_get_last_proc_stream_id(session_), NGHTTP2_NO_ERROR,
+                          nullptr, 0);
+    conn_->WantWrite();
+  }
+  TakeHeldBack();
+  UpdateReadPause();
+  if (nghttp2_session_want_write(session_)) conn_->WantWrite();
+}
+
+}  // namespace
+
+std::unique_ptr<Protocol> MakeHttp2(Conn* conn) { return std::make_unique<Http2>(conn); }
+
+}  // namespace offload::httpd::internal
