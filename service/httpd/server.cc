@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "service/httpd/internal/engine.h"
 #include "service/httpd/internal/loop.h"
 
@@ -36,20 +37,9 @@ bool Mailbox::Post(absl::AnyInvocable<void()> fn) {
   return true;
 }
 
-void Mailbox::Answered() {
-  absl::MutexLock lock(&mu_);
-  if (impl_ != nullptr) impl_->Answered();
-}
-
 void Mailbox::CloseLoop() {
   absl::MutexLock lock(&mu_);
   loop_ = nullptr;
-}
-
-void Mailbox::CloseServer() {
-  absl::MutexLock lock(&mu_);
-  loop_ = nullptr;
-  impl_ = nullptr;
 }
 
 namespace {
@@ -221,8 +211,8 @@ Server::Server(Options options, Handler* handler)
 
 Server::~Server() {
   Stop(absl::Now());
-  // Answers that come later find no loop and no server.
-  for (auto& loop : impl_->loops) loop->mailbox()->CloseServer();
+  // Answers that come later find no loop.
+  for (auto& loop : impl_->loops) loop->mailbox()->CloseLoop();
   if (impl_->io != nullptr && !impl_->loops.empty()) {
     // The acceptor belongs to loop 0's context, which the loops below take with them.
     impl_->io->retry.reset();
@@ -313,12 +303,9 @@ void Server::Stop(absl::Time deadline) {
   if (!impl.started || impl.stopped || impl.loops.empty()) return;
   impl.stopped = true;
   Drain();
-  {
-    absl::MutexLock lock(&impl.mu);
-    impl.mu.AwaitWithDeadline(
-        absl::Condition(
-            +[](int64_t* unanswered) { return *unanswered == 0; }, &impl.unanswered),
-        deadline);
+  // Every request handed to the handler answered, or the deadline (a shutdown: polling is fine).
+  while (impl.unanswered->load(std::memory_order_acquire) > 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(2));
   }
   impl.stopping.store(true);
   for (auto& loop : impl.loops) {

@@ -62,6 +62,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
@@ -139,9 +140,9 @@ class Exchange final : public std::enable_shared_from_this<Exchange> {
   int http_version() const { return version_; }
   bool tls() const { return tls_; }
   // "ipv4:127.0.0.1:51234" or "ipv6:[::1]:51234", as gRPC names peers.
-  const std::string& peer_address() const { return peer_address_; }
+  const std::string& peer_address() const { return *peer_address_; }
   // Options::peer_identity of the connection's TLS client certificate; empty without one.
-  const std::string& peer_identity() const { return peer_identity_; }
+  const std::string& peer_identity() const { return *peer_identity_; }
 
   // Answers the request; the first answer wins, later ones do nothing. From any thread: on the
   // request's loop thread the response is written at once, from another thread it is handed to
@@ -182,22 +183,23 @@ class Exchange final : public std::enable_shared_from_this<Exchange> {
   struct HeaderSpan {
     Span name, value;
   };
-  absl::string_view Piece(Span s) const { return absl::string_view(text_).substr(s.offset, s.size); }
+  absl::string_view Piece(Span s) const { return absl::string_view(text_.data() + s.offset, s.size); }
   // Hands a part to the loop (at once on the loop's own thread).
   void Send(Part part);
 
   internal::Loop* const loop_;
   const std::shared_ptr<internal::Mailbox> mailbox_;
   internal::Stream* stream_ = nullptr;  // loop thread only; null once the request is over
-  std::string text_;                    // method, path, query, header names and values
+  // Method, path, query, header names and values, in one buffer (inline for a usual request).
+  absl::InlinedVector<char, 320> text_;
   Span method_, path_, query_;
-  std::vector<HeaderSpan> headers_;
+  absl::InlinedVector<HeaderSpan, 12> headers_;
   std::string body_;
   bool body_too_large_ = false;
   int version_ = 0;
   bool tls_ = false;
-  std::string peer_address_;
-  std::string peer_identity_;
+  std::shared_ptr<const std::string> peer_address_;   // the connection's, shared
+  std::shared_ptr<const std::string> peer_identity_;
   std::function<void(absl::string_view, bool)> reader_;  // loop thread
   std::atomic<bool> responded_{false};
   std::atomic<bool> started_{false};

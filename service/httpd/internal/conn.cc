@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 
 #include <boost/asio/post.hpp>
@@ -33,6 +34,11 @@ thread_local Loop* current_loop = nullptr;
 
 constexpr absl::string_view kPreface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
+const std::shared_ptr<const std::string>& NoIdentity() {
+  static const auto* none = new std::shared_ptr<const std::string>(std::make_shared<std::string>());
+  return *none;
+}
+
 Clock::duration Chrono(absl::Duration d) {
   return std::chrono::duration_cast<Clock::duration>(absl::ToChronoNanoseconds(d));
 }
@@ -51,10 +57,11 @@ class SocketConn final : public Conn, public std::enable_shared_from_this<Socket
       : Conn(loop, loop->impl()), since_(Clock::now()) {
     error_code ec;
     const tcp::endpoint peer = socket.remote_endpoint(ec);
-    peer_address_ = ec ? std::string("unknown") : FormatPeer(peer);
+    peer_address_ = std::make_shared<const std::string>(ec ? std::string("unknown") : FormatPeer(peer));
+    identity_ = NoIdentity();
     socket.non_blocking(true, ec);
     if (tls != nullptr) {
-      tls_stream_.emplace(std::move(socket), *tls);
+      tls_stream_ = std::make_unique<ssl::stream<tcp::socket>>(std::move(socket), *tls);
       tls_ = true;
       state_ = State::kHandshake;
     } else {
@@ -67,7 +74,7 @@ class SocketConn final : public Conn, public std::enable_shared_from_this<Socket
   const std::shared_ptr<Mailbox>& mailbox() const override { return loop_->mailbox(); }
 
   void Start() {
-    if (tls_stream_.has_value()) {
+    if (tls_stream_ != nullptr) {
       auto self = shared_from_this();
       tls_stream_->async_handshake(ssl::stream_base::server,
                                    [self](const error_code& ec) { self->OnHandshake(ec); });
@@ -127,6 +134,7 @@ class SocketConn final : public Conn, public std::enable_shared_from_this<Socket
       Close();
       return;
     }
+    if (plain_.has_value()) MaybeCool(now);
     // Idle: no request under way for the idle timeout (HTTP/2: GOAWAY first).
     if (!p->Busy() && !p->InHeaders() && !blocked && !idle_closing_ &&
         now - std::max(last_read_, last_write_) >= Chrono(o.idle_timeout)) {
@@ -201,7 +209,10 @@ class SocketConn final : public Conn, public std::enable_shared_from_this<Socket
     unsigned alpn_len = 0;
     SSL_get0_alpn_selected(ssl, &alpn, &alpn_len);
     const bool h2 = alpn_len == 2 && std::memcmp(alpn, "h2", 2) == 0;
-    if (options().peer_identity) identity_ = options().peer_identity(SSL_get0_peer_certificate(ssl));
+    if (options().peer_identity) {
+      identity_ = std::make_shared<const std::string>(
+          options().peer_identity(SSL_get0_peer_certificate(ssl)));
+    }
     protocol_ = h2 ? MakeHttp2(this) : MakeHttp1(this);
     state_ = State::kOpen;
     last_read_ = Clock::now();
@@ -224,9 +235,17 @@ class SocketConn final : public Conn, public std::enable_shared_from_this<Socket
                                  });
   }
 
-  // Plain sockets read into the loop's buffer what is there now, and wait (without a buffer)
-  // when nothing is: an idle connection holds no read buffer. `reading_` is set throughout, so
-  // that what the input sets off (Pump, ArmRead) never starts a second read or wait.
+  // Plain sockets. What is there now is read into the loop's 64 KiB buffer and processed at
+  // once (ReadPlain), until a short read says the socket is drained; then the next read is armed
+  // (ArmPlain), one of two ways:
+  //  - cold (an idle connection, or one that has read once): a wait without a buffer, so that
+  //    idle connections hold none. Asio re-arms epoll for a wait: one epoll_ctl.
+  //  - hot (a connection in use): Asio's own receive into a small buffer of the connection's.
+  //    Asio reads when epoll reports the socket and calls us at once, and after a short read it
+  //    re-arms without a system call: a request costs epoll_wait, a read and a write. A hot
+  //    connection that reads nothing for a second gives its buffer back (Sweep).
+  // `reading_` is set while a read or wait is under way, so that what the input sets off (Pump,
+  // ArmRead) never starts a second one.
   void ReadPlain() {
     reading_ = true;
     for (int i = 0; i < 8; ++i) {
@@ -238,15 +257,7 @@ class SocketConn final : public Conn, public std::enable_shared_from_this<Socket
       const size_t n =
           plain_->read_some(asio::buffer(loop_->read_buffer(), loop_->read_buffer_size()), ec);
       if (ec == asio::error::would_block || ec == asio::error::try_again) {
-        auto self = shared_from_this();
-        plain_->async_wait(tcp::socket::wait_read, [self](const error_code& ec) {
-          self->reading_ = false;
-          if (ec) {
-            if (ec != asio::error::operation_aborted) self->Close();
-            return;
-          }
-          self->ReadPlain();
-        });
+        ArmPlain();
         return;
       }
       if (ec == asio::error::interrupted) continue;
@@ -260,6 +271,12 @@ class SocketConn final : public Conn, public std::enable_shared_from_this<Socket
         reading_ = false;
         return;
       }
+      if (n < loop_->read_buffer_size()) {
+        // A short read took all there was: wait for more rather than ask again (epoll is
+        // edge-triggered, and new bytes are a new edge). Saves a read that would fail.
+        ArmPlain();
+        return;
+      }
     }
     // More may be waiting: the other connections of the loop get their turn first.
     auto self = shared_from_this();
@@ -267,6 +284,73 @@ class SocketConn final : public Conn, public std::enable_shared_from_this<Socket
       self->reading_ = false;
       self->ReadPlain();
     });
+  }
+
+  // REQUIRES: reading_ (a read is under way, and this ends it with a wait or a receive).
+  void ArmPlain() {
+    if (!WantsRead()) {
+      reading_ = false;
+      return;
+    }
+    auto self = shared_from_this();
+    if (reads_ >= 2 && hot_buffer_ == nullptr) hot_buffer_ = loop_->TakeReadBuffer();
+    if (hot_buffer_ != nullptr) {
+      plain_->async_receive(asio::buffer(hot_buffer_.get(), Loop::kHotBufferBytes),
+                            [self](const error_code& ec, size_t n) { self->OnHotRead(ec, n); });
+      return;
+    }
+    plain_->async_wait(tcp::socket::wait_read, [self](const error_code& ec) {
+      self->reading_ = false;
+      if (ec) {
+        if (ec != asio::error::operation_aborted) self->Close();
+        return;
+      }
+      self->ReadPlain();
+    });
+  }
+
+  void OnHotRead(const error_code& ec, size_t n) {
+    if (ec == asio::error::operation_aborted && cooling_ && state_ != State::kClosed) {
+      // Cooled by the sweep: the buffer goes back, the connection waits without one.
+      cooling_ = false;
+      reads_ = 0;
+      loop_->GiveReadBuffer(std::move(hot_buffer_));
+      hot_buffer_ = nullptr;
+      if (!writing_ && batch_.empty()) {
+        batch_.Release();
+        if (!protocol_->Busy()) protocol_->Trim();
+      }
+      reading_ = true;
+      ArmPlain();
+      return;
+    }
+    cooling_ = false;
+    if (ec) {
+      reading_ = false;
+      if (ec != asio::error::operation_aborted) OnReadEnd(ec);
+      return;
+    }
+    Feed(hot_buffer_.get(), n);
+    if (state_ == State::kClosed) {
+      reading_ = false;
+      return;
+    }
+    if (n == Loop::kHotBufferBytes) {
+      ReadPlain();  // a big request: the rest through the loop's buffer
+    } else {
+      ArmPlain();
+    }
+  }
+
+  // Sweep: a hot connection idle for a second gives its buffer back.
+  void MaybeCool(Clock::time_point now) {
+    if (hot_buffer_ == nullptr || cooling_ || writing_ || !reading_ ||
+        now - last_read_ < std::chrono::seconds(1)) {
+      return;
+    }
+    cooling_ = true;
+    error_code ec;
+    plain_->cancel(ec);  // the pending receive ends with operation_aborted (OnHotRead)
   }
 
   void OnTlsRead(const error_code& ec, size_t n) {
@@ -296,6 +380,7 @@ class SocketConn final : public Conn, public std::enable_shared_from_this<Socket
 
   void Feed(const char* data, size_t n) {
     last_read_ = Clock::now();
+    if (reads_ < 2) ++reads_;  // a second read with data makes a plain connection hot
     if (state_ == State::kLinger) return;  // dropped
     std::string detected;
     if (state_ == State::kDetect) {
@@ -336,6 +421,12 @@ class SocketConn final : public Conn, public std::enable_shared_from_this<Socket
         BeginClose();
         break;
       }
+      if (hot_buffer_ == nullptr && !protocol_->Busy()) {
+        // A quiet connection that is not hot keeps nothing for the next request: idle
+        // connections cost their socket and state, not buffers.
+        batch_.Release();
+        protocol_->Trim();
+      }
       if (loop_->stopping() && !protocol_->Busy()) {
         Close();
         break;
@@ -347,7 +438,7 @@ class SocketConn final : public Conn, public std::enable_shared_from_this<Socket
 
   // True when the whole batch is written.
   bool Write() {
-    if (tls_stream_.has_value()) {
+    if (tls_stream_ != nullptr) {
       writing_ = true;
       buffers_.clear();
       for (const iovec& v : batch_.Iov()) buffers_.emplace_back(v.iov_base, v.iov_len);
@@ -406,7 +497,7 @@ class SocketConn final : public Conn, public std::enable_shared_from_this<Socket
   // Our side is done: shut it and read the client's last bytes (dropped) until it closes, or
   // for a moment; then close. TLS connections close at once.
   void BeginClose() {
-    if (tls_stream_.has_value() || peer_eof_ || loop_->stopping()) {
+    if (tls_stream_ != nullptr || peer_eof_ || loop_->stopping()) {
       Close();
       return;
     }
@@ -428,7 +519,7 @@ class SocketConn final : public Conn, public std::enable_shared_from_this<Socket
 
   State state_;
   std::optional<tcp::socket> plain_;
-  std::optional<ssl::stream<tcp::socket>> tls_stream_;
+  std::unique_ptr<ssl::stream<tcp::socket>> tls_stream_;  // TLS: owns the socket
   std::vector<char> tls_buffer_;
   std::vector<asio::const_buffer> buffers_;
   std::string detect_;
@@ -441,6 +532,9 @@ class SocketConn final : public Conn, public std::enable_shared_from_this<Socket
   bool again_ = false;
   bool peer_eof_ = false;
   bool idle_closing_ = false;
+  bool cooling_ = false;
+  int reads_ = 0;  // reads since the connection last went cold
+  Loop::ReadBuffer hot_buffer_;
   Clock::time_point since_, last_read_, last_write_, headers_since_, stall_since_, linger_since_;
 };
 
@@ -451,7 +545,7 @@ Loop::Loop(Server::Impl* impl, ssl::context* tls)
     : impl_(impl),
       tls_(tls),
       sweep_timer_(ctx_),
-      mailbox_(std::make_shared<Mailbox>(this, impl)),
+      mailbox_(std::make_shared<Mailbox>(this, impl->unanswered)),
       read_buffer_(64 << 10) {
   work_.emplace(ctx_.get_executor());
 }
@@ -529,6 +623,30 @@ void Loop::Adopt(tcp::socket socket) {
   SocketConn* raw = conn.get();
   conns_.emplace(raw, std::move(conn));
   raw->Start();
+}
+
+void Loop::UnmapBuffer::operator()(char* p) const {
+  if (p != nullptr) munmap(p, kHotBufferBytes);
+}
+
+Loop::ReadBuffer Loop::TakeReadBuffer() {
+  if (!free_buffers_.empty()) {
+    ReadBuffer b = std::move(free_buffers_.back());
+    free_buffers_.pop_back();
+    return b;
+  }
+  // A page of its own: given back to the kernel when the connection cools (a heap block would
+  // stay in the process after free).
+  void* p = mmap(nullptr, kHotBufferBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                 -1, 0);
+  return ReadBuffer(p == MAP_FAILED ? nullptr : static_cast<char*>(p));
+}
+
+void Loop::GiveReadBuffer(ReadBuffer buffer) {
+  constexpr size_t kMaxFreeBuffers = 32;
+  if (buffer != nullptr && free_buffers_.size() < kMaxFreeBuffers) {
+    free_buffers_.push_back(std::move(buffer));
+  }
 }
 
 void Loop::Remove(SocketConn* conn) {

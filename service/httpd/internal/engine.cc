@@ -109,6 +109,14 @@ void WriteBatch::Consume(size_t n) {
   }
 }
 
+void WriteBatch::Release() {
+  Clear();
+  std::string().swap(own_);
+  std::vector<Segment>().swap(segments_);
+  std::vector<std::shared_ptr<const void>>().swap(owners_);
+  std::vector<iovec>().swap(iov_);
+}
+
 void WriteBatch::Clear() {
   own_.clear();
   if (own_.capacity() > (256 << 10)) std::string().swap(own_);
@@ -130,7 +138,11 @@ bool Conn::draining() const { return impl_->draining.load(std::memory_order_rela
 
 void Conn::Charge(int64_t delta) {
   held_ += delta;
-  impl_->counters.buffered.fetch_add(delta, std::memory_order_relaxed);
+  const int64_t gap = held_ - reported_;
+  if (gap >= kChargeStep || gap <= -kChargeStep || held_ == 0) {
+    if (gap != 0) impl_->counters.buffered.fetch_add(gap, std::memory_order_relaxed);
+    reported_ = held_;
+  }
 }
 
 int64_t Conn::budget() const { return impl_->options.connection_budget_bytes; }
@@ -148,10 +160,7 @@ bool Conn::ServerOverBudget() const {
 void Conn::Dispatch(Stream* stream) {
   stream->dispatched = true;
   impl_->counters.requests.fetch_add(1, std::memory_order_relaxed);
-  {
-    absl::MutexLock lock(&impl_->mu);
-    ++impl_->unanswered;
-  }
+  impl_->unanswered->fetch_add(1, std::memory_order_acq_rel);
   // The handler may answer at once; the stream stays (its protocol owns it) until closed.
   std::shared_ptr<Exchange> exchange = stream->exchange;
   impl_->handler->Handle(exchange);
@@ -166,34 +175,33 @@ Exchange& Access::Fill(Exchange& e, Conn* conn, Stream* stream, int version) {
   e.tls_ = conn->tls();
   e.peer_address_ = conn->peer_address();
   e.peer_identity_ = conn->identity();
-  e.text_.reserve(512);
-  e.headers_.reserve(16);
   return e;
 }
 
-Exchange::Span Access::Append(std::string& text, absl::string_view s) {
-  Exchange::Span span{static_cast<uint32_t>(text.size()), static_cast<uint32_t>(s.size())};
-  text.append(s.data(), s.size());
-  return span;
+Exchange::Span Access::Append(Exchange& e, absl::string_view s) {
+  const size_t at = e.text_.size();
+  e.text_.resize(at + s.size());
+  if (!s.empty()) std::memcpy(e.text_.data() + at, s.data(), s.size());
+  return Exchange::Span{static_cast<uint32_t>(at), static_cast<uint32_t>(s.size())};
 }
 
-void Access::SetMethod(Exchange& e, absl::string_view method) { e.method_ = Append(e.text_, method); }
+void Access::SetMethod(Exchange& e, absl::string_view method) { e.method_ = Append(e, method); }
 
 void Access::SetTarget(Exchange& e, absl::string_view target) {
   const size_t q = target.find('?');
-  e.path_ = Append(e.text_, target.substr(0, q));
-  if (q != absl::string_view::npos) e.query_ = Append(e.text_, target.substr(q + 1));
+  e.path_ = Append(e, target.substr(0, q));
+  if (q != absl::string_view::npos) e.query_ = Append(e, target.substr(q + 1));
 }
 
 void Access::AddHeader(Exchange& e, absl::string_view name, absl::string_view value,
                        bool lower_name) {
   Exchange::HeaderSpan h;
-  h.name = Append(e.text_, name);
+  h.name = Append(e, name);
   if (lower_name) {
     char* p = e.text_.data() + h.name.offset;
     for (uint32_t i = 0; i < h.name.size; ++i) p[i] = absl::ascii_tolower(p[i]);
   }
-  h.value = Append(e.text_, value);
+  h.value = Append(e, value);
   e.headers_.push_back(h);
 }
 
@@ -222,8 +230,12 @@ void Access::Deliver(Exchange& e, Exchange::Part part) {
   stream->conn->protocol()->Deliver(stream, std::move(part));
 }
 
-void AppendPieces(Exchange::Part& part, std::deque<Piece>* out, int64_t* bytes) {
-  if (!part.data.empty()) {
+void AppendPieces(Exchange::Part& part, PieceQueue* out, int64_t* bytes, std::string* keep) {
+  if (!part.data.empty() && keep != nullptr && keep->empty()) {
+    *keep = std::move(part.data);
+    *bytes += static_cast<int64_t>(keep->size());
+    out->push_back(Piece{keep->data(), keep->size(), nullptr});
+  } else if (!part.data.empty()) {
     auto owned = std::make_shared<std::string>(std::move(part.data));
     *bytes += static_cast<int64_t>(owned->size());
     out->push_back(Piece{owned->data(), owned->size(), owned});

@@ -53,18 +53,19 @@ class Protocol;
 // exchanges made on it, so that an answer after Stop (or after the server is gone) is dropped.
 class Mailbox {
  public:
-  Mailbox(Loop* loop, Server::Impl* impl) : loop_(loop), impl_(impl) {}
+  Mailbox(Loop* loop, std::shared_ptr<std::atomic<int64_t>> unanswered)
+      : loop_(loop), unanswered_(std::move(unanswered)) {}
   // Runs `fn` on the loop; false once the loop has stopped (`fn` is then dropped).
   bool Post(absl::AnyInvocable<void()> fn);
-  // An exchange has its answer (Impl::Answered while the server lives).
-  void Answered();
+  // An exchange has its answer (Stop waits for none unanswered). No lock: the count outlives
+  // the server for the exchanges that hold this mailbox.
+  void Answered() { unanswered_->fetch_sub(1, std::memory_order_acq_rel); }
   void CloseLoop();
-  void CloseServer();
 
  private:
   absl::Mutex mu_;
   Loop* loop_ ABSL_GUARDED_BY(mu_);
-  Server::Impl* impl_ ABSL_GUARDED_BY(mu_);
+  const std::shared_ptr<std::atomic<int64_t>> unanswered_;
 };
 
 // Counters shared by every loop (relaxed atomics; read by Server::stats()).
@@ -87,6 +88,35 @@ struct Piece {
   std::shared_ptr<const void> owner;
 };
 
+// Pieces in order, taken from the front: a vector and a read index (no allocation until the
+// first piece, unlike std::deque).
+class PieceQueue {
+ public:
+  bool empty() const { return head_ == pieces_.size(); }
+  Piece& front() { return pieces_[head_]; }
+  void push_back(Piece p) { pieces_.push_back(std::move(p)); }
+  void pop_front() {
+    pieces_[head_] = Piece();
+    if (++head_ == pieces_.size()) clear();
+  }
+  void clear() {
+    pieces_.clear();
+    head_ = 0;
+  }
+  void swap(PieceQueue& other) {
+    pieces_.swap(other.pieces_);
+    std::swap(head_, other.head_);
+  }
+  Piece* begin() { return pieces_.data() + head_; }
+  Piece* end() { return pieces_.data() + pieces_.size(); }
+  const Piece* begin() const { return pieces_.data() + head_; }
+  const Piece* end() const { return pieces_.data() + pieces_.size(); }
+
+ private:
+  std::vector<Piece> pieces_;
+  size_t head_ = 0;
+};
+
 // What one write sends: bytes copied into the batch (frame headers, HTTP/1.1 heads, HEADERS
 // frames) and pieces of response bodies referenced without a copy, in order.
 class WriteBatch {
@@ -100,6 +130,8 @@ class WriteBatch {
   // `n` more bytes were written.
   void Consume(size_t n);
   void Clear();
+  // Clear, and give all memory back (an idle connection).
+  void Release();
 
  private:
   struct Segment {
@@ -144,7 +176,8 @@ struct Stream {
   int status = 0;
   Headers headers;
   Headers trailers;
-  std::deque<Piece> out;        // body bytes not yet sent
+  PieceQueue out;               // body bytes not yet sent
+  std::string keep;             // body bytes of the answer's own, referenced by `out`
   int64_t out_bytes = 0;
 };
 
@@ -170,8 +203,11 @@ class Conn {
   // The protocol's read wish changed (WantsRead): reading resumes or stops.
   virtual void ReadStateChanged() = 0;
 
-  // Charges (`delta` > 0) or releases bytes to this connection's and the server's budget.
+  // Charges (`delta` > 0) or releases bytes to this connection's and the server's budget. The
+  // server's count moves in steps (kChargeStep, and back to exactly 0), so that small requests
+  // cost no shared atomic; it lags a connection's by less than a step.
   void Charge(int64_t delta);
+  static constexpr int64_t kChargeStep = 4 << 10;
   int64_t held() const { return held_; }
   // This connection's budget (at least one max-size request) and whether it, or the server's,
   // is spent.
@@ -186,18 +222,19 @@ class Conn {
   // A request is handed to the handler (counted; Stop waits for its answer).
   void Dispatch(Stream* stream);
 
-  const std::string& peer_address() const { return peer_address_; }
-  const std::string& identity() const { return identity_; }
+  const std::shared_ptr<const std::string>& peer_address() const { return peer_address_; }
+  const std::shared_ptr<const std::string>& identity() const { return identity_; }
   bool tls() const { return tls_; }
   bool draining() const;
 
  protected:
   Loop* const loop_;
   Server::Impl* const impl_;
-  std::string peer_address_;
-  std::string identity_;
+  std::shared_ptr<const std::string> peer_address_;
+  std::shared_ptr<const std::string> identity_;  // never null (empty: none)
   bool tls_ = false;
   int64_t held_ = 0;
+  int64_t reported_ = 0;  // what the server's count has of held_
   std::unique_ptr<Protocol> protocol_;
 };
 
@@ -220,6 +257,9 @@ class Protocol {
   virtual bool AwaitingBody() const = 0;
   // The client sent FIN (or reset): the connection ends once what is owed is written.
   virtual void PeerClosed() = 0;
+  // The connection is quiet: memory kept for the next request (buffers' capacity, spare
+  // streams) may go.
+  virtual void Trim() {}
   // HTTP/1.1 request headers have begun and are not whole (they must be within the read timeout).
   virtual bool InHeaders() const { return false; }
   // Answer bytes wait on the client (send timeout).
@@ -241,7 +281,6 @@ std::unique_ptr<Protocol> MakeHttp2(Conn* conn);
 // Everything that touches an Exchange's insides (loop thread).
 struct Access {
   static Exchange& Fill(Exchange& e, Conn* conn, Stream* stream, int version);
-  static std::string& text(Exchange& e) { return e.text_; }
   static void SetMethod(Exchange& e, absl::string_view method);
   // `target`: path and query.
   static void SetTarget(Exchange& e, absl::string_view target);
@@ -263,11 +302,14 @@ struct Access {
   static void Deliver(Exchange& e, Exchange::Part part);
 
  private:
-  static Exchange::Span Append(std::string& text, absl::string_view s);
+  static Exchange::Span Append(Exchange& e, absl::string_view s);
 };
 
-// A response part's bytes as pieces (data first, then the shared views).
-void AppendPieces(Exchange::Part& part, std::deque<Piece>* out, int64_t* bytes);
+// A response part's bytes as pieces (data first, then the shared views). With `keep`, an empty
+// string the caller keeps until the pieces are written, the part's own data moves there and is
+// referenced without an owner (no allocation).
+void AppendPieces(Exchange::Part& part, PieceQueue* out, int64_t* bytes,
+                  std::string* keep = nullptr);
 
 // The `date` header value for now (cached per second, per thread).
 absl::string_view HttpDate();
@@ -289,13 +331,10 @@ struct Server::Impl {
   std::unique_ptr<Io> io;
   bool started = false, drained = false, stopped = false;
 
-  // Requests handed to the handler and not yet answered (Stop waits for none).
-  absl::Mutex mu;
-  int64_t unanswered ABSL_GUARDED_BY(mu) = 0;
-  void Answered() {
-    absl::MutexLock lock(&mu);
-    --unanswered;
-  }
+  // Requests handed to the handler and not yet answered (Stop waits for none); shared with the
+  // mailboxes, so that an answer after the server is gone still has a count to lower.
+  const std::shared_ptr<std::atomic<int64_t>> unanswered =
+      std::make_shared<std::atomic<int64_t>>(0);
 };
 
 }  // namespace offload::httpd

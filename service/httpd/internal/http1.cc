@@ -67,13 +67,21 @@ class Http1 final : public Protocol {
            !stream_->body_too_large;
   }
   bool InHeaders() const override {
-    return (stream_ == nullptr && !in_.empty()) || (parser_ != nullptr && !parser_->is_header_done());
+    return (stream_ == nullptr && !in_.empty()) || (parser_.has_value() && !parser_->is_header_done());
   }
   bool OutputBlocked() const override { return !out_.empty(); }
   void Deliver(Stream* stream, Exchange::Part part) override;
   void Drain() override;
   void Closed() override;
   void PeerClosed() override;
+  void Trim() override {
+    if (stream_ != nullptr || !out_.empty()) return;
+    std::string().swap(head_);
+    std::string().swap(body_);
+    if (in_.empty()) std::string().swap(in_);
+    out_.clear();
+    PieceQueue().swap(out_);
+  }
 
   // From the parser's callbacks.
   void OnRequest(absl::string_view method, absl::string_view target, int version);
@@ -85,7 +93,10 @@ class Http1 final : public Protocol {
   void OnFinish() { finished_ = true; }
 
  private:
-  void Parse();
+  // Parses from `data` (the read buffer, or in_); returns the bytes used. Leaves in_ alone.
+  size_t Parse(const char* data, size_t size);
+  // Parses what waits in in_.
+  void ParseBuffered();
   void Complete();
   void TooLarge();
   // An answer of the engine's own (400, 431, 503); the connection closes after it.
@@ -101,8 +112,8 @@ class Http1 final : public Protocol {
 
   Conn* const conn_;
   const Server::Options& options_;
-  std::string in_;                   // bytes read and not yet parsed
-  std::unique_ptr<Parser> parser_;   // the request being read
+  std::string in_;                   // bytes read and not yet parsed (only what a read left over)
+  std::optional<Parser> parser_;     // the request being read
   std::unique_ptr<Stream> stream_;   // the request under way (read or answered)
   enum class Stop { kNone, kBusy, kTooLarge };
   Stop stop_ = Stop::kNone;          // why a callback stopped the parser
@@ -115,7 +126,9 @@ class Http1 final : public Protocol {
   bool answer_done_ = false;         // the last part of the answer is queued
   bool draining_ = false;
   bool peer_gone_ = false;
-  std::deque<Piece> out_;            // the answer's bytes, in order
+  PieceQueue out_;                   // the answer's bytes, in order
+  std::string head_;                 // the answer's status line and headers (reused)
+  std::string body_;                 // the answer's own body bytes (reused)
   int64_t out_bytes_ = 0;
   int64_t written_pending_ = 0;      // bytes handed to the batch being written
   int64_t charged_out_ = 0;          // answer bytes charged to the budgets (out_ and the batch)
@@ -162,36 +175,57 @@ void Parser::on_finish_impl(error_code&) { owner_->OnFinish(); }
 
 bool Http1::Receive(const char* data, size_t size) {
   if (close_) return true;  // a lingering close: what comes is dropped
+  if (in_.empty()) {
+    // The usual case, a whole request in one read: parsed where it was read, not copied.
+    const size_t used = Parse(data, size);
+    if (close_) {
+      in_.clear();
+    } else if (used < size) {
+      in_.assign(data + used, size - used);
+    }
+    return true;
+  }
   in_.append(data, size);
-  Parse();
+  ParseBuffered();
   return true;
 }
 
-void Http1::Parse() {
-  while (!close_ && !in_.empty()) {
+void Http1::ParseBuffered() {
+  const size_t used = Parse(in_.data(), in_.size());
+  if (close_) {
+    in_.clear();
+  } else {
+    in_.erase(0, used);
+  }
+}
+
+size_t Http1::Parse(const char* data, size_t size) {
+  size_t total = 0;
+  while (!close_ && total < size) {
     if (stream_ != nullptr && stream_->request_done) {
       // Answering: a pipelined request waits for the answer to be written.
-      return;
+      return total;
     }
-    if (parser_ == nullptr) {
+    if (!parser_.has_value()) {
       if (conn_->draining() && stream_ == nullptr) {
         close_ = true;  // no new request while draining
-        return;
+        return total;
       }
-      parser_ = std::make_unique<Parser>(this);
+      parser_.emplace(this);
       parser_->eager(true);
-      // Ours is Options::max_body_bytes (OnBodyInit, OnBody). (Beast 1.74 treats boost::none as
-      // a limit of 0 for a Content-Length body, so no limit is the largest one.)
+      // Ours is Options::max_body_bytes (OnHeaderDone, OnBody). (Beast 1.74 treats boost::none
+      // as a limit of 0 for a Content-Length body, so no limit is the largest one.)
       parser_->body_limit(std::numeric_limits<std::uint64_t>::max());
       // Beast's bound counts the request line and CR LFs too: ours (OnField) is the exact one.
       parser_->header_limit(
           static_cast<uint32_t>(std::min<int64_t>(options_.max_header_bytes * 2 + 4096, 1 << 30)));
     }
     error_code ec;
-    const size_t used = parser_->put(boost::asio::const_buffer(in_.data(), in_.size()), ec);
-    in_.erase(0, used);
+    const size_t used =
+        parser_->put(boost::asio::const_buffer(data + total, size - total), ec);
+    total += used;
     if (ec == http::error::need_more) {
-      if (used == 0) return;
+      if (used == 0) return total;
       continue;
     }
     if (ec) {
@@ -212,14 +246,15 @@ void Http1::Parse() {
         Refuse(400, absl::StrCat("bad request: ", ec.message(), "\n"),
                AbuseReason::kProtocolError);
       }
-      return;
+      return total;
     }
     if (finished_) {
       finished_ = false;
       Complete();
     }
-    if (used == 0) return;
+    if (used == 0) return total;
   }
+  return total;
 }
 
 void Http1::OnRequest(absl::string_view method, absl::string_view target, int version) {
@@ -288,9 +323,8 @@ void Http1::TooLarge() {
   s->body_too_large = true;
   s->request_done = true;
   keep_alive_ = false;
-  close_ = true;
+  close_ = true;  // the rest of the input is dropped
   parser_.reset();
-  in_.clear();
   Access::SetBodyTooLarge(*s->exchange);
   conn_->Dispatch(s);
 }
@@ -343,8 +377,7 @@ void Http1::Complete() {
 
 void Http1::Refuse(int status, std::string text, AbuseReason reason) {
   conn_->counters().Count(reason);
-  parser_.reset();
-  in_.clear();
+  parser_.reset();  // close_ (below): the rest of the input is dropped
   if (stream_ != nullptr && stream_->exchange != nullptr) Access::Detach(*stream_->exchange);
   if (stream_ != nullptr) conn_->Charge(-stream_->held);
   stream_ = std::make_unique<Stream>();
@@ -371,8 +404,8 @@ void Http1::StartAnswer(Stream* s) {
   for (const auto& [name, value] : s->headers) {
     if (name == "connection" && absl::EqualsIgnoreCase(value, "close")) keep_alive_ = false;
   }
-  std::string head;
-  head.reserve(256);
+  std::string head = std::move(head_);
+  head.clear();
   absl::StrAppend(&head, "HTTP/1.1 ", s->status, " ", ReasonPhrase(s->status), "\r\ndate: ",
                   HttpDate(), "\r\nserver: ", options_.server_name, "\r\n");
   if (whole) {
@@ -398,7 +431,8 @@ void Http1::StartAnswer(Stream* s) {
     head += "connection: keep-alive\r\n";
   }
   head += "\r\n";
-  Push(std::make_shared<const std::string>(std::move(head)));
+  head_ = std::move(head);  // kept until written (Finished)
+  Push(Piece{head_.data(), head_.size(), nullptr});
   s->headers_sent = true;
   s->headers.clear();
 }
@@ -424,7 +458,7 @@ void Http1::Deliver(Stream* s, Exchange::Part part) {
     pending_interim_ = false;
   }
   int64_t bytes = 0;
-  AppendPieces(part, &s->out, &bytes);
+  AppendPieces(part, &s->out, &bytes, &body_);
   s->out_bytes += bytes;
   if (part.end) {
     s->end = true;
@@ -479,6 +513,8 @@ void Http1::Finished() {
   // The answer is written: the request is over.
   answer_done_ = false;
   chunked_out_ = false;
+  head_.clear();
+  body_.clear();
   if (stream_ != nullptr) {
     stream_->done = true;
     if (stream_->exchange != nullptr) Access::Detach(*stream_->exchange);
@@ -491,7 +527,7 @@ void Http1::Finished() {
     return;
   }
   keep_alive_ = true;
-  Parse();  // a pipelined request may be waiting
+  ParseBuffered();  // a pipelined request may be waiting
 }
 
 void Http1::Drain() {

@@ -7,12 +7,16 @@
 // "glitch" limiter, which Debian's 1.52 lacks), and the memory budget: a new stream is refused
 // while the connection or the server is over budget, and body bytes are taken (their window given
 // back, nghttp2_session_consume) only while there is room.
+#include <malloc.h>
 #include <nghttp2/nghttp2.h>
+#include <sys/mman.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "service/common/log.h"
@@ -23,6 +27,61 @@ namespace {
 
 constexpr size_t kMaxBatchBytes = 256 << 10;   // one write's worth, then the next
 constexpr uint32_t kTinyWindowUpdate = 1024;   // smaller increments count as no progress
+
+// nghttp2's memory: the heap, except for blocks of two pages or more (its 16 KiB outbound frame
+// buffer), which get mappings of their own, listed per session, so that an idle session can give
+// their pages back (Http2::Trim): the frame buffer holds nothing between writes.
+struct SessionMemory {
+  static constexpr size_t kMapFrom = 8192;
+  std::vector<std::pair<void*, size_t>> mapped;
+
+  size_t* Find(void* p) {
+    for (auto& [q, size] : mapped) {
+      if (q == p) return &size;
+    }
+    return nullptr;
+  }
+  static void* Alloc(size_t size, void* self_ptr) {
+    if (size < kMapFrom) return malloc(size);
+    void* m = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return nullptr;
+    static_cast<SessionMemory*>(self_ptr)->mapped.emplace_back(m, size);
+    return m;
+  }
+  static void Free(void* p, void* self_ptr) {
+    if (p == nullptr) return;
+    auto* self = static_cast<SessionMemory*>(self_ptr);
+    for (auto it = self->mapped.begin(); it != self->mapped.end(); ++it) {
+      if (it->first == p) {
+        munmap(p, it->second);
+        self->mapped.erase(it);
+        return;
+      }
+    }
+    free(p);
+  }
+  static void* Calloc(size_t n, size_t size, void* self_ptr) {
+    if (size != 0 && n > SIZE_MAX / size) return nullptr;
+    if (n * size < kMapFrom) return calloc(n, size);
+    return Alloc(n * size, self_ptr);  // mappings come zeroed
+  }
+  static void* Realloc(void* p, size_t size, void* self_ptr) {
+    if (p == nullptr) return Alloc(size, self_ptr);
+    auto* self = static_cast<SessionMemory*>(self_ptr);
+    const size_t* mapped_size = self->Find(p);
+    if (mapped_size == nullptr && size < kMapFrom) return realloc(p, size);
+    const size_t old = mapped_size != nullptr ? *mapped_size : malloc_usable_size(p);
+    void* q = Alloc(size, self_ptr);
+    if (q == nullptr) return nullptr;
+    std::memcpy(q, p, std::min(old, size));
+    Free(p, self_ptr);
+    return q;
+  }
+  // Pages of the mapped blocks back to the kernel (they come back zeroed when next touched).
+  void ReleasePages() {
+    for (auto& [p, size] : mapped) madvise(p, size, MADV_DONTNEED);
+  }
+};
 
 nghttp2_nv Nv(absl::string_view name, absl::string_view value) {
   return nghttp2_nv{reinterpret_cast<uint8_t*>(const_cast<char*>(name.data())),
@@ -47,6 +106,7 @@ class Http2 final : public Protocol {
   void Drain() override;
   void Tick(Clock::time_point now) override;
   void Closed() override;
+  void Trim() override;
   void PeerClosed() override {
     // An HTTP/2 client that closes has nothing left to read: nothing more is sent.
     fatal_ = closing_ = true;
@@ -74,14 +134,19 @@ class Http2 final : public Protocol {
   static ssize_t ReadData(nghttp2_session*, int32_t stream_id, uint8_t* buf, size_t length,
                           uint32_t* data_flags, nghttp2_data_source* source, void* self);
 
+  // The stream `id`, or null. The last one found is remembered: nghttp2 calls back for one
+  // stream several times in a row (begin, each header, end of headers, data).
   Stream* Find(int32_t id) {
+    if (last_ != nullptr && last_->id == id) return last_;
     auto it = streams_.find(id);
-    return it == streams_.end() ? nullptr : it->second.get();
+    last_ = it == streams_.end() ? nullptr : it->second.get();
+    return last_;
   }
   void HeadersDone(Stream* s);
   void RequestDone(Stream* s);
   void BodyTooLarge(Stream* s);
   void SubmitHeaders(Stream* s);
+  void SubmitTrailers(Stream* s);
   // Gives back the window of `s`'s held-back body bytes while the budgets allow.
   void TakeBody(Stream* s);
   void TakeHeldBack();
@@ -90,6 +155,26 @@ class Http2 final : public Protocol {
   // GOAWAY with `code` for `reason`, and the connection ends once it is written.
   void Abuse(AbuseReason reason, uint32_t code);
   void UpdateReadPause();
+  // Body bytes of `s` whose window is held back: `v`; holding_ follows.
+  void SetUnconsumed(Stream* s, int32_t v) {
+    if ((s->unconsumed > 0) != (v > 0)) holding_ += v > 0 ? 1 : -1;
+    s->unconsumed = v;
+  }
+  // A closed stream goes back to spare_, emptied (its buffers' capacity kept).
+  void Recycle(std::unique_ptr<Stream> s) {
+    if (spare_.size() >= 16) return;
+    PieceQueue out = std::move(s->out);
+    Headers headers = std::move(s->headers);
+    std::string keep = std::move(s->keep);
+    out.clear();
+    headers.clear();
+    keep.clear();
+    *s = Stream();
+    s->out = std::move(out);
+    s->headers = std::move(headers);
+    s->keep = std::move(keep);
+    spare_.push_back(std::move(s));
+  }
   void Release(Stream* s, int64_t bytes) {
     s->held -= bytes;
     conn_->Charge(-bytes);
@@ -97,14 +182,18 @@ class Http2 final : public Protocol {
 
   Conn* const conn_;
   const Server::Options& options_;
+  SessionMemory memory_;  // before session_: nghttp2 frees through it in the destructor
   nghttp2_session* session_ = nullptr;
   absl::flat_hash_map<int32_t, std::unique_ptr<Stream>> streams_;
+  Stream* last_ = nullptr;                       // Find's memory; cleared when it closes
+  std::vector<std::unique_ptr<Stream>> spare_;   // closed streams to reuse (at most 16)
   WriteBatch* batch_ = nullptr;  // during Collect
   int64_t batch_body_ = 0;       // body bytes in the batch being written (charged until then)
   bool closing_ = false;         // GOAWAY for abuse or a fatal error: end once written
   bool fatal_ = false;           // nothing more may be sent
   bool our_goaway_ = false;      // the next GOAWAY sent is ours
   bool read_paused_ = false;
+  int holding_ = 0;  // streams with body bytes whose window is held back (unconsumed > 0)
   // Drain: the first GOAWAY (last stream id 2^31-1) and a PING are out; the second GOAWAY goes
   // when the PING comes back or a second has passed.
   bool drain_noticed_ = false;
@@ -147,7 +236,9 @@ Http2::Http2(Conn* conn)
   nghttp2_option_set_max_settings(opt, h2.max_settings);
   nghttp2_option_set_stream_reset_rate_limit(opt, h2.reset_burst, h2.reset_rate);
   nghttp2_option_set_max_continuations(opt, h2.max_continuations);
-  nghttp2_session_server_new2(&session_, cb, this, opt);
+  nghttp2_mem mem{&memory_, &SessionMemory::Alloc, &SessionMemory::Free, &SessionMemory::Calloc,
+                  &SessionMemory::Realloc};
+  nghttp2_session_server_new3(&session_, cb, this, opt, &mem);
   nghttp2_option_del(opt);
   nghttp2_session_callbacks_del(cb);
 
@@ -251,7 +342,13 @@ int Http2::OnBeginHeaders(nghttp2_session* session, const nghttp2_frame* frame, 
     nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, id, NGHTTP2_REFUSED_STREAM);
     return 0;
   }
-  auto stream = std::make_unique<Stream>();
+  std::unique_ptr<Stream> stream;
+  if (self->spare_.empty()) {
+    stream = std::make_unique<Stream>();
+  } else {
+    stream = std::move(self->spare_.back());
+    self->spare_.pop_back();
+  }
   Stream* s = stream.get();
   s->conn = conn;
   s->id = id;
@@ -259,7 +356,7 @@ int Http2::OnBeginHeaders(nghttp2_session* session, const nghttp2_frame* frame, 
   s->exchange = std::make_shared<Exchange>(conn->loop(), conn->mailbox());
   Access::Fill(*s->exchange, conn, s, 0x200);
   self->streams_.emplace(id, std::move(stream));
-  nghttp2_session_set_stream_user_data(session, id, s);
+  self->last_ = s;
   return 0;
 }
 
@@ -328,7 +425,7 @@ void Http2::RequestDone(Stream* s) {
   Release(s, s->body_bytes);
   if (s->unconsumed > 0) {
     nghttp2_session_consume(session_, s->id, static_cast<size_t>(s->unconsumed));
-    s->unconsumed = 0;
+    SetUnconsumed(s, 0);
   }
 }
 
@@ -338,7 +435,7 @@ void Http2::BodyTooLarge(Stream* s) {
   Release(s, static_cast<int64_t>(Access::body(*s->exchange).size()));
   if (s->unconsumed > 0) {
     nghttp2_session_consume(session_, s->id, static_cast<size_t>(s->unconsumed));
-    s->unconsumed = 0;
+    SetUnconsumed(s, 0);
   }
   Access::ReleaseBody(*s->exchange);
   Access::SetBodyTooLarge(*s->exchange);
@@ -368,7 +465,7 @@ int Http2::OnDataChunk(nghttp2_session* session, uint8_t, int32_t stream_id, con
   Access::body(*s->exchange).append(chunk.data(), chunk.size());
   s->held += static_cast<int64_t>(len);
   self->conn_->Charge(static_cast<int64_t>(len));
-  s->unconsumed += static_cast<int32_t>(len);
+  self->SetUnconsumed(s, s->unconsumed + static_cast<int32_t>(len));
   self->TakeBody(s);
   return 0;
 }
@@ -384,7 +481,7 @@ void Http2::TakeBody(Stream* s) {
       (budget <= 0 || others < budget) && (others == 0 || !conn_->ServerOverBudget());
   if (!room) return;
   nghttp2_session_consume(session_, s->id, static_cast<size_t>(s->unconsumed));
-  s->unconsumed = 0;
+  SetUnconsumed(s, 0);
 }
 
 void Http2::TakeHeldBack() {
@@ -396,11 +493,7 @@ void Http2::TakeHeldBack() {
 void Http2::UpdateReadPause() {
   // Only a connection holding body bytes stops reading when the server's budget is spent: the
   // window it was given is its bound otherwise, and reading on lets WINDOW_UPDATEs in.
-  bool holding = false;
-  for (const auto& [id, s] : streams_) {
-    if (s->unconsumed > 0) holding = true;
-  }
-  const bool pause = holding && conn_->ServerOverBudget();
+  const bool pause = holding_ > 0 && conn_->ServerOverBudget();
   if (pause && !read_paused_) conn_->counters().Count(AbuseReason::kReadPaused);
   if (pause != read_paused_) {
     read_paused_ = pause;
@@ -502,6 +595,7 @@ int Http2::OnStreamClose(nghttp2_session* session, int32_t stream_id, uint32_t e
   if (it == self->streams_.end()) return 0;
   std::unique_ptr<Stream> s = std::move(it->second);
   self->streams_.erase(it);
+  if (self->last_ == s.get()) self->last_ = nullptr;
   ++self->closed_streams_;
   const Server::Options::Http2& h2 = self->options_.http2;
   // Ended before its answer, by the client's reset or one its error provoked (MadeYouReset).
@@ -511,7 +605,9 @@ int Http2::OnStreamClose(nghttp2_session* session, int32_t stream_id, uint32_t e
   }
   if (s->exchange != nullptr) Access::Detach(*s->exchange);
   if (s->unconsumed > 0) nghttp2_session_consume_connection(session, s->unconsumed);
+  self->SetUnconsumed(s.get(), 0);
   self->conn_->Charge(-s->held);
+  self->Recycle(std::move(s));
   if (h2.premature_reset_streams > 0 && self->premature_ > 0) {
     const uint64_t limit = static_cast<uint64_t>(h2.premature_reset_streams);
     const bool over = self->closed_streams_ < limit ? self->premature_ * 2 >= limit
@@ -534,7 +630,9 @@ void Http2::Deliver(Stream* s, Exchange::Part part) {
   }
   int64_t bytes = 0;
   if (!s->head) {
-    AppendPieces(part, &s->out, &bytes);
+    // Small bodies stay in the stream and are copied into the write (no allocation); larger ones
+    // are shared with the write batch, which may outlive the stream.
+    AppendPieces(part, &s->out, &bytes, part.data.size() <= 4096 ? &s->keep : nullptr);
   } else {
     bytes = 0;
     s->out_bytes += static_cast<int64_t>(part.size());  // HEAD: only its length is sent
@@ -560,16 +658,17 @@ void Http2::Deliver(Stream* s, Exchange::Part part) {
 
 void Http2::SubmitHeaders(Stream* s) {
   s->headers_sent = true;
-  std::string status = absl::StrCat(s->status);
-  std::string length;
-  std::vector<nghttp2_nv> nva;
-  nva.reserve(s->headers.size() + 4);
-  nva.push_back(Nv(":status", status));
+  // On the stack: nghttp2 copies names and values when the frame is submitted.
+  char status[16];
+  char length[24];
+  const absl::string_view status_text(status, absl::numbers_internal::FastIntToBuffer(s->status, status) - status);
+  absl::InlinedVector<nghttp2_nv, 16> nva;
+  nva.push_back(Nv(":status", status_text));
   nva.push_back(Nv("date", HttpDate()));
   nva.push_back(Nv("server", options_.server_name));
   if (s->end && s->trailers.empty()) {
-    length = absl::StrCat(s->out_bytes);
-    nva.push_back(Nv("content-length", length));
+    const char* end = absl::numbers_internal::FastIntToBuffer(s->out_bytes, length);
+    nva.push_back(Nv("content-length", absl::string_view(length, end - length)));
   }
   for (const auto& [name, value] : s->headers) nva.push_back(Nv(name, value));
   const bool no_body = s->end && (s->head || s->out.empty());
@@ -579,9 +678,7 @@ void Http2::SubmitHeaders(Stream* s) {
     // Headers, then trailers: two HEADERS frames, no DATA.
     nghttp2_submit_headers(session_, NGHTTP2_FLAG_NONE, s->id, nullptr, nva.data(), nva.size(),
                            nullptr);
-    std::vector<nghttp2_nv> tva;
-    for (const auto& [name, value] : s->trailers) tva.push_back(Nv(name, value));
-    nghttp2_submit_trailer(session_, s->id, tva.data(), tva.size());
+    SubmitTrailers(s);
   } else {
     nghttp2_data_provider provider;
     provider.source.ptr = s;
@@ -589,11 +686,16 @@ void Http2::SubmitHeaders(Stream* s) {
     nghttp2_submit_response(session_, s->id, nva.data(), nva.size(), &provider);
   }
   s->headers.clear();
-  s->headers.shrink_to_fit();
 }
 
-ssize_t Http2::ReadData(nghttp2_session* session, int32_t stream_id, uint8_t*, size_t length,
-                        uint32_t* data_flags, nghttp2_data_source* source, void*) {
+void Http2::SubmitTrailers(Stream* s) {
+  absl::InlinedVector<nghttp2_nv, 8> tva;
+  for (const auto& [name, value] : s->trailers) tva.push_back(Nv(name, value));
+  nghttp2_submit_trailer(session_, s->id, tva.data(), tva.size());
+}
+
+ssize_t Http2::ReadData(nghttp2_session*, int32_t, uint8_t*, size_t length,
+                        uint32_t* data_flags, nghttp2_data_source* source, void* self) {
   auto* s = static_cast<Stream*>(source->ptr);
   size_t available = 0;
   for (const Piece& p : s->out) {
@@ -607,9 +709,7 @@ ssize_t Http2::ReadData(nghttp2_session* session, int32_t stream_id, uint8_t*, s
     *data_flags |= NGHTTP2_DATA_FLAG_EOF;
     if (!s->trailers.empty()) {
       *data_flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
-      std::vector<nghttp2_nv> tva;
-      for (const auto& [name, value] : s->trailers) tva.push_back(Nv(name, value));
-      nghttp2_submit_trailer(session, stream_id, tva.data(), tva.size());
+      static_cast<Http2*>(self)->SubmitTrailers(s);
     }
   }
   return static_cast<ssize_t>(n);
@@ -627,7 +727,11 @@ int Http2::OnSendData(nghttp2_session*, nghttp2_frame* frame, const uint8_t* fra
   while (left > 0 && !s->out.empty()) {
     Piece& p = s->out.front();
     const size_t n = std::min(left, p.size);
-    self->batch_->Ref(p.data, n, p.owner);
+    if (p.owner == nullptr) {
+      self->batch_->Copy(p.data, n);  // the stream's own bytes: it may close before the write
+    } else {
+      self->batch_->Ref(p.data, n, p.owner);
+    }
     p.data += n;
     p.size -= n;
     left -= n;
@@ -689,6 +793,12 @@ int Http2::OnFrameSend(nghttp2_session* session, const nghttp2_frame* frame, voi
       break;
   }
   return 0;
+}
+
+void Http2::Trim() {
+  spare_.clear();
+  // Nothing waits to be sent: the frame buffer's pages go back to the kernel.
+  if (nghttp2_session_want_write(session_) == 0) memory_.ReleasePages();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -39,6 +39,15 @@ class Loop {
   const std::shared_ptr<Mailbox>& mailbox() const { return mailbox_; }
   char* read_buffer() { return read_buffer_.data(); }
   size_t read_buffer_size() const { return read_buffer_.size(); }
+  // The small read buffers of connections in use (SocketConn's hot reads), pooled per loop.
+  // A page from mmap (null if none could be had: the connection then stays cold).
+  static constexpr size_t kHotBufferBytes = 4096;
+  struct UnmapBuffer {
+    void operator()(char* p) const;
+  };
+  using ReadBuffer = std::unique_ptr<char, UnmapBuffer>;
+  ReadBuffer TakeReadBuffer();
+  void GiveReadBuffer(ReadBuffer buffer);
 
   // Starts the thread / joins it (after Stop has run there).
   void Start();
@@ -65,6 +74,7 @@ class Loop {
   boost::asio::steady_timer sweep_timer_;
   std::shared_ptr<Mailbox> mailbox_;
   std::vector<char> read_buffer_;
+  std::vector<ReadBuffer> free_buffers_;  // kept for reuse, at most 32
   absl::flat_hash_map<SocketConn*, std::shared_ptr<SocketConn>> conns_;
   bool draining_ = false;
   bool stopping_ = false;
