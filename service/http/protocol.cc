@@ -43,13 +43,13 @@ std::string Quote(absl::string_view value) {
 absl::StatusOr<ContentType> ParseContentType(absl::string_view content_type) {
   absl::string_view media = content_type.substr(0, content_type.find(';'));
   media = absl::StripAsciiWhitespace(media);
-  const std::string lower = absl::AsciiStrToLower(media);
-  if (lower == "application/proto") return ContentType{Protocol::kConnect, Codec::kProto};
-  if (lower == "application/json") return ContentType{Protocol::kConnect, Codec::kJson};
-  if (lower == "application/grpc-web" || lower == "application/grpc-web+proto") {
+  const auto is = [media](absl::string_view name) { return absl::EqualsIgnoreCase(media, name); };
+  if (is("application/proto")) return ContentType{Protocol::kConnect, Codec::kProto};
+  if (is("application/json")) return ContentType{Protocol::kConnect, Codec::kJson};
+  if (is("application/grpc-web") || is("application/grpc-web+proto")) {
     return ContentType{Protocol::kGrpcWeb, Codec::kProto, false};
   }
-  if (lower == "application/grpc-web-text" || lower == "application/grpc-web-text+proto") {
+  if (is("application/grpc-web-text") || is("application/grpc-web-text+proto")) {
     return ContentType{Protocol::kGrpcWeb, Codec::kProto, true};
   }
   return absl::InvalidArgumentError(absl::StrCat(

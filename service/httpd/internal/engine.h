@@ -45,6 +45,9 @@ namespace internal {
 
 using Clock = std::chrono::steady_clock;
 
+// A request body's buffer is reserved up to this much from its announced length.
+constexpr uint64_t kBodyReserve = 64 << 10;
+
 class Conn;
 class Loop;
 class Protocol;

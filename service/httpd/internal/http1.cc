@@ -306,6 +306,11 @@ bool Http1::OnHeaderDone() {
     stop_ = Stop::kTooLarge;  // the body is never read
     return false;
   }
+  // Room for the body at once, no regrowth while it arrives; at most kBodyReserve, so that a
+  // length announced and never sent costs nothing much.
+  if (length && *length > 0 && !s->streaming) {
+    Access::body(*s->exchange).reserve(std::min<uint64_t>(*length, kBodyReserve));
+  }
   if (expect_continue_ && !s->started && ((length && *length > 0) || parser_->chunked())) {
     pending_interim_ = true;
     conn_->WantWrite();

@@ -387,6 +387,12 @@ int Http2::OnHeader(nghttp2_session*, const nghttp2_frame* frame, const uint8_t*
     return 0;
   }
   Access::AddHeader(e, n, v, /*lower_name=*/false);  // nghttp2 checked they are lower-case
+  uint64_t length = 0;
+  if (n == "content-length" && absl::SimpleAtoi(v, &length) && length > 0) {
+    // nghttp2 holds the body to this length: room for it at once (at most kBodyReserve, so that
+    // a length announced and never sent costs nothing much).
+    Access::body(e).reserve(static_cast<size_t>(std::min<uint64_t>(length, kBodyReserve)));
+  }
   return 0;
 }
 
