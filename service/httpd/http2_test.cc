@@ -192,7 +192,8 @@ class H2Client {
 
   // A request; the body goes out as its provider allows (Send adds more when `end` is false).
   int32_t Submit(const std::string& path, std::string body, bool end = true,
-                 const std::string& method = "POST") {
+                 const std::string& method = "POST",
+                 const std::vector<std::pair<std::string, std::string>>& extra = {}) {
     auto out = std::make_unique<Outgoing>();
     out->data = std::move(body);
     out->end = end;
@@ -202,12 +203,13 @@ class H2Client {
                                      {":path", path},
                                      {":authority", "127.0.0.1"},
                                      {"content-type", "application/test"}};
-    nghttp2_nv nva[5];
-    for (int i = 0; i < 5; ++i) nva[i] = Nv(fields[i][0], fields[i][1]);
+    std::vector<nghttp2_nv> nva;
+    for (int i = 0; i < 5; ++i) nva.push_back(Nv(fields[i][0], fields[i][1]));
+    for (const auto& [n, v] : extra) nva.push_back(Nv(n, v));
     nghttp2_data_provider provider;
     provider.source.ptr = out.get();
     provider.read_callback = &H2Client::Read;
-    const int32_t id = nghttp2_submit_request(session_, nullptr, nva, sizeof(nva) / sizeof(nva[0]),
+    const int32_t id = nghttp2_submit_request(session_, nullptr, nva.data(), nva.size(),
                                               method == "GET" ? nullptr : &provider, nullptr);
     outgoing_[id] = std::move(out);
     return id;
@@ -221,13 +223,18 @@ class H2Client {
   void Reset(int32_t id) { nghttp2_submit_rst_stream(session_, NGHTTP2_FLAG_NONE, id, NGHTTP2_CANCEL); }
 
   // Sends and reads until `done` (true) or 10 s pass (false), or the connection ends.
-  bool Run(const std::function<bool()>& done) {
-    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  bool Run(const std::function<bool()>& done) { return RunUntil(done, std::chrono::seconds(10)); }
+  // Sends and reads for `d`.
+  void RunFor(std::chrono::milliseconds d) {
+    RunUntil([] { return false; }, d);
+  }
+  bool RunUntil(const std::function<bool()>& done, std::chrono::steady_clock::duration d) {
+    const auto end = std::chrono::steady_clock::now() + d;
     while (std::chrono::steady_clock::now() < end) {
       if (nghttp2_session_send(session_) != 0) return done();
       if (done()) return true;
       pollfd p{fd_, POLLIN, 0};
-      if (poll(&p, 1, 50) <= 0) continue;
+      if (poll(&p, 1, 5) <= 0) continue;
       uint8_t buf[65536];
       const ssize_t n = recv(fd_, buf, sizeof(buf), 0);
       if (n <= 0) {
@@ -391,6 +398,83 @@ TEST_F(Http2Test, DrainSendsTwoGoawaysAndFinishesTheStreamInFlight) {
   EXPECT_EQ(c.results[id].status, 200);
   EXPECT_EQ(c.results[id].body, "late\n");
   ASSERT_TRUE(c.Run([&] { return c.eof; }));  // closed once its last stream is done
+}
+
+// Several large bodies at once on one connection, past its budget: the oldest request always
+// progresses and the connection's window is never held by the others, so all complete.
+TEST_F(Http2Test, ConcurrentUploadsPastTheConnectionBudgetAllComplete) {
+  Server::Options options;
+  options.connection_budget_bytes = 256 << 10;
+  options.http2.stream_window_bytes = 64 << 10;
+  options.http2.connection_window_bytes = 128 << 10;
+  Start(options);
+  H2Client c(server_->port());
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 4; ++i) ids.push_back(c.Submit("/unary", std::string(1 << 20, 'a' + i)));
+  ASSERT_TRUE(c.Run([&] {
+    for (int32_t id : ids) {
+      if (!c.results[id].closed) return false;
+    }
+    return true;
+  }));
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(c.results[ids[i]].status, 200);
+    EXPECT_EQ(c.results[ids[i]].body, std::string(1 << 20, 'a' + i));
+  }
+  EXPECT_EQ(server_->stats().read_timeouts, 0u);
+  EXPECT_EQ(server_->stats().buffered_bytes, 0);
+}
+
+// The server's budget spent by bodies under way on many connections: a few connections at a time
+// get to finish theirs (progress grants) while the others wait, so every upload completes.
+TEST_F(Http2Test, UploadsPastTheServerBudgetStillComplete) {
+  Server::Options options;
+  options.memory_budget_bytes = 512 << 10;
+  options.http2.stream_window_bytes = 64 << 10;
+  Start(options);
+  std::vector<std::unique_ptr<H2Client>> clients;
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 8; ++i) {
+    clients.push_back(std::make_unique<H2Client>(server_->port()));
+    ids.push_back(clients.back()->Submit("/unary", std::string(512 << 10, 'k')));
+  }
+  // Each client is driven in turn until all are done.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  bool all = false;
+  while (!all && std::chrono::steady_clock::now() < deadline) {
+    all = true;
+    for (size_t i = 0; i < clients.size(); ++i) {
+      H2Client& c = *clients[i];
+      const int32_t id = ids[i];
+      if (!c.results[id].closed) {
+        all = false;
+        c.RunFor(std::chrono::milliseconds(20));
+      }
+    }
+  }
+  ASSERT_TRUE(all);
+  for (size_t i = 0; i < clients.size(); ++i) {
+    EXPECT_EQ(clients[i]->results[ids[i]].status, 200);
+    EXPECT_EQ(clients[i]->results[ids[i]].body.size(), 512u << 10);
+  }
+  EXPECT_EQ(server_->stats().read_timeouts, 0u);
+}
+
+// Headers over the limit on a request whose body is still to come: 431, and the stream is reset
+// after it, so nothing of it stays open on the server.
+TEST_F(Http2Test, HeadersTooLargeOnAnOpenStreamAreAnsweredAndReset) {
+  Server::Options options;
+  options.max_header_bytes = 1024;
+  Start(options);
+  H2Client c(server_->port());
+  const int32_t id = c.Submit("/unary", "", /*end=*/false, "POST",
+                              {{"x-big", std::string(4000, 'h')}});
+  ASSERT_TRUE(c.Run([&] { return c.results[id].closed; }));
+  EXPECT_EQ(c.results[id].status, 431);
+  EXPECT_EQ(server_->stats().header_too_large, 1u);
+  const int32_t next = c.Submit("/unary", "still here");
+  ASSERT_TRUE(c.Run([&] { return c.results[next].closed; }));
+  EXPECT_EQ(c.results[next].body, "still here");
 }
 
 TEST_F(Http2Test, Http11TrailersGoInAChunkedBody) {

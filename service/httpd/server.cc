@@ -149,7 +149,8 @@ void Exchange::StartResponse(int status, Headers headers) {
 }
 
 void Exchange::Write(std::string data) {
-  if (!started_.load(std::memory_order_acquire) || finished_.load(std::memory_order_acquire)) {
+  if (!started_.load(std::memory_order_acquire) || finished_.load(std::memory_order_acquire) ||
+      abandoned()) {
     return;
   }
   unsent_.fetch_add(static_cast<int64_t>(data.size()), std::memory_order_relaxed);
@@ -195,7 +196,7 @@ void Accept(Server::Impl* impl) {
       // Out of descriptors or memory: try again in a moment rather than spin.
       io.retry->expires_after(std::chrono::milliseconds(50));
       io.retry->async_wait([impl](const error_code& e) {
-        if (!e) Accept(impl);
+        if (!e && impl->io->acceptor->is_open()) Accept(impl);
       });
       return;
     }

@@ -246,8 +246,7 @@ class Server final {
     bool tcp_nodelay = true;
 
     // Memory: request body bytes held plus answer bytes not yet sent, per connection and over
-    // all connections (see the header comment). A connection's budget is raised to fit one
-    // request of max_body_bytes. 0 = no bound.
+    // all connections (see the header comment). 0 = no bound.
     int64_t connection_budget_bytes = 4 << 20;
     int64_t memory_budget_bytes = 256 << 20;
 

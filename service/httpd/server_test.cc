@@ -393,6 +393,25 @@ TEST_F(ServerTest, StopWithIdleConnectionsIsQuickAndAnswersInFlight) {
   EXPECT_EQ(server_->stats().open, 0);
 }
 
+// A client that sends its request and then shuts its side (nc -N, some HTTP/1.0 clients) still
+// gets the answer a worker gives later; then the connection closes.
+TEST_F(ServerTest, HalfClosedClientStillGetsItsAnswer) {
+  Start({});
+  const int fd = Connect(server_->port());
+  SendAll(fd, "GET /later HTTP/1.1\r\nHost: x\r\n\r\n");
+  for (int i = 0; i < 500 && handler_.held() == 0; ++i) absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_EQ(handler_.held(), 1u);
+  ASSERT_EQ(shutdown(fd, SHUT_WR), 0);
+  absl::SleepFor(absl::Milliseconds(100));  // the server sees the FIN before the answer
+  EXPECT_TRUE(handler_.first_held()->abandoned());  // no work is owed to it...
+  handler_.ReleaseAll();                             // ...but an answer given is written
+  const HttpResponse r = ReadResponse(fd);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, "later\n");
+  EXPECT_TRUE(ClosedWithin(fd, std::chrono::seconds(10)));
+  close(fd);
+}
+
 TEST_F(ServerTest, BadAddressIsRefused) {
   Server::Options options;
   options.address = "nonsense";

@@ -121,8 +121,11 @@ class SocketConn final : public Conn, public std::enable_shared_from_this<Socket
     } else {
       headers_since_ = Clock::time_point();
     }
-    // A body that makes no progress.
-    if (p->AwaitingBody() && now - last_read_ >= Chrono(o.read_timeout)) return ReadTimeout();
+    // A body that makes no progress (the client's: not one we hold back).
+    Clock::time_point body_since;
+    if (p->AwaitingBody(&body_since) && now - body_since >= Chrono(o.read_timeout)) {
+      return ReadTimeout();
+    }
     // An answer the client does not take.
     const bool blocked = writing_ || p->OutputBlocked();
     if (!blocked) {
@@ -135,9 +138,10 @@ class SocketConn final : public Conn, public std::enable_shared_from_this<Socket
       return;
     }
     if (plain_.has_value()) MaybeCool(now);
-    // Idle: no request under way for the idle timeout (HTTP/2: GOAWAY first).
-    if (!p->Busy() && !p->InHeaders() && !blocked && !idle_closing_ &&
-        now - std::max(last_read_, last_write_) >= Chrono(o.idle_timeout)) {
+    // Idle: no request under way for the idle timeout, from the last one (PINGs and other
+    // frames do not keep a connection; HTTP/2: GOAWAY first).
+    if (p->Busy() || p->InHeaders() || blocked) set_last_busy(now);
+    if (!idle_closing_ && now - last_busy() >= Chrono(o.idle_timeout)) {
       idle_closing_ = true;
       p->Drain();
     }
@@ -221,8 +225,8 @@ class SocketConn final : public Conn, public std::enable_shared_from_this<Socket
 
   void ArmRead() {
     if (reading_ || !WantsRead()) return;
-    if (plain_.has_value()) {
-      ReadPlain();
+    if (plain_.has_value() || state_ == State::kLinger) {
+      ReadPlain();  // lingering on TLS too: the raw bytes are read and dropped
       return;
     }
     if (tls_buffer_.empty()) tls_buffer_.resize(16 << 10);
@@ -255,7 +259,7 @@ class SocketConn final : public Conn, public std::enable_shared_from_this<Socket
       }
       error_code ec;
       const size_t n =
-          plain_->read_some(asio::buffer(loop_->read_buffer(), loop_->read_buffer_size()), ec);
+          lowest().read_some(asio::buffer(loop_->read_buffer(), loop_->read_buffer_size()), ec);
       if (ec == asio::error::would_block || ec == asio::error::try_again) {
         ArmPlain();
         return;
@@ -293,13 +297,15 @@ class SocketConn final : public Conn, public std::enable_shared_from_this<Socket
       return;
     }
     auto self = shared_from_this();
-    if (reads_ >= 2 && hot_buffer_ == nullptr) hot_buffer_ = loop_->TakeReadBuffer();
-    if (hot_buffer_ != nullptr) {
+    if (reads_ >= 2 && hot_buffer_ == nullptr && plain_.has_value() && state_ == State::kOpen) {
+      hot_buffer_ = loop_->TakeReadBuffer();
+    }
+    if (hot_buffer_ != nullptr && state_ == State::kOpen) {
       plain_->async_receive(asio::buffer(hot_buffer_.get(), Loop::kHotBufferBytes),
                             [self](const error_code& ec, size_t n) { self->OnHotRead(ec, n); });
       return;
     }
-    plain_->async_wait(tcp::socket::wait_read, [self](const error_code& ec) {
+    lowest().async_wait(tcp::socket::wait_read, [self](const error_code& ec) {
       self->reading_ = false;
       if (ec) {
         if (ec != asio::error::operation_aborted) self->Close();
@@ -380,6 +386,7 @@ class SocketConn final : public Conn, public std::enable_shared_from_this<Socket
 
   void Feed(const char* data, size_t n) {
     last_read_ = Clock::now();
+    trimmed_ = false;
     if (reads_ < 2) ++reads_;  // a second read with data makes a plain connection hot
     if (state_ == State::kLinger) return;  // dropped
     std::string detected;
@@ -421,9 +428,10 @@ class SocketConn final : public Conn, public std::enable_shared_from_this<Socket
         BeginClose();
         break;
       }
-      if (hot_buffer_ == nullptr && !protocol_->Busy()) {
+      if (hot_buffer_ == nullptr && !trimmed_ && !protocol_->Busy()) {
         // A quiet connection that is not hot keeps nothing for the next request: idle
-        // connections cost their socket and state, not buffers.
+        // connections cost their socket and state, not buffers. Once per quiet spell.
+        trimmed_ = true;
         batch_.Release();
         protocol_->Trim();
       }
@@ -495,14 +503,16 @@ class SocketConn final : public Conn, public std::enable_shared_from_this<Socket
   }
 
   // Our side is done: shut it and read the client's last bytes (dropped) until it closes, or
-  // for a moment; then close. TLS connections close at once.
+  // for a moment; then close. So an answer sent before its request was whole (a 431, a body
+  // over the limit) reaches the client instead of being lost to a reset. On TLS the raw bytes
+  // are read and dropped the same way (the client sees the end of TCP, not a close_notify).
   void BeginClose() {
-    if (tls_stream_ != nullptr || peer_eof_ || loop_->stopping()) {
+    if (peer_eof_ || loop_->stopping()) {
       Close();
       return;
     }
     error_code ec;
-    plain_->shutdown(tcp::socket::shutdown_send, ec);
+    lowest().shutdown(tcp::socket::shutdown_send, ec);
     if (ec) {
       Close();
       return;
@@ -533,6 +543,7 @@ class SocketConn final : public Conn, public std::enable_shared_from_this<Socket
   bool peer_eof_ = false;
   bool idle_closing_ = false;
   bool cooling_ = false;
+  bool trimmed_ = false;  // Trim has run since the last bytes came
   int reads_ = 0;  // reads since the connection last went cold
   Loop::ReadBuffer hot_buffer_;
   Clock::time_point since_, last_read_, last_write_, headers_since_, stall_since_, linger_since_;

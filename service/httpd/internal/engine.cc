@@ -129,7 +129,25 @@ void WriteBatch::Clear() {
 // ---------------------------------------------------------------------------------------------
 // Conn
 
-Conn::~Conn() = default;
+Conn::~Conn() { ReleaseGrant(); }
+
+bool Conn::MayTakeBody() {
+  if (grant_ || !ServerOverBudget()) return true;
+  int held = impl_->grants.load(std::memory_order_relaxed);
+  while (held < kProgressGrants) {
+    if (impl_->grants.compare_exchange_weak(held, held + 1, std::memory_order_acq_rel)) {
+      grant_ = true;
+      return true;
+    }
+  }
+  return false;
+}
+
+void Conn::ReleaseGrant() {
+  if (!grant_) return;
+  grant_ = false;
+  impl_->grants.fetch_sub(1, std::memory_order_acq_rel);
+}
 
 const Server::Options& Conn::options() const { return impl_->options; }
 Counters& Conn::counters() const { return impl_->counters; }
@@ -159,6 +177,7 @@ bool Conn::ServerOverBudget() const {
 
 void Conn::Dispatch(Stream* stream) {
   stream->dispatched = true;
+  last_busy_ = Clock::now();
   impl_->counters.requests.fetch_add(1, std::memory_order_relaxed);
   impl_->unanswered->fetch_add(1, std::memory_order_acq_rel);
   // The handler may answer at once; the stream stays (its protocol owns it) until closed.
@@ -228,6 +247,24 @@ void Access::Deliver(Exchange& e, Exchange::Part part) {
   Stream* stream = e.stream_;
   if (stream == nullptr) return;  // the request is over
   stream->conn->protocol()->Deliver(stream, std::move(part));
+}
+
+void ChargeBody(Conn* conn, Stream* s, int64_t reserved, int64_t received) {
+  s->body_reserved = std::max(s->body_reserved, reserved);
+  s->body_bytes += received;
+  const int64_t need = std::max(s->body_reserved, s->body_bytes);
+  if (need > s->body_charge) {
+    s->held += need - s->body_charge;
+    conn->Charge(need - s->body_charge);
+    s->body_charge = need;
+  }
+}
+
+void ReleaseBodyCharge(Conn* conn, Stream* s) {
+  s->held -= s->body_charge;
+  conn->Charge(-s->body_charge);
+  s->body_charge = 0;
+  s->body_reserved = 0;
 }
 
 void AppendPieces(Exchange::Part& part, PieceQueue* out, int64_t* bytes, std::string* keep) {

@@ -166,7 +166,9 @@ struct Stream {
   bool request_done = false;  // the whole body has arrived (or the request ended early)
   bool body_too_large = false;
   int64_t body_bytes = 0;     // body bytes received
-  int64_t held = 0;           // bytes charged to the budgets for this stream (body + answer)
+  int64_t body_reserved = 0;  // the body buffer's room reserved from its announced length
+  int64_t body_charge = 0;    // what the body costs the budgets: max(reserved, received)
+  int64_t held = 0;           // bytes charged to the budgets for this stream (all of it)
   int32_t unconsumed = 0;     // HTTP/2: body bytes whose window is not yet given back
   // The answer.
   bool started = false;         // status and headers known
@@ -212,11 +214,18 @@ class Conn {
   void Charge(int64_t delta);
   static constexpr int64_t kChargeStep = 4 << 10;
   int64_t held() const { return held_; }
-  // This connection's budget (at least one max-size request) and whether it, or the server's,
-  // is spent.
+  // This connection's budget and whether it, or the server's, is spent.
   int64_t budget() const;
   bool OverBudget() const;
   bool ServerOverBudget() const;
+  // Whether this connection may take more request body bytes as far as the server's budget is
+  // concerned: yes while it is not spent; past it, only for the few connections holding a
+  // progress grant (kProgressGrants for the whole server, taken here if one is free), so that
+  // requests under way can still complete and free their memory while the rest wait.
+  bool MayTakeBody();
+  // The grant goes back (no body under way any more, or the connection is closing).
+  void ReleaseGrant();
+  static constexpr int kProgressGrants = 4;
   // A new request on this connection is refused: its own budget is spent, or the server's is
   // and this connection already holds bytes (the connections that hold the memory are the ones
   // refused; one that holds nothing still gets its request in).
@@ -224,6 +233,9 @@ class Conn {
 
   // A request is handed to the handler (counted; Stop waits for its answer).
   void Dispatch(Stream* stream);
+  // When a request was last under way (the idle timeout runs from there).
+  Clock::time_point last_busy() const { return last_busy_; }
+  void set_last_busy(Clock::time_point t) { last_busy_ = t; }
 
   const std::shared_ptr<const std::string>& peer_address() const { return peer_address_; }
   const std::shared_ptr<const std::string>& identity() const { return identity_; }
@@ -238,6 +250,8 @@ class Conn {
   bool tls_ = false;
   int64_t held_ = 0;
   int64_t reported_ = 0;  // what the server's count has of held_
+  bool grant_ = false;    // holds one of the server's progress grants
+  Clock::time_point last_busy_ = Clock::now();
   std::unique_ptr<Protocol> protocol_;
 };
 
@@ -255,9 +269,11 @@ class Protocol {
   virtual bool WantsClose() const = 0;
   // Read more (false while HTTP/1.1 answers, or while a budget holds body bytes back).
   virtual bool WantsRead() const = 0;
-  // A request is under way (not idle), and one is waiting for body bytes (read timeout).
+  // A request is under way (not idle).
   virtual bool Busy() const = 0;
-  virtual bool AwaitingBody() const = 0;
+  // A request body is under way and it is the client's turn to send (not held back by us):
+  // `since` is when body bytes last arrived (the read timeout runs from there).
+  virtual bool AwaitingBody(Clock::time_point* since) const = 0;
   // The client sent FIN (or reset): the connection ends once what is owed is written.
   virtual void PeerClosed() = 0;
   // The connection is quiet: memory kept for the next request (buffers' capacity, spare
@@ -308,6 +324,11 @@ struct Access {
   static Exchange::Span Append(Exchange& e, absl::string_view s);
 };
 
+// A request body's cost to the budgets: `reserved` bytes of room, `received` more bytes arrived;
+// the charge is the larger of the two totals. Released whole when the body goes.
+void ChargeBody(Conn* conn, Stream* s, int64_t reserved, int64_t received);
+void ReleaseBodyCharge(Conn* conn, Stream* s);
+
 // A response part's bytes as pieces (data first, then the shared views). With `keep`, an empty
 // string the caller keeps until the pieces are written, the part's own data moves there and is
 // referenced without an owner (no allocation).
@@ -329,6 +350,7 @@ struct Server::Impl {
   internal::Counters counters;
   std::atomic<bool> draining{false};
   std::atomic<bool> stopping{false};
+  std::atomic<int> grants{0};  // progress grants held (Conn::MayTakeBody)
   std::vector<std::unique_ptr<internal::Loop>> loops;
   struct Io;  // the acceptor and TLS context (server.cc)
   std::unique_ptr<Io> io;

@@ -55,17 +55,24 @@ class Http1 final : public Protocol {
   bool Receive(const char* data, size_t size) override;
   void Collect(WriteBatch* batch) override;
   void Written(size_t bytes) override;
-  bool WantsClose() const override { return close_ && out_.empty() && !pending_interim_; }
+  // Once the answer owed (if any) is written: a request handed over and not yet answered keeps
+  // the connection.
+  bool WantsClose() const override {
+    return abort_ || (close_ && out_.empty() && !pending_interim_ && stream_ == nullptr);
+  }
   bool WantsRead() const override {
     // While answering, a few bytes are read (a client that hangs up is seen; a pipelined request
     // waits in `in_`); past that, the socket waits.
-    return !close_ && static_cast<int64_t>(in_.size()) < options_.max_header_bytes + 65536;
+    return !close_ && !body_paused_ &&
+           static_cast<int64_t>(in_.size()) < options_.max_header_bytes + 65536;
   }
   bool Busy() const override { return stream_ != nullptr; }
-  bool AwaitingBody() const override {
-    return stream_ != nullptr && !stream_->request_done && !stream_->streaming &&
-           !stream_->body_too_large;
+  bool AwaitingBody(Clock::time_point* since) const override {
+    if (!InBody() || body_paused_) return false;  // a pause is ours, not the client's stall
+    *since = body_progress_;
+    return true;
   }
+  void Tick(Clock::time_point) override { UpdateBodyPause(); }
   bool InHeaders() const override {
     return (stream_ == nullptr && !in_.empty()) || (parser_.has_value() && !parser_->is_header_done());
   }
@@ -84,7 +91,8 @@ class Http1 final : public Protocol {
   }
 
   // From the parser's callbacks.
-  void OnRequest(absl::string_view method, absl::string_view target, int version);
+  // False: the request line alone is over the header limit.
+  bool OnRequest(absl::string_view method, absl::string_view target, int version);
   bool OnField(absl::string_view name, absl::string_view value);
   // False stops the parser (stop_ says why).
   bool OnHeaderDone();
@@ -93,6 +101,20 @@ class Http1 final : public Protocol {
   void OnFinish() { finished_ = true; }
 
  private:
+  // A request body is under way (its headers read, its end not yet).
+  bool InBody() const {
+    return stream_ != nullptr && parser_.has_value() && parser_->is_header_done() &&
+           !stream_->request_done && !stream_->streaming;
+  }
+  // Past the server's budget, a body under way without a progress grant waits (not read).
+  void UpdateBodyPause() {
+    const bool pause = InBody() && conn_->ServerOverBudget() && !conn_->MayTakeBody();
+    if (pause && !body_paused_) conn_->counters().Count(AbuseReason::kReadPaused);
+    if (pause != body_paused_) {
+      body_paused_ = pause;
+      conn_->ReadStateChanged();
+    }
+  }
   // Parses from `data` (the read buffer, or in_); returns the bytes used. Leaves in_ alone.
   size_t Parse(const char* data, size_t size);
   // Parses what waits in in_.
@@ -125,7 +147,9 @@ class Http1 final : public Protocol {
   bool chunked_out_ = false;         // the answer is chunked
   bool answer_done_ = false;         // the last part of the answer is queued
   bool draining_ = false;
-  bool peer_gone_ = false;
+  bool body_paused_ = false;         // UpdateBodyPause
+  bool abort_ = false;               // close now, whatever is owed (the protocol broke)
+  Clock::time_point body_progress_;  // request body bytes last arrived
   PieceQueue out_;                   // the answer's bytes, in order
   std::string head_;                 // the answer's status line and headers (reused)
   std::string body_;                 // the answer's own body bytes (reused)
@@ -135,9 +159,11 @@ class Http1 final : public Protocol {
 };
 
 void Parser::on_request_impl(http::verb, boost::beast::string_view method,
-                             boost::beast::string_view target, int version, error_code&) {
-  owner_->OnRequest(absl::string_view(method.data(), method.size()),
-                    absl::string_view(target.data(), target.size()), version);
+                             boost::beast::string_view target, int version, error_code& ec) {
+  if (!owner_->OnRequest(absl::string_view(method.data(), method.size()),
+                         absl::string_view(target.data(), target.size()), version)) {
+    ec = http::error::header_limit;  // the request line alone is over the header limit
+  }
 }
 
 void Parser::on_field_impl(http::field, boost::beast::string_view name,
@@ -257,7 +283,7 @@ size_t Http1::Parse(const char* data, size_t size) {
   return total;
 }
 
-void Http1::OnRequest(absl::string_view method, absl::string_view target, int version) {
+bool Http1::OnRequest(absl::string_view method, absl::string_view target, int version) {
   stream_ = std::make_unique<Stream>();
   stream_->conn = conn_;
   stream_->opened = Clock::now();
@@ -269,10 +295,14 @@ void Http1::OnRequest(absl::string_view method, absl::string_view target, int ve
   stream_->header_bytes = static_cast<int64_t>(method.size() + target.size());
   keep_alive_ = version >= 11;
   expect_continue_ = false;
+  return stream_->header_bytes <= options_.max_header_bytes;
 }
 
 bool Http1::OnField(absl::string_view name, absl::string_view value) {
   if (stream_ == nullptr) return false;
+  // Trailer fields of a chunked body come after the request was handed over: the exchange's
+  // headers are not touched again (workers may be reading them).
+  if (stream_->dispatched) return true;
   stream_->header_bytes += static_cast<int64_t>(name.size() + value.size());
   if (stream_->header_bytes > options_.max_header_bytes) return false;
   Access::AddHeader(*stream_->exchange, name, value, /*lower_name=*/true);
@@ -306,11 +336,14 @@ bool Http1::OnHeaderDone() {
     stop_ = Stop::kTooLarge;  // the body is never read
     return false;
   }
-  // Room for the body at once, no regrowth while it arrives; at most kBodyReserve, so that a
-  // length announced and never sent costs nothing much.
+  // Room for the body at once (charged), no regrowth while it arrives; at most kBodyReserve, so
+  // that a length announced and never sent costs little.
   if (length && *length > 0 && !s->streaming) {
-    Access::body(*s->exchange).reserve(std::min<uint64_t>(*length, kBodyReserve));
+    const int64_t room = static_cast<int64_t>(std::min<uint64_t>(*length, kBodyReserve));
+    Access::body(*s->exchange).reserve(static_cast<size_t>(room));
+    ChargeBody(conn_, s, room, 0);
   }
+  body_progress_ = Clock::now();
   if (expect_continue_ && !s->started && ((length && *length > 0) || parser_->chunked())) {
     pending_interim_ = true;
     conn_->WantWrite();
@@ -337,16 +370,16 @@ void Http1::TooLarge() {
 void Http1::OnBody(absl::string_view data) {
   Stream* s = stream_.get();
   if (s == nullptr || s->body_too_large) return;
-  s->body_bytes += static_cast<int64_t>(data.size());
+  if (!data.empty()) body_progress_ = Clock::now();
   if (s->streaming) {
+    s->body_bytes += static_cast<int64_t>(data.size());
     Access::Read(*s->exchange, data, false);
     return;
   }
-  if (s->body_bytes > options_.max_body_bytes) {
+  if (s->body_bytes + static_cast<int64_t>(data.size()) > options_.max_body_bytes) {
     // A chunked body past the limit: answered now, the connection closes after the answer.
     conn_->counters().Count(AbuseReason::kBodyTooLarge);
-    conn_->Charge(-s->held);
-    s->held = 0;
+    ReleaseBodyCharge(conn_, s);
     s->body_too_large = true;
     s->request_done = true;
     keep_alive_ = false;
@@ -354,11 +387,12 @@ void Http1::OnBody(absl::string_view data) {
     Access::ReleaseBody(*s->exchange);
     Access::SetBodyTooLarge(*s->exchange);
     conn_->Dispatch(s);
+    conn_->ReleaseGrant();
     return;
   }
   Access::body(*s->exchange).append(data.data(), data.size());
-  s->held += static_cast<int64_t>(data.size());
-  conn_->Charge(static_cast<int64_t>(data.size()));
+  ChargeBody(conn_, s, 0, static_cast<int64_t>(data.size()));
+  UpdateBodyPause();
 }
 
 void Http1::Complete() {
@@ -367,6 +401,8 @@ void Http1::Complete() {
   if (s == nullptr || s->request_done) return;
   s->request_done = true;
   pending_interim_ = false;
+  conn_->ReleaseGrant();
+  if (body_paused_) UpdateBodyPause();
   if (s->streaming) {
     Access::Read(*s->exchange, absl::string_view(), true);
     return;
@@ -374,28 +410,32 @@ void Http1::Complete() {
   std::shared_ptr<Exchange> exchange = s->exchange;
   conn_->Dispatch(s);
   Access::ReleaseBody(*exchange);
-  if (stream_.get() == s) {
-    conn_->Charge(-s->held);
-    s->held = 0;
-  }
+  if (stream_.get() == s) ReleaseBodyCharge(conn_, s);
 }
 
 void Http1::Refuse(int status, std::string text, AbuseReason reason) {
   conn_->counters().Count(reason);
   parser_.reset();  // close_ (below): the rest of the input is dropped
+  keep_alive_ = false;
+  close_ = true;
+  conn_->ReleaseGrant();
+  if (stream_ != nullptr && stream_->headers_sent) {
+    // A streamed answer has begun: no second one inside it; the connection just ends.
+    abort_ = true;
+    if (stream_->exchange != nullptr) Access::Detach(*stream_->exchange);
+    return;
+  }
   if (stream_ != nullptr && stream_->exchange != nullptr) Access::Detach(*stream_->exchange);
   if (stream_ != nullptr) conn_->Charge(-stream_->held);
   stream_ = std::make_unique<Stream>();
   stream_->conn = conn_;
   stream_->request_done = true;
-  keep_alive_ = false;
   Exchange::Part part;
   part.start = part.end = true;
   part.status = status;
   part.headers = {{"content-type", "text/plain; charset=utf-8"}};
   part.data = std::move(text);
   Deliver(stream_.get(), std::move(part));
-  close_ = true;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -403,7 +443,7 @@ void Http1::Refuse(int status, std::string text, AbuseReason reason) {
 
 void Http1::StartAnswer(Stream* s) {
   if (draining_ || conn_->draining()) keep_alive_ = false;
-  const bool whole = s->end && s->trailers.empty();
+  const bool whole = s->end && (s->trailers.empty() || s->head);  // HEAD: no body, no trailers
   chunked_out_ = !whole && s->exchange != nullptr && s->exchange->http_version() >= 0x101;
   if (!whole && !chunked_out_) keep_alive_ = false;  // HTTP/1.0: the close ends the body
   for (const auto& [name, value] : s->headers) {
@@ -470,6 +510,7 @@ void Http1::Deliver(Stream* s, Exchange::Part part) {
     s->trailers = std::move(part.trailers);
   }
   if (!s->started) return;
+  if (s->head && !s->end) return;  // HEAD: the head once the length is known, nothing else
   // A whole answer (status, body and end together) has a content-length and goes in one write;
   // a streamed one is chunked.
   if (!s->headers_sent) StartAnswer(s);
@@ -542,6 +583,7 @@ void Http1::Drain() {
 }
 
 void Http1::Closed() {
+  conn_->ReleaseGrant();
   if (stream_ != nullptr) {
     if (stream_->exchange != nullptr) Access::Detach(*stream_->exchange);
     conn_->Charge(-stream_->held);
@@ -556,9 +598,17 @@ void Http1::Closed() {
 
 void Http1::PeerClosed() {
   // The client sent FIN: work for its request is not done, an answer already on its way is still
-  // written (a half-closed client reads it), and the connection ends after it.
+  // written (a half-closed client reads it), and the connection ends after it. A request not yet
+  // whole never will be.
   close_ = true;
-  if (stream_ != nullptr && stream_->exchange != nullptr) Access::Abandon(*stream_->exchange);
+  if (stream_ == nullptr) return;
+  if (stream_->exchange != nullptr) Access::Abandon(*stream_->exchange);
+  if (!stream_->dispatched) {
+    if (stream_->exchange != nullptr) Access::Detach(*stream_->exchange);
+    conn_->Charge(-stream_->held);
+    stream_.reset();
+    parser_.reset();
+  }
 }
 
 }  // namespace

@@ -100,7 +100,7 @@ class Http2 final : public Protocol {
   bool WantsClose() const override;
   bool WantsRead() const override { return !closing_ && !read_paused_; }
   bool Busy() const override { return !streams_.empty(); }
-  bool AwaitingBody() const override;
+  bool AwaitingBody(Clock::time_point* since) const override;
   bool OutputBlocked() const override;
   void Deliver(Stream* stream, Exchange::Part part) override;
   void Drain() override;
@@ -150,6 +150,17 @@ class Http2 final : public Protocol {
   // Gives back the window of `s`'s held-back body bytes while the budgets allow.
   void TakeBody(Stream* s);
   void TakeHeldBack();
+  // Gives back the window of `s`'s held-back body bytes.
+  void TakeStreamWindow(Stream* s);
+  // The incomplete request of this connection opened first, or null.
+  Stream* Oldest();
+  // A request body is still arriving on some stream.
+  bool BodyUnderWay() const;
+  void MaybeReleaseGrant();
+  void ChargeBody(Stream* s, int64_t reserved, int64_t received) {
+    internal::ChargeBody(conn_, s, reserved, received);
+  }
+  void ReleaseBodyCharge(Stream* s) { internal::ReleaseBodyCharge(conn_, s); }
   // A frame that makes no progress; an empty bucket ends the connection.
   void NoProgress();
   // GOAWAY with `code` for `reason`, and the connection ends once it is written.
@@ -194,6 +205,7 @@ class Http2 final : public Protocol {
   bool our_goaway_ = false;      // the next GOAWAY sent is ours
   bool read_paused_ = false;
   int holding_ = 0;  // streams with body bytes whose window is held back (unconsumed > 0)
+  Clock::time_point body_progress_ = Clock::now();  // request body bytes last arrived
   // Drain: the first GOAWAY (last stream id 2^31-1) and a PING are out; the second GOAWAY goes
   // when the PING comes back or a second has passed.
   bool drain_noticed_ = false;
@@ -238,9 +250,14 @@ Http2::Http2(Conn* conn)
   nghttp2_option_set_max_continuations(opt, h2.max_continuations);
   nghttp2_mem mem{&memory_, &SessionMemory::Alloc, &SessionMemory::Free, &SessionMemory::Calloc,
                   &SessionMemory::Realloc};
-  nghttp2_session_server_new3(&session_, cb, this, opt, &mem);
+  const int created = nghttp2_session_server_new3(&session_, cb, this, opt, &mem);
   nghttp2_option_del(opt);
   nghttp2_session_callbacks_del(cb);
+  if (created != 0) {
+    session_ = nullptr;  // out of memory: the connection ends at once (fatal_)
+    fatal_ = closing_ = true;
+    return;
+  }
 
   const nghttp2_settings_entry settings[] = {
       {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS,
@@ -259,7 +276,7 @@ Http2::Http2(Conn* conn)
 
 Http2::~Http2() {
   Closed();
-  nghttp2_session_del(session_);
+  if (session_ != nullptr) nghttp2_session_del(session_);
 }
 
 void Http2::Closed() {
@@ -269,8 +286,11 @@ void Http2::Closed() {
     s->held = 0;
   }
   streams_.clear();
+  last_ = nullptr;
+  spare_.clear();
   conn_->Charge(-batch_body_);
   batch_body_ = 0;
+  conn_->ReleaseGrant();
 }
 
 bool Http2::Receive(const char* data, size_t size) {
@@ -315,11 +335,11 @@ bool Http2::WantsClose() const {
   return !nghttp2_session_want_read(session_) && !nghttp2_session_want_write(session_);
 }
 
-bool Http2::AwaitingBody() const {
-  for (const auto& [id, s] : streams_) {
-    if (!s->request_done && !s->streaming) return true;
-  }
-  return false;
+bool Http2::AwaitingBody(Clock::time_point* since) const {
+  // Not while we hold its bytes back or pause it: that stall is ours.
+  if (read_paused_ || holding_ > 0 || !BodyUnderWay()) return false;
+  *since = body_progress_;
+  return true;
 }
 
 bool Http2::OutputBlocked() const {
@@ -337,6 +357,11 @@ int Http2::OnBeginHeaders(nghttp2_session* session, const nghttp2_frame* frame, 
   if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST) return 0;
   const int32_t id = frame->hd.stream_id;
   Conn* conn = self->conn_;
+  if (self->closing_) {
+    // After our GOAWAY for abuse: what the rest of the read holds opens nothing.
+    nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, id, NGHTTP2_REFUSED_STREAM);
+    return 0;
+  }
   if (conn->RefuseNewRequest()) {
     conn->counters().Count(AbuseReason::kStreamRefused);
     nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, id, NGHTTP2_REFUSED_STREAM);
@@ -357,6 +382,7 @@ int Http2::OnBeginHeaders(nghttp2_session* session, const nghttp2_frame* frame, 
   Access::Fill(*s->exchange, conn, s, 0x200);
   self->streams_.emplace(id, std::move(stream));
   self->last_ = s;
+  self->body_progress_ = s->opened;
   return 0;
 }
 
@@ -369,11 +395,16 @@ int Http2::OnHeader(nghttp2_session*, const nghttp2_frame* frame, const uint8_t*
   }
   Stream* s = self->Find(frame->hd.stream_id);
   if (s == nullptr || s->header_too_large) return 0;
-  s->header_bytes += static_cast<int64_t>(namelen + valuelen);
+  const int64_t bytes = static_cast<int64_t>(namelen + valuelen);
+  s->header_bytes += bytes;
   if (s->header_bytes > self->options_.max_header_bytes) {
     s->header_too_large = true;
     return 0;
   }
+  // The decoded headers are kept (the exchange's text): charged, since HPACK lets a client send
+  // a large header again for a byte.
+  s->held += bytes;
+  self->conn_->Charge(bytes);
   const absl::string_view n(reinterpret_cast<const char*>(name), namelen);
   const absl::string_view v(reinterpret_cast<const char*>(value), valuelen);
   Exchange& e = *s->exchange;
@@ -388,15 +419,22 @@ int Http2::OnHeader(nghttp2_session*, const nghttp2_frame* frame, const uint8_t*
   }
   Access::AddHeader(e, n, v, /*lower_name=*/false);  // nghttp2 checked they are lower-case
   uint64_t length = 0;
-  if (n == "content-length" && absl::SimpleAtoi(v, &length) && length > 0) {
-    // nghttp2 holds the body to this length: room for it at once (at most kBodyReserve, so that
-    // a length announced and never sent costs nothing much).
-    Access::body(e).reserve(static_cast<size_t>(std::min<uint64_t>(length, kBodyReserve)));
+  if (n == "content-length" && absl::SimpleAtoi(v, &length) && length > 0 &&
+      length <= static_cast<uint64_t>(self->options_.max_body_bytes)) {
+    // nghttp2 holds the body to this length: room for it at once, charged (at most
+    // kBodyReserve and one stream window, so that a length announced and never sent costs
+    // little).
+    const int64_t room = static_cast<int64_t>(std::min<uint64_t>(
+        {length, kBodyReserve,
+         static_cast<uint64_t>(self->options_.http2.stream_window_bytes)}));
+    Access::body(e).reserve(static_cast<size_t>(room));
+    self->ChargeBody(s, room, 0);
   }
   return 0;
 }
 
 void Http2::HeadersDone(Stream* s) {
+  if (closing_) return;
   if (s->header_too_large) {
     conn_->counters().Count(AbuseReason::kHeaderTooLarge);
     conn_->counters().header_too_large.fetch_add(1, std::memory_order_relaxed);
@@ -406,7 +444,8 @@ void Http2::HeadersDone(Stream* s) {
     part.headers = {{"content-type", "text/plain; charset=utf-8"}};
     part.data = absl::StrCat("request headers: expected at most ", options_.max_header_bytes,
                              " bytes, got ", s->header_bytes, " or more\n");
-    s->request_done = true;  // whatever body comes is dropped
+    // Whatever body comes is dropped (OnDataChunk); if the request is not over when the answer
+    // is, the stream is reset (OnFrameSend), so nothing of it stays.
     Deliver(s, std::move(part));
     return;
   }
@@ -419,87 +458,120 @@ void Http2::HeadersDone(Stream* s) {
 void Http2::RequestDone(Stream* s) {
   if (s->request_done) return;
   s->request_done = true;
+  TakeStreamWindow(s);  // its window is of no more use to a request that is over
   if (s->streaming) {
     if (s->exchange != nullptr) Access::Read(*s->exchange, absl::string_view(), true);
     return;
   }
-  if (s->dispatched || s->header_too_large) return;
+  if (s->dispatched || s->header_too_large || closing_) {
+    ReleaseBodyCharge(s);
+    return;
+  }
   std::shared_ptr<Exchange> exchange = s->exchange;
   conn_->Dispatch(s);
-  // The body's bytes go (copied by the handler if it needs them), and their window with them.
+  // The body's bytes go (copied by the handler if it needs them).
   Access::ReleaseBody(*exchange);
-  Release(s, s->body_bytes);
-  if (s->unconsumed > 0) {
-    nghttp2_session_consume(session_, s->id, static_cast<size_t>(s->unconsumed));
-    SetUnconsumed(s, 0);
-  }
+  ReleaseBodyCharge(s);
+  MaybeReleaseGrant();
 }
 
 void Http2::BodyTooLarge(Stream* s) {
   conn_->counters().Count(AbuseReason::kBodyTooLarge);
   s->body_too_large = true;
-  Release(s, static_cast<int64_t>(Access::body(*s->exchange).size()));
-  if (s->unconsumed > 0) {
-    nghttp2_session_consume(session_, s->id, static_cast<size_t>(s->unconsumed));
-    SetUnconsumed(s, 0);
-  }
+  TakeStreamWindow(s);
   Access::ReleaseBody(*s->exchange);
+  ReleaseBodyCharge(s);
   Access::SetBodyTooLarge(*s->exchange);
   conn_->Dispatch(s);  // answered in the handler's protocol; the rest of the body is dropped
+  MaybeReleaseGrant();
+}
+
+void Http2::TakeStreamWindow(Stream* s) {
+  if (s->unconsumed > 0) {
+    nghttp2_session_consume_stream(session_, s->id, static_cast<size_t>(s->unconsumed));
+    SetUnconsumed(s, 0);
+  }
 }
 
 int Http2::OnDataChunk(nghttp2_session* session, uint8_t, int32_t stream_id, const uint8_t* data,
                        size_t len, void* self_ptr) {
   auto* self = static_cast<Http2*>(self_ptr);
+  // The connection's window is given back at once, whoever the bytes are for: bytes held back
+  // keep only their own stream's window shut, so no stream can starve the others.
+  nghttp2_session_consume_connection(session, len);
   Stream* s = self->Find(stream_id);
   if (s == nullptr || s->request_done || s->body_too_large || s->header_too_large) {
-    nghttp2_session_consume(session, stream_id, len);  // nobody keeps these bytes
+    nghttp2_session_consume_stream(session, stream_id, len);  // nobody keeps these bytes
     return 0;
   }
   const absl::string_view chunk(reinterpret_cast<const char*>(data), len);
-  s->body_bytes += static_cast<int64_t>(len);
+  if (len > 0) self->body_progress_ = Clock::now();
   if (s->streaming) {
+    s->body_bytes += static_cast<int64_t>(len);
     Access::Read(*s->exchange, chunk, false);
-    nghttp2_session_consume(session, stream_id, len);
+    nghttp2_session_consume_stream(session, stream_id, len);
     return 0;
   }
-  if (s->body_bytes > self->options_.max_body_bytes) {
-    nghttp2_session_consume(session, stream_id, len);
+  if (s->body_bytes + static_cast<int64_t>(len) > self->options_.max_body_bytes) {
+    s->body_bytes += static_cast<int64_t>(len);
+    nghttp2_session_consume_stream(session, stream_id, len);
     self->BodyTooLarge(s);
     return 0;
   }
   Access::body(*s->exchange).append(chunk.data(), chunk.size());
-  s->held += static_cast<int64_t>(len);
-  self->conn_->Charge(static_cast<int64_t>(len));
+  self->ChargeBody(s, 0, static_cast<int64_t>(len));
   self->SetUnconsumed(s, s->unconsumed + static_cast<int32_t>(len));
   self->TakeBody(s);
   return 0;
 }
 
+Stream* Http2::Oldest() {
+  Stream* oldest = nullptr;
+  for (auto& [id, s] : streams_) {
+    if (s->request_done || s->streaming) continue;
+    if (oldest == nullptr || id < oldest->id) oldest = s.get();
+  }
+  return oldest;
+}
+
 void Http2::TakeBody(Stream* s) {
   if (s->unconsumed == 0) return;
-  // The connection's own budget leaves room for its biggest request: a stream goes on while the
-  // connection's other streams hold less than the budget. Past the server's budget, only a
-  // stream that is all its connection holds goes on (the connections holding memory wait).
+  // A stream's window is given back while the connection's other streams hold less than its
+  // budget, and always for its oldest request under way, so that a request of the largest
+  // size completes whatever else the connection sends. Past the server's budget only with a
+  // progress grant (Conn::MayTakeBody).
   const int64_t budget = conn_->budget();
   const int64_t others = conn_->held() - s->held;
-  const bool room =
-      (budget <= 0 || others < budget) && (others == 0 || !conn_->ServerOverBudget());
-  if (!room) return;
-  nghttp2_session_consume(session_, s->id, static_cast<size_t>(s->unconsumed));
-  SetUnconsumed(s, 0);
+  if (budget > 0 && others >= budget && s != Oldest()) return;
+  if (!conn_->MayTakeBody()) return;
+  TakeStreamWindow(s);
 }
 
 void Http2::TakeHeldBack() {
+  if (holding_ == 0) return;
   for (auto& [id, s] : streams_) {
     if (s->unconsumed > 0) TakeBody(s.get());
   }
 }
 
+bool Http2::BodyUnderWay() const {
+  for (const auto& [id, s] : streams_) {
+    if (!s->request_done && !s->streaming && !s->body_too_large && !s->header_too_large) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void Http2::MaybeReleaseGrant() {
+  if (!BodyUnderWay()) conn_->ReleaseGrant();
+}
+
 void Http2::UpdateReadPause() {
-  // Only a connection holding body bytes stops reading when the server's budget is spent: the
-  // window it was given is its bound otherwise, and reading on lets WINDOW_UPDATEs in.
-  const bool pause = holding_ > 0 && conn_->ServerOverBudget();
+  // Past the server's budget, a connection with bodies under way and no progress grant is not
+  // read: its streams' windows already bound it otherwise, and reading on lets WINDOW_UPDATEs
+  // in.
+  const bool pause = conn_->ServerOverBudget() && BodyUnderWay() && !conn_->MayTakeBody();
   if (pause && !read_paused_) conn_->counters().Count(AbuseReason::kReadPaused);
   if (pause != read_paused_) {
     read_paused_ = pause;
@@ -610,8 +682,7 @@ int Http2::OnStreamClose(nghttp2_session* session, int32_t stream_id, uint32_t e
     ++self->premature_;
   }
   if (s->exchange != nullptr) Access::Detach(*s->exchange);
-  if (s->unconsumed > 0) nghttp2_session_consume_connection(session, s->unconsumed);
-  self->SetUnconsumed(s.get(), 0);
+  self->SetUnconsumed(s.get(), 0);  // the connection's window was given back on arrival
   self->conn_->Charge(-s->held);
   self->Recycle(std::move(s));
   if (h2.premature_reset_streams > 0 && self->premature_ > 0) {
@@ -654,6 +725,7 @@ void Http2::Deliver(Stream* s, Exchange::Part part) {
   }
   if (s->exchange != nullptr) Access::SetUnsent(*s->exchange, s->out_bytes);
   if (!s->started) return;
+  if (s->head && !s->end) return;  // HEAD: the headers once the length is known, no DATA
   if (!s->headers_sent) {
     SubmitHeaders(s);
   } else {
@@ -803,6 +875,7 @@ int Http2::OnFrameSend(nghttp2_session* session, const nghttp2_frame* frame, voi
 
 void Http2::Trim() {
   spare_.clear();
+  if (session_ == nullptr) return;
   // Nothing waits to be sent: the frame buffer's pages go back to the kernel.
   if (nghttp2_session_want_write(session_) == 0) memory_.ReleasePages();
 }
@@ -829,6 +902,7 @@ void Http2::Drain() {
 }
 
 void Http2::Tick(Clock::time_point now) {
+  if (session_ == nullptr) return;
   if (drain_noticed_ && !drain_final_ && now - drain_at_ >= std::chrono::seconds(1)) {
     drain_final_ = true;
     nghttp2_submit_goaway(session_, NGHTTP2_FLAG_NONE,
