@@ -1,10 +1,10 @@
 // The HTTP face of the service: every unary RPC of offload.v1 over the Connect protocol
 // (application/proto and application/json, POST, and GET for side-effect-free methods) and
 // gRPC-Web (binary and text), over HTTP/1.1 and HTTP/2 (h2c, and TLS with ALPN), plus
-// GET /healthz and GET /readyz, on the event-driven httpd::Server (H2O). Requests are decoded on
-// a loop thread; memo hits of Verify, BatchVerify, Derive and AEAD Open are answered there (no
-// crypto primitive), every other call runs on the worker pool and its answer is handed back to
-// the loop. Same operations, limits, admission, grants, audit and metrics as the gRPC path.
+// GET /healthz and GET /readyz, on the event-driven httpd::Server (nghttp2, Beast, Asio).
+// Requests are decoded on a loop thread; memo hits of Verify, BatchVerify, Derive and AEAD Open
+// are answered there (no crypto primitive), every other call runs on the worker pool and its
+// answer is handed back to the loop. Same operations, limits, admission, grants, audit and metrics as the gRPC path.
 // Responses are gzipped for callers that ask, when it pays (CompressResponse, rpc_codec.h), where
 // the call finished (the loop for a memo hit).
 //

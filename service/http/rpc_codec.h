@@ -37,7 +37,7 @@ struct CallOptions {
   Encoding accept = Encoding::kIdentity;
 };
 
-// A request header by its lower-case name (as HTTP/2 and H2O carry names), or nullopt when
+// A request header by its lower-case name (as HTTP/2 and the engine carry names), or nullopt when
 // absent.
 using HeaderLookup = absl::FunctionRef<std::optional<absl::string_view>(const char* name)>;
 

@@ -1,4 +1,4 @@
-// The H2O server over real loopback sockets, with a plain blocking socket as the client: keep-alive,
+// The HTTP engine over real loopback sockets, with a plain blocking socket as the client: keep-alive,
 // answers from another thread, clients that leave, the connection bound, the read and idle
 // timeouts, header and body limits, drain and stop.
 #include "service/httpd/server.h"

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """The HTTP engine against a baseline build, in one run (issue 23's benchmark).
 
-    tests/bench/engine_ab.py --baseline_server /tmp/h2o-main/build/bin/offload_server \\
+    tests/bench/engine_ab.py --baseline_server /tmp/baseline/build/bin/offload_server \\
         [--server build/bin/offload_server] [--calls 100000] [--rounds 5] [--idle 10000]
 
 Two servers run side by side (the same flags, file key store in temporary folders, admission

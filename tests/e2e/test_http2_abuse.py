@@ -323,6 +323,17 @@ class Http2Abuse(ServerTestCase):
         if expect_reasons:
             self.assertGreater(sum(counted[r] for r in expect_reasons), 0,
                                "no defence counted among %s" % (expect_reasons,))
+            # ...and logged (at most a line per reason per second, so at least one).
+            logged = set()
+            for text in self.server.log_lines():
+                try:
+                    line = json.loads(text)
+                except ValueError:
+                    continue
+                if line.get("event") == "http_abuse":
+                    logged.add(line.get("reason"))
+            self.assertTrue(logged & set(expect_reasons),
+                            "no http_abuse log line for %s (logged: %s)" % (expect_reasons, logged))
         if max_verifies is not None:
             self.assertLessEqual(verifies, max_verifies, "work was done for reset streams")
         self.assertEqual(self.server.health_status(), 1)  # SERVING

@@ -133,7 +133,7 @@ class SocketConn final : public Conn, public std::enable_shared_from_this<Socket
     } else if (stall_since_ == Clock::time_point() || last_write_ > stall_since_) {
       stall_since_ = now;
     } else if (now - stall_since_ >= Chrono(o.send_timeout)) {
-      counters().Count(AbuseReason::kSendTimeout);
+      Abuse(AbuseReason::kSendTimeout);
       Close();
       return;
     }

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/ascii.h"
+#include "service/common/log.h"
 
 namespace offload::httpd {
 
@@ -173,6 +174,24 @@ bool Conn::OverBudget() const {
 bool Conn::ServerOverBudget() const {
   const int64_t b = impl_->options.memory_budget_bytes;
   return b > 0 && impl_->counters.buffered.load(std::memory_order_relaxed) >= b;
+}
+
+void Conn::Abuse(AbuseReason reason) {
+  Counters& c = impl_->counters;
+  c.Count(reason);
+  const int i = static_cast<int>(reason);
+  const int64_t second = static_cast<int64_t>(time(nullptr));
+  int64_t last = c.logged_second[i].load(std::memory_order_relaxed);
+  if (last == second ||
+      !c.logged_second[i].compare_exchange_strong(last, second, std::memory_order_relaxed)) {
+    c.unlogged[i].fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  Log(LogLevel::kWarning, "http_abuse",
+      {{"reason", AbuseReasonName(reason)},
+       {"address", impl_->options.address},
+       {"peer", *peer_address_},
+       {"unlogged_since_last", c.unlogged[i].exchange(0, std::memory_order_relaxed)}});
 }
 
 void Conn::Dispatch(Stream* stream) {

@@ -82,6 +82,9 @@ struct Counters {
   void Count(AbuseReason reason) {
     abuse[static_cast<int>(reason)].fetch_add(1, std::memory_order_relaxed);
   }
+  // Conn::Abuse's log gate: one line per reason per second at most.
+  std::array<std::atomic<int64_t>, static_cast<int>(AbuseReason::kCount)> logged_second{};
+  std::array<std::atomic<uint64_t>, static_cast<int>(AbuseReason::kCount)> unlogged{};
 };
 
 // A piece of response body: bytes the server does not copy, alive while `owner` is.
@@ -230,6 +233,10 @@ class Conn {
   // and this connection already holds bytes (the connections that hold the memory are the ones
   // refused; one that holds nothing still gets its request in).
   bool RefuseNewRequest() const { return OverBudget() || (held_ > 0 && ServerOverBudget()); }
+
+  // A defence acted on this connection: counted, and logged (at most one line per reason per
+  // second, with how many went unlogged meanwhile: an attack must not flood the log).
+  void Abuse(AbuseReason reason);
 
   // A request is handed to the handler (counted; Stop waits for its answer).
   void Dispatch(Stream* stream);

@@ -109,7 +109,7 @@ class Http1 final : public Protocol {
   // Past the server's budget, a body under way without a progress grant waits (not read).
   void UpdateBodyPause() {
     const bool pause = InBody() && conn_->ServerOverBudget() && !conn_->MayTakeBody();
-    if (pause && !body_paused_) conn_->counters().Count(AbuseReason::kReadPaused);
+    if (pause && !body_paused_) conn_->Abuse(AbuseReason::kReadPaused);
     if (pause != body_paused_) {
       body_paused_ = pause;
       conn_->ReadStateChanged();
@@ -357,7 +357,7 @@ void Http1::TooLarge() {
   // Content-Length over the limit: the handler answers at once, the body is never read, and the
   // connection closes after the answer.
   Stream* s = stream_.get();
-  conn_->counters().Count(AbuseReason::kBodyTooLarge);
+  conn_->Abuse(AbuseReason::kBodyTooLarge);
   s->body_too_large = true;
   s->request_done = true;
   keep_alive_ = false;
@@ -378,7 +378,7 @@ void Http1::OnBody(absl::string_view data) {
   }
   if (s->body_bytes + static_cast<int64_t>(data.size()) > options_.max_body_bytes) {
     // A chunked body past the limit: answered now, the connection closes after the answer.
-    conn_->counters().Count(AbuseReason::kBodyTooLarge);
+    conn_->Abuse(AbuseReason::kBodyTooLarge);
     ReleaseBodyCharge(conn_, s);
     s->body_too_large = true;
     s->request_done = true;
@@ -414,7 +414,7 @@ void Http1::Complete() {
 }
 
 void Http1::Refuse(int status, std::string text, AbuseReason reason) {
-  conn_->counters().Count(reason);
+  conn_->Abuse(reason);
   parser_.reset();  // close_ (below): the rest of the input is dropped
   keep_alive_ = false;
   close_ = true;

@@ -302,7 +302,7 @@ bool Http2::Receive(const char* data, size_t size) {
     if (rv == NGHTTP2_ERR_FLOODED) reason = AbuseReason::kControlFlood;
     if (rv == NGHTTP2_ERR_TOO_MANY_CONTINUATIONS) reason = AbuseReason::kContinuations;
     if (rv == NGHTTP2_ERR_TOO_MANY_SETTINGS) reason = AbuseReason::kSettings;
-    conn_->counters().Count(reason);
+    conn_->Abuse(reason);
     // A flood or a bad preface: nothing more is sent (nghttp2 may not be used again).
     fatal_ = closing_ = true;
     return false;
@@ -317,7 +317,7 @@ void Http2::Collect(WriteBatch* batch) {
   const int rv = nghttp2_session_send(session_);
   batch_ = nullptr;
   if (rv != 0) {
-    conn_->counters().Count(AbuseReason::kProtocolError);
+    conn_->Abuse(AbuseReason::kProtocolError);
     fatal_ = closing_ = true;
   }
 }
@@ -363,7 +363,7 @@ int Http2::OnBeginHeaders(nghttp2_session* session, const nghttp2_frame* frame, 
     return 0;
   }
   if (conn->RefuseNewRequest()) {
-    conn->counters().Count(AbuseReason::kStreamRefused);
+    conn->Abuse(AbuseReason::kStreamRefused);
     nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, id, NGHTTP2_REFUSED_STREAM);
     return 0;
   }
@@ -436,7 +436,7 @@ int Http2::OnHeader(nghttp2_session*, const nghttp2_frame* frame, const uint8_t*
 void Http2::HeadersDone(Stream* s) {
   if (closing_) return;
   if (s->header_too_large) {
-    conn_->counters().Count(AbuseReason::kHeaderTooLarge);
+    conn_->Abuse(AbuseReason::kHeaderTooLarge);
     conn_->counters().header_too_large.fetch_add(1, std::memory_order_relaxed);
     Exchange::Part part;
     part.start = part.end = true;
@@ -476,7 +476,7 @@ void Http2::RequestDone(Stream* s) {
 }
 
 void Http2::BodyTooLarge(Stream* s) {
-  conn_->counters().Count(AbuseReason::kBodyTooLarge);
+  conn_->Abuse(AbuseReason::kBodyTooLarge);
   s->body_too_large = true;
   TakeStreamWindow(s);
   Access::ReleaseBody(*s->exchange);
@@ -572,7 +572,7 @@ void Http2::UpdateReadPause() {
   // read: its streams' windows already bound it otherwise, and reading on lets WINDOW_UPDATEs
   // in.
   const bool pause = conn_->ServerOverBudget() && BodyUnderWay() && !conn_->MayTakeBody();
-  if (pause && !read_paused_) conn_->counters().Count(AbuseReason::kReadPaused);
+  if (pause && !read_paused_) conn_->Abuse(AbuseReason::kReadPaused);
   if (pause != read_paused_) {
     read_paused_ = pause;
     conn_->ReadStateChanged();
@@ -654,7 +654,7 @@ void Http2::NoProgress() {
 
 void Http2::Abuse(AbuseReason reason, uint32_t code) {
   if (closing_) return;
-  conn_->counters().Count(reason);
+  conn_->Abuse(reason);
   closing_ = true;
   our_goaway_ = true;
   nghttp2_submit_goaway(session_, NGHTTP2_FLAG_NONE,
@@ -861,7 +861,7 @@ int Http2::OnFrameSend(nghttp2_session* session, const nghttp2_frame* frame, voi
     case NGHTTP2_GOAWAY:
       if (self->our_goaway_ || frame->goaway.error_code == NGHTTP2_NO_ERROR) break;
       // nghttp2's own: its reset rate limit (after an RST_STREAM) or a protocol error.
-      self->conn_->counters().Count(self->last_recv_type_ == NGHTTP2_RST_STREAM
+      self->conn_->Abuse(self->last_recv_type_ == NGHTTP2_RST_STREAM
                                         ? AbuseReason::kResetRate
                                         : AbuseReason::kProtocolError);
       self->closing_ = true;
