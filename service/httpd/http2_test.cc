@@ -26,6 +26,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "service/httpd/server.h"
+#include "tests/testing/http_client.h"
 
 namespace offload::httpd {
 namespace {
@@ -104,18 +105,7 @@ class Handler2 final : public Handler {
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-int Connect(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(static_cast<uint16_t>(port));
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
+int Connect(int port) { return testhttp::ConnectLoopback(port); }
 
 // A client session of libnghttp2 on a blocking socket: requests are submitted, then Run() sends
 // and reads until a condition holds.

@@ -2,6 +2,7 @@
 // answers from another thread, clients that leave, the connection bound, the read and idle
 // timeouts, header and body limits, drain and stop.
 #include "service/httpd/server.h"
+#include "tests/testing/http_client.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -83,18 +84,7 @@ class TestHandler final : public Handler {
   std::vector<std::shared_ptr<Exchange>> held_ ABSL_GUARDED_BY(mu_);
 };
 
-int Connect(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(static_cast<uint16_t>(port));
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
+int Connect(int port) { return testhttp::ConnectLoopback(port); }
 
 void SendAll(int fd, absl::string_view data) {
   while (!data.empty()) {

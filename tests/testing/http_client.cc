@@ -17,17 +17,20 @@
 
 namespace offload::testhttp {
 
-Connection::Connection(int port) {
-  fd_ = socket(AF_INET, SOCK_STREAM, 0);
+int ConnectLoopback(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_port = htons(static_cast<uint16_t>(port));
   sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (fd_ >= 0 && connect(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
-    close(fd_);
-    fd_ = -1;
+  if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+    close(fd);
+    return -1;
   }
+  return fd;
 }
+
+Connection::Connection(int port) : fd_(ConnectLoopback(port)) {}
 
 Connection::~Connection() {
   if (fd_ >= 0) close(fd_);

@@ -29,6 +29,9 @@ struct Response {
   bool has(const std::string& name) const { return headers.count(name) > 0; }
 };
 
+// A blocking socket connected to 127.0.0.1:`port`, or -1.
+int ConnectLoopback(int port);
+
 class Connection {
  public:
   explicit Connection(int port);  // 127.0.0.1:port; connected() says whether it worked
