@@ -9,11 +9,14 @@
 #include <string>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/random/random.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "grpc/health/v1/health.pb.h"
 #include "offload/v1/keys.pb.h"
 #include "service/common/log.h"
 #include "service/common/status_macros.h"
@@ -96,6 +99,22 @@ httpd::Response Plain(int status, absl::string_view text, HeaderList headers = {
   return httpd::Response(status, std::move(headers), std::string(text));
 }
 
+// What the gRPC answers say we take (grpc-accept-encoding).
+constexpr absl::string_view kGrpcAcceptEncoding = "identity,gzip";
+
+// A gRPC error as Trailers-Only: HTTP 200, the status in the only HEADERS frame.
+httpd::Response GrpcTrailersOnly(const absl::Status& status, absl::string_view content_type) {
+  httpd::Response out;
+  out.status = 200;
+  out.headers = {{"content-type", std::string(content_type)},
+                 {"grpc-status", absl::StrCat(static_cast<int>(status.code()))}};
+  if (!status.message().empty()) {
+    out.headers.emplace_back("grpc-message", PercentEncode(status.message()));
+  }
+  out.headers.emplace_back("grpc-accept-encoding", std::string(kGrpcAcceptEncoding));
+  return out;
+}
+
 // The largest body a request may have: the message, a gRPC-Web frame header, base64 for
 // gRPC-Web text (with room for line breaks).
 int64_t MaxBody(int64_t max_message) {
@@ -131,6 +150,58 @@ struct Gateway::Shared {
   // The HTTP server, for its counters at scrape time; null once stopped.
   absl::Mutex server_mu;
   const httpd::Server* server ABSL_GUARDED_BY(server_mu) = nullptr;
+
+  // Health: ready (SetReady) and not draining is SERVING. The services health knows: "" (the
+  // whole server) and each of the table's.
+  std::atomic<bool> ready{false};
+  absl::flat_hash_set<std::string> health_services;
+  // grpc.health.v1.Health as methods: Check answered on the loop (as a memo hit is); Watch,
+  // when not a gRPC stream (WatchHealth), answered UNIMPLEMENTED.
+  Method health_check;
+  Method health_watch;
+  // Open health Watch streams, each with the status last sent on it.
+  struct Watch {
+    std::shared_ptr<httpd::Exchange> exchange;
+    std::string service;
+    int sent = -1;
+  };
+  absl::Mutex watch_mu;
+  std::vector<std::shared_ptr<Watch>> watches ABSL_GUARDED_BY(watch_mu);
+
+  // The health status of `service` now.
+  grpc::health::v1::HealthCheckResponse::ServingStatus HealthOf(absl::string_view service) const {
+    using R = grpc::health::v1::HealthCheckResponse;
+    if (!health_services.contains(service)) return R::SERVICE_UNKNOWN;
+    return ready.load() && !draining.load() ? R::SERVING : R::NOT_SERVING;
+  }
+  // Sends `watch` its service's status if it changed.
+  void Push(Watch& watch) {
+    const int status = HealthOf(watch.service);
+    if (status == watch.sent) return;
+    watch.sent = status;
+    grpc::health::v1::HealthCheckResponse response;
+    response.set_status(static_cast<grpc::health::v1::HealthCheckResponse::ServingStatus>(status));
+    watch.exchange->Write(EncodeFrame(0, response.SerializeAsString()));
+  }
+  // Tells every Watch stream of a change; with `end`, ends them (the server is draining).
+  void PushAll(bool end) {
+    absl::MutexLock lock(&watch_mu);
+    for (const std::shared_ptr<Watch>& w : watches) {
+      if (w->exchange->abandoned()) continue;
+      Push(*w);
+      if (end) {
+        w->exchange->Finish({{"grpc-status", absl::StrCat(static_cast<int>(absl::StatusCode::kUnavailable))},
+                             {"grpc-message", "server is draining"}});
+      }
+    }
+    if (end) {
+      watches.clear();
+    } else {
+      watches.erase(std::remove_if(watches.begin(), watches.end(),
+                                   [](const auto& w) { return w->exchange->abandoned(); }),
+                    watches.end());
+    }
+  }
 };
 
 namespace {
@@ -154,18 +225,23 @@ class Call final : public std::enable_shared_from_this<Call> {
       // Neither protocol: Connect says 415, and tells what it accepts.
       HeaderList headers = {{"accept-post",
                              "application/proto, application/json, application/grpc-web, "
-                             "application/grpc-web+proto, application/grpc-web-text"}};
+                             "application/grpc-web+proto, application/grpc-web-text, "
+                             "application/grpc, application/grpc+proto, application/grpc+json"}};
       Finish(absl::UnimplementedError(type.status().message()), 415, std::move(headers));
       return;
     }
     type_ = *type;
+    if (type_.protocol == Protocol::kGrpc && exchange_->http_version() < 0x200) {
+      // gRPC is HTTP/2 only (PROTOCOL-HTTP2.md); grpc-go and connect-go answer 505 as well.
+      return Finish(absl::UnimplementedError("gRPC requires HTTP/2"), 505);
+    }
     absl::StatusOr<CallOptions> options = ParseCallHeaders(
         type_.protocol, [this](const char* name) { return exchange_->header(name); });
     if (!options.ok()) return Finish(options.status());
     options_ = *options;
     const int64_t max = shared_->max_message_bytes;
     int64_t limit = max;
-    if (type_.protocol == Protocol::kGrpcWeb) limit += kFrameHeaderBytes;
+    if (type_.protocol != Protocol::kConnect) limit += kFrameHeaderBytes;
     if (type_.text) limit = MaxBody(max);
     if (exchange_->body_too_large()) {
       // Past what any protocol carries: the HTTP server never read it, the caller gets its
@@ -204,7 +280,12 @@ class Call final : public std::enable_shared_from_this<Call> {
 
  private:
   const char* TransportName() const {
-    return type_.protocol == Protocol::kConnect ? "connect" : "grpc-web";
+    switch (type_.protocol) {
+      case Protocol::kConnect: return "connect";
+      case Protocol::kGrpcWeb: return "grpc-web";
+      case Protocol::kGrpc: return "grpc";
+    }
+    return "connect";
   }
 
   // The body (or GET message) into the request message, then the call.
@@ -213,7 +294,9 @@ class Call final : public std::enable_shared_from_this<Call> {
       shared_->bytes.received[static_cast<int>(encoding)].fetch_add(bytes.size(),
                                                                      std::memory_order_relaxed);
     }
-    if (shared_->draining.load()) return Finish(absl::UnavailableError("server is draining"));
+    if (shared_->draining.load() && !method_->open) {
+      return Finish(absl::UnavailableError("server is draining"));
+    }
     if (options_.timeout.has_value()) deadline_ = absl::Now() + *options_.timeout;
     if (auto origin = exchange_->header("origin")) origin_ = std::string(*origin);
     request_.reset(method_->request_prototype->New());
@@ -230,7 +313,7 @@ class Call final : public std::enable_shared_from_this<Call> {
       peer_.forwarded_client =
           shared_->trusted_proxies.ClientOf(peer_.Host(), exchange_->header("x-forwarded-for"));
     }
-    if (auth::Authorizer* authorizer = shared_->authorizer) {
+    if (auth::Authorizer* authorizer = shared_->authorizer; authorizer != nullptr && !method_->open) {
       if (absl::Status s = authorizer->Authorize(peer_, method_->path, *request_, TransportName());
           !s.ok()) {
         return Finish(s);
@@ -424,6 +507,16 @@ class Call final : public std::enable_shared_from_this<Call> {
         EncodeResponse(type_.codec, *response_, shared_->max_message_bytes, &message));
     const bool gzip = Compress(&message);
     out->status = 200;
+    if (type_.protocol == Protocol::kGrpc) {
+      // HEADERS, one DATA frame with the message (compressed: its flag and grpc-encoding say
+      // so), trailers with the status.
+      out->headers.emplace_back("content-type", std::string(GrpcContentType(type_)));
+      if (gzip) out->headers.emplace_back("grpc-encoding", "gzip");
+      out->headers.emplace_back("grpc-accept-encoding", std::string(kGrpcAcceptEncoding));
+      out->body = EncodeFrame(gzip ? kFrameCompressed : 0, message);
+      out->trailers = {{"grpc-status", "0"}};
+      return absl::OkStatus();
+    }
     if (type_.protocol == Protocol::kGrpcWeb) {
       // The message frame's flag and grpc-encoding say it is compressed; trailers never are.
       std::string body = EncodeFrame(gzip ? kFrameCompressed : 0, message);
@@ -467,6 +560,12 @@ class Call final : public std::enable_shared_from_this<Call> {
 
   httpd::Response EncodeError(const absl::Status& status, int http_status) {
     httpd::Response out;
+    if (type_.protocol == Protocol::kGrpc) {
+      // An answer below gRPC (HTTP/1.1): plain HTTP. Else Trailers-Only: one HEADERS frame with
+      // the status and END_STREAM.
+      if (http_status != 0) return Plain(http_status, absl::StrCat(status.message(), "\n"));
+      return GrpcTrailersOnly(status, GrpcContentType(type_));
+    }
     if (type_.protocol == Protocol::kGrpcWeb) {
       // gRPC-Web "trailers-only": HTTP 200, the status in the headers, no body.
       out.status = 200;
@@ -522,6 +621,53 @@ class Call final : public std::enable_shared_from_this<Call> {
   ops::Admission::Ticket ticket_;
 };
 
+// grpc.health.v1.Health's two methods, and the services it knows.
+void InitHealth(const MethodTable* table, Gateway::Shared* shared) {
+  using grpc::health::v1::HealthCheckRequest;
+  using grpc::health::v1::HealthCheckResponse;
+  shared->health_services.insert("");
+  for (const Method& m : table->methods()) shared->health_services.insert(m.service);
+  const auto method = [](Method* m, absl::string_view name) {
+    m->service = "grpc.health.v1.Health";
+    m->method = std::string(name);
+    m->path = absl::StrCat("/", m->service, "/", name);
+    m->no_side_effects = true;
+    m->open = true;
+    m->request_prototype = &HealthCheckRequest::default_instance();
+    m->response_prototype = &HealthCheckResponse::default_instance();
+    m->call = [m](const Message& request, Message* response, ops::Operations::Done done,
+                  ops::Operations::Alive) {
+      Method::Probe probe;
+      absl::Status status;
+      m->from_memo(request, response, &probe, &status);
+      std::move(done)(std::move(status));
+    };
+  };
+  method(&shared->health_check, "Check");
+  shared->health_check.from_memo = [shared](const Message& request, Message* response,
+                                           Method::Probe*, absl::Status* status) {
+    const std::string& service = static_cast<const HealthCheckRequest&>(request).service();
+    const HealthCheckResponse::ServingStatus s = shared->HealthOf(service);
+    if (s == HealthCheckResponse::SERVICE_UNKNOWN) {
+      *status = absl::NotFoundError(absl::StrCat("health: unknown service \"",
+                                                 absl::CHexEscape(service.substr(0, 128)), "\""));
+      return true;
+    }
+    static_cast<HealthCheckResponse*>(response)->set_status(s);
+    *status = absl::OkStatus();
+    return true;
+  };
+  method(&shared->health_watch, "Watch");
+  shared->health_watch.no_side_effects = false;
+  shared->health_watch.from_memo = [](const Message&, Message*, Method::Probe*,
+                                      absl::Status* status) {
+    *status = absl::UnimplementedError(
+        "grpc.health.v1.Health/Watch is a server stream: gRPC over HTTP/2 only (Check answers "
+        "on every protocol)");
+    return true;
+  };
+}
+
 }  // namespace
 
 Gateway::Gateway(const MethodTable* table, ops::WorkerPool* pool, metrics::Metrics* metrics,
@@ -536,6 +682,7 @@ Gateway::Gateway(const MethodTable* table, ops::WorkerPool* pool, metrics::Metri
   shared_->admission = options_.admission;
   shared_->trusted_proxies = options_.trusted_proxies;
   shared_->compression = options_.compression;
+  InitHealth(table_, shared_.get());
   if (metrics == nullptr) return;
   shared_->count_bytes = true;
   for (const Method& m : table_->methods()) {
@@ -688,10 +835,76 @@ absl::Status Gateway::ConfigureTls(SSL_CTX* ctx) {
   return absl::OkStatus();
 }
 
+void Gateway::SetReady(bool ready) {
+  shared_->ready.store(ready);
+  shared_->PushAll(/*end=*/false);
+}
+
 void Gateway::Drain() {
-  ready_.store(false);
+  shared_->ready.store(false);
   shared_->draining.store(true);
+  // Health Watch streams hear NOT_SERVING and end (UNAVAILABLE): nothing holds the drain.
+  shared_->PushAll(/*end=*/true);
   if (server_ != nullptr) server_->Drain();
+}
+
+const Method* Gateway::FindMethod(absl::string_view path) const {
+  if (const Method* m = table_->Find(path)) return m;
+  if (path == kHealthCheckPath) return &shared_->health_check;
+  if (path == kHealthWatchPath) return &shared_->health_watch;
+  return nullptr;
+}
+
+bool Gateway::Streaming(const httpd::Exchange& exchange) {
+  if (exchange.path() != kHealthWatchPath || exchange.method() != "POST" ||
+      exchange.http_version() < 0x200) {
+    return false;
+  }
+  absl::StatusOr<ContentType> type = ParseContentType(exchange.header("content-type").value_or(""));
+  return type.ok() && type->protocol == Protocol::kGrpc && type->codec == Codec::kProto;
+}
+
+void Gateway::WatchHealth(std::shared_ptr<httpd::Exchange> exchange) {
+  // The request (one small message) as it arrives; then the status now, and each change.
+  constexpr size_t kMaxRequestBytes = 4096;
+  auto body = std::make_shared<std::string>();
+  std::weak_ptr<httpd::Exchange> weak = exchange;
+  exchange->ReadBody([shared = shared_, weak, body](absl::string_view data, bool end) {
+    std::shared_ptr<httpd::Exchange> ex = weak.lock();
+    if (ex == nullptr) return;
+    if (body->size() <= kMaxRequestBytes) {
+      body->append(data.data(), std::min(data.size(), kMaxRequestBytes + 1 - body->size()));
+    }
+    if (!end) return;
+    const absl::StatusOr<CallOptions> options = ParseCallHeaders(
+        Protocol::kGrpc, [&ex](const char* name) { return ex->header(name); });
+    grpc::health::v1::HealthCheckRequest request;
+    absl::Status status = options.status();
+    if (status.ok() && body->size() > kMaxRequestBytes) {
+      status = absl::ResourceExhaustedError(
+          absl::StrCat("health request: expected at most ", kMaxRequestBytes, " bytes"));
+    }
+    if (status.ok()) {
+      status = DecodeRequest(ContentType{Protocol::kGrpc, Codec::kProto}, options->encoding,
+                             *body, kMaxRequestBytes, &request);
+    }
+    if (status.ok()) {
+      // Under the lock Drain's PushAll takes: a stream either ends there or is refused here.
+      absl::MutexLock lock(&shared->watch_mu);
+      if (!shared->draining.load()) {
+        ex->StartResponse(200, {{"content-type", "application/grpc"},
+                                {"grpc-accept-encoding", std::string(kGrpcAcceptEncoding)}});
+        auto watch = std::make_shared<Shared::Watch>();
+        watch->exchange = std::move(ex);
+        watch->service = request.service();
+        shared->Push(*watch);
+        shared->watches.push_back(std::move(watch));
+        return;
+      }
+      status = absl::UnavailableError("server is draining");
+    }
+    ex->Respond(GrpcTrailersOnly(status, "application/grpc"));
+  });
 }
 
 void Gateway::Stop(absl::Time deadline) {
@@ -724,11 +937,12 @@ void Gateway::Handle(std::shared_ptr<httpd::Exchange> exchange) {
       return respond(Plain(405, "method not allowed\n", {{"allow", "GET, HEAD"}}));
     }
     if (path == "/healthz") return respond(Plain(200, "ok\n", {{"cache-control", "no-store"}}));
-    return respond(ready_.load() ? Plain(200, "ready\n", {{"cache-control", "no-store"}})
+    return respond(shared_->ready.load() ? Plain(200, "ready\n", {{"cache-control", "no-store"}})
                                  : Plain(503, "not ready\n", {{"cache-control", "no-store"}}));
   }
 
-  const Method* rpc = table_->Find(path);
+  if (path == kHealthWatchPath && Streaming(*exchange)) return WatchHealth(std::move(exchange));
+  const Method* rpc = FindMethod(path);
   if (method == "OPTIONS") {
     const std::optional<absl::string_view> request_method =
         exchange->header("access-control-request-method");
@@ -745,6 +959,12 @@ void Gateway::Handle(std::shared_ptr<httpd::Exchange> exchange) {
   }
   if (rpc == nullptr) {
     if (method != "POST") return respond(Plain(404, "not found\n"));
+    if (IsGrpcContentType(exchange->header("content-type").value_or(""))) {
+      // gRPC's answer to a method we do not have: UNIMPLEMENTED, Trailers-Only.
+      return respond(GrpcTrailersOnly(
+          absl::UnimplementedError(absl::StrCat("unknown method ", path.substr(0, 128))),
+          "application/grpc"));
+    }
     // An RPC to a method we do not have: Connect's 404, with its error body.
     return respond(httpd::Response(
         404, {{"content-type", "application/json"}},

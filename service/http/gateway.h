@@ -1,7 +1,9 @@
 // The HTTP face of the service: every unary RPC of offload.v1 over the Connect protocol
-// (application/proto and application/json, POST, and GET for side-effect-free methods) and
-// gRPC-Web (binary and text), over HTTP/1.1 and HTTP/2 (h2c, and TLS with ALPN), plus
-// GET /healthz and GET /readyz, on the event-driven httpd::Server (nghttp2, Beast, Asio).
+// (application/proto and application/json, POST, and GET for side-effect-free methods), gRPC-Web
+// (binary and text) and gRPC (HTTP/2 only: application/grpc, +proto, +json), over HTTP/1.1 and
+// HTTP/2 (h2c, and TLS with ALPN), plus the gRPC health service (grpc.health.v1.Health: Check on
+// every protocol, Watch as a gRPC server stream) and GET /healthz and GET /readyz, on the
+// event-driven httpd::Server (nghttp2, Beast, Asio).
 // Requests are decoded on a loop thread; memo hits of Verify, BatchVerify, Derive and AEAD Open
 // are answered there (no crypto primitive), every other call runs on the worker pool and its
 // answer is handed back to the loop. Same operations, limits, admission, grants, audit and metrics as the gRPC path.
@@ -15,7 +17,8 @@
 //   OFFLOAD_RETURN_IF_ERROR(gateway.Start());
 //   gateway.SetReady(true);            // /readyz 200
 //   ...
-//   gateway.Drain();                   // /readyz 503, new RPCs UNAVAILABLE, idle connections closed
+//   gateway.Drain();                   // /readyz 503, health NOT_SERVING (Watch streams told
+//                                      // and ended), new RPCs UNAVAILABLE, idle connections closed
 //   ...                                // e.g. drain the gRPC server meanwhile
 //   gateway.Stop(deadline);            // answers in flight (until `deadline`), then closes all
 //
@@ -90,8 +93,9 @@ class Gateway final : public httpd::Handler {
   // The bound port, after Start.
   int port() const { return server_ != nullptr ? server_->port() : 0; }
 
-  // /readyz answers 200 when true, 503 when false (the initial state).
-  void SetReady(bool ready) { ready_.store(ready); }
+  // /readyz answers 200 and health SERVING when true; 503 and NOT_SERVING when false (the
+  // initial state). Health Watch streams are told of a change.
+  void SetReady(bool ready);
 
   // /readyz 503 and new calls UNAVAILABLE at once; stops accepting, sends HTTP/2 GOAWAY,
   // closes idle connections; calls in flight finish. Idempotent.
@@ -105,6 +109,12 @@ class Gateway final : public httpd::Handler {
 
   // httpd::Handler: one request, on a loop thread.
   void Handle(std::shared_ptr<httpd::Exchange> exchange) override;
+  // httpd::Handler: health Watch over gRPC is a stream; everything else is taken whole.
+  bool Streaming(const httpd::Exchange& exchange) override;
+
+  // The paths of the health service.
+  static constexpr absl::string_view kHealthCheckPath = "/grpc.health.v1.Health/Check";
+  static constexpr absl::string_view kHealthWatchPath = "/grpc.health.v1.Health/Watch";
 
   // What calls need after the gateway's own methods have returned: shared with every call in
   // flight, so that a call finishing on a worker never touches a destroyed gateway.
@@ -112,12 +122,16 @@ class Gateway final : public httpd::Handler {
 
  private:
   absl::Status ConfigureTls(SSL_CTX* ctx);
+  // The method at `path`: the table's, or health Check and Watch.
+  const Method* FindMethod(absl::string_view path) const;
+  // A health Watch over gRPC (HTTP/2): the request read as it arrives, then the status now and
+  // each change.
+  void WatchHealth(std::shared_ptr<httpd::Exchange> exchange);
 
   const MethodTable* const table_;
   const Options options_;
   std::shared_ptr<Shared> shared_;
   std::unique_ptr<httpd::Server> server_;
-  std::atomic<bool> ready_{false};
 };
 
 }  // namespace offload::http

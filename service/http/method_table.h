@@ -42,6 +42,8 @@ struct Method {
   bool no_side_effects = false;
   // A key lifecycle call (create, import, rotate, delete): audited.
   bool key_lifecycle = false;
+  // Open to every caller, also while draining (grpc.health.v1): no identity, grants or admission.
+  bool open = false;
   const google::protobuf::Message* request_prototype = nullptr;
   const google::protobuf::Message* response_prototype = nullptr;
   // Runs the call: `request` and `response` are of the prototypes' types and stay alive until

@@ -52,11 +52,27 @@ absl::StatusOr<ContentType> ParseContentType(absl::string_view content_type) {
   if (is("application/grpc-web-text") || is("application/grpc-web-text+proto")) {
     return ContentType{Protocol::kGrpcWeb, Codec::kProto, true};
   }
+  if (is("application/grpc") || is("application/grpc+proto")) {
+    return ContentType{Protocol::kGrpc, Codec::kProto, false};
+  }
+  if (is("application/grpc+json")) return ContentType{Protocol::kGrpc, Codec::kJson, false};
   return absl::InvalidArgumentError(absl::StrCat(
       "content-type: expected application/proto, application/json, application/grpc-web, "
-      "application/grpc-web+proto, application/grpc-web-text or application/grpc-web-text+proto, "
-      "got ",
+      "application/grpc-web+proto, application/grpc-web-text, application/grpc-web-text+proto, "
+      "application/grpc, application/grpc+proto or application/grpc+json, got ",
       Quote(content_type)));
+}
+
+bool IsGrpcContentType(absl::string_view content_type) {
+  absl::string_view media = content_type.substr(0, content_type.find(';'));
+  media = absl::StripAsciiWhitespace(media);
+  constexpr absl::string_view kGrpc = "application/grpc";
+  return media.size() >= kGrpc.size() && absl::EqualsIgnoreCase(media.substr(0, kGrpc.size()), kGrpc) &&
+         (media.size() == kGrpc.size() || media[kGrpc.size()] == '+');
+}
+
+absl::string_view GrpcContentType(const ContentType& type) {
+  return type.codec == Codec::kJson ? "application/grpc+json" : "application/grpc";
 }
 
 absl::string_view GrpcWebContentType(const ContentType& type) {
@@ -633,10 +649,10 @@ std::string EncodeFrame(uint8_t flags, absl::string_view payload) {
 }
 
 absl::StatusOr<absl::string_view> ParseUnaryRequestFrame(absl::string_view body,
-                                                         bool* compressed) {
+                                                         bool* compressed, absl::string_view what) {
   if (body.size() < kFrameHeaderBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "grpc-web request: expected a 5-byte frame header, got ", body.size(), " bytes"));
+        what, ": expected a 5-byte frame header, got ", body.size(), " bytes"));
   }
   const auto* p = reinterpret_cast<const unsigned char*>(body.data());
   const uint8_t flags = p[0];
@@ -644,12 +660,12 @@ absl::StatusOr<absl::string_view> ParseUnaryRequestFrame(absl::string_view body,
                           (uint64_t{p[3]} << 8) | uint64_t{p[4]};
   if ((flags & ~kFrameCompressed) != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "grpc-web request: expected a data frame (flags 0 or 1), got flags ", int{flags}));
+        what, ": expected a data frame (flags 0 or 1), got flags ", int{flags}));
   }
   const uint64_t have = body.size() - kFrameHeaderBytes;
   if (have != length) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "grpc-web request: expected one frame of ", length, " bytes, got ", have,
+        what, ": expected one frame of ", length, " bytes, got ", have,
         have < length ? " (truncated)" : " (trailing data)"));
   }
   *compressed = (flags & kFrameCompressed) != 0;

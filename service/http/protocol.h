@@ -1,6 +1,7 @@
-// The wire pieces of the HTTP gateway's two protocols, free of any HTTP server: the Connect
-// unary protocol (https://connectrpc.com/docs/protocol) and gRPC-Web
-// (https://github.com/grpc/grpc/blob/master/doc/PROTOCOL-WEB.md). Pure functions over strings,
+// The wire pieces of the HTTP gateway's protocols, free of any HTTP server: the Connect unary
+// protocol (https://connectrpc.com/docs/protocol), gRPC-Web
+// (https://github.com/grpc/grpc/blob/master/doc/PROTOCOL-WEB.md) and gRPC itself
+// (https://github.com/grpc/grpc/blob/master/doc/PROTOCOL-HTTP2.md). Pure functions over strings,
 // so that they can be tested without a socket.
 //
 //   absl::StatusOr<ContentType> type = ParseContentType("application/json; charset=utf-8");
@@ -26,7 +27,7 @@
 
 namespace offload::http {
 
-enum class Protocol { kConnect, kGrpcWeb };
+enum class Protocol { kConnect, kGrpcWeb, kGrpc };
 enum class Codec { kProto, kJson };
 
 struct ContentType {
@@ -38,8 +39,17 @@ struct ContentType {
 // Maps a request's Content-Type (parameters such as charset ignored, case-insensitive) to a
 // protocol and codec: application/proto, application/json (Connect); application/grpc-web,
 // application/grpc-web+proto (gRPC-Web, binary); application/grpc-web-text,
-// application/grpc-web-text+proto (gRPC-Web, base64). Anything else: InvalidArgument naming it.
+// application/grpc-web-text+proto (gRPC-Web, base64); application/grpc, application/grpc+proto
+// (gRPC, protobuf) and application/grpc+json (gRPC, JSON). Anything else: InvalidArgument naming
+// it.
 absl::StatusOr<ContentType> ParseContentType(absl::string_view content_type);
+
+// True for a gRPC content type (application/grpc, or application/grpc+ anything), so that a
+// request of an unknown method or with a codec we lack still gets a gRPC answer.
+bool IsGrpcContentType(absl::string_view content_type);
+
+// The Content-Type of a gRPC response to a request of `type`.
+absl::string_view GrpcContentType(const ContentType& type);
 
 // The Content-Type of a gRPC-Web response to a request of `type`.
 absl::string_view GrpcWebContentType(const ContentType& type);
@@ -173,10 +183,11 @@ inline constexpr size_t kFrameHeaderBytes = 5;
 // One length-prefixed frame: flag byte, 4-byte big-endian length, payload.
 std::string EncodeFrame(uint8_t flags, absl::string_view payload);
 
-// The single message frame of a unary gRPC-Web request `body`. A body that is not exactly one
-// complete data frame (truncated, trailing bytes, a trailer flag) is InvalidArgument. Sets
-// `*compressed` from the frame's flag.
-absl::StatusOr<absl::string_view> ParseUnaryRequestFrame(absl::string_view body, bool* compressed);
+// The single message frame of a unary gRPC or gRPC-Web request `body`. A body that is not
+// exactly one complete data frame (truncated, trailing bytes, a trailer flag) is InvalidArgument,
+// its message starting with `what`. Sets `*compressed` from the frame's flag.
+absl::StatusOr<absl::string_view> ParseUnaryRequestFrame(absl::string_view body, bool* compressed,
+                                                         absl::string_view what = "grpc-web request");
 
 // "%"-encodes a grpc-message value: bytes outside printable ASCII and '%' itself.
 std::string PercentEncode(absl::string_view message);

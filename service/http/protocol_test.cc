@@ -34,12 +34,35 @@ TEST(ParseContentType, ConnectAndGrpcWeb) {
 }
 
 TEST(ParseContentType, RefusesOthers) {
-  for (const char* bad : {"", "text/plain", "application/grpc", "application/grpc-web+json",
-                          "application/grpc-web-text+json", "application/protobuf"}) {
+  for (const char* bad : {"", "text/plain", "application/grpc+thrift", "application/grpc-web+json",
+                          "application/grpc-web-text+json", "application/protobuf",
+                          "application/grpcx"}) {
     auto t = ParseContentType(bad);
     EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
   EXPECT_THAT(ParseContentType("text/plain").status().message(), HasSubstr("\"text/plain\""));
+}
+
+TEST(ParseContentType, Grpc) {
+  for (const char* proto : {"application/grpc", "application/grpc+proto", "Application/GRPC",
+                            "application/grpc; charset=utf-8"}) {
+    auto t = ParseContentType(proto);
+    ASSERT_TRUE(t.ok()) << proto;
+    EXPECT_EQ(t->protocol, Protocol::kGrpc) << proto;
+    EXPECT_EQ(t->codec, Codec::kProto) << proto;
+    EXPECT_EQ(GrpcContentType(*t), "application/grpc");
+  }
+  auto json = ParseContentType("application/grpc+json");
+  ASSERT_TRUE(json.ok());
+  EXPECT_EQ(json->protocol, Protocol::kGrpc);
+  EXPECT_EQ(json->codec, Codec::kJson);
+  EXPECT_EQ(GrpcContentType(*json), "application/grpc+json");
+  // Any gRPC subtype is gRPC (answered in gRPC's terms), gRPC-Web and look-alikes are not.
+  EXPECT_TRUE(IsGrpcContentType("application/grpc"));
+  EXPECT_TRUE(IsGrpcContentType("application/grpc+thrift; x=y"));
+  EXPECT_FALSE(IsGrpcContentType("application/grpc-web"));
+  EXPECT_FALSE(IsGrpcContentType("application/grpcx"));
+  EXPECT_FALSE(IsGrpcContentType("application/proto"));
 }
 
 TEST(ConnectCodes, NamesAndHttpStatusesFollowTheSpec) {

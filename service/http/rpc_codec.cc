@@ -56,12 +56,15 @@ absl::Status DecodeRequest(ContentType type, Encoding encoding, absl::string_vie
     unbased = *std::move(bytes);
     message = body = unbased;
   }
-  if (type.protocol == Protocol::kGrpcWeb) {
-    absl::StatusOr<absl::string_view> frame = ParseUnaryRequestFrame(body, &compressed);
+  if (type.protocol != Protocol::kConnect) {
+    const absl::string_view what =
+        type.protocol == Protocol::kGrpc ? "grpc request" : "grpc-web request";
+    absl::StatusOr<absl::string_view> frame = ParseUnaryRequestFrame(body, &compressed, what);
     if (!frame.ok()) return frame.status();
     message = *frame;
     if (compressed && encoding != Encoding::kGzip) {
-      return absl::InternalError("grpc-web request: compressed frame without grpc-encoding");
+      return absl::InternalError(
+          absl::StrCat(what, ": compressed frame without grpc-encoding"));
     }
   }
   std::string decompressed;

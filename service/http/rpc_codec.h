@@ -30,7 +30,7 @@ namespace offload::http {
 
 // What a request's headers ask of the call.
 struct CallOptions {
-  Encoding encoding = Encoding::kIdentity;  // of the body (Connect) or of the frame (gRPC-Web)
+  Encoding encoding = Encoding::kIdentity;  // of the body (Connect) or of the frame (gRPC, -Web)
   std::optional<absl::Duration> timeout;    // Connect-Timeout-Ms or grpc-timeout
   // The response encoding the caller asks for (NegotiateEncoding): Accept-Encoding for Connect,
   // grpc-accept-encoding for gRPC-Web. Whether it is used is CompressResponse's decision.
@@ -44,12 +44,12 @@ using HeaderLookup = absl::FunctionRef<std::optional<absl::string_view>(const ch
 // Reads the headers `protocol` defines, asking `header` by lower-case name:
 // connect-protocol-version, connect-timeout-ms, content-encoding and accept-encoding (Connect unary; Connect-Content-Encoding and
 // Connect-Accept-Encoding are the streaming protocol's and are not read); grpc-timeout,
-// grpc-encoding and grpc-accept-encoding (gRPC-Web).
+// grpc-encoding and grpc-accept-encoding (gRPC and gRPC-Web).
 // InvalidArgument for a malformed value, Unimplemented for an unknown encoding.
 absl::StatusOr<CallOptions> ParseCallHeaders(Protocol protocol, HeaderLookup header);
 
 // Decodes a whole request `body` into `request` (an empty message of the method's request type):
-// gRPC-Web text's base64, gRPC-Web's single frame, gzip (at most `max_message_bytes` of output), then binary protobuf or
+// gRPC-Web text's base64, the single frame of gRPC and gRPC-Web, gzip (at most `max_message_bytes` of output), then binary protobuf or
 // JSON (unknown fields refused; an empty JSON body is `{}`). InvalidArgument for anything
 // malformed, ResourceExhausted for too much decompressed data, Internal for a compressed gRPC-Web
 // frame without a grpc-encoding (as gRPC does).

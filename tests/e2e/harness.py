@@ -105,7 +105,7 @@ def _generate_stubs():
     common = ["protoc", "--python_out=" + out, "--grpc_out=" + out,
               "--plugin=protoc-gen-grpc=/usr/bin/grpc_python_plugin"]
     for cmd in (common + ["-I", PROTO_DIR] + protos,
-                common + ["-I", HERE, "health.proto"]):
+                common + ["-I", os.path.join(PROTO_DIR, "grpc", "health", "v1"), "health.proto"]):
         run = subprocess.run(cmd, cwd=PROTO_DIR, capture_output=True, text=True)
         if run.returncode != 0:
             raise RuntimeError("stub generation failed: %s\n%s" % (" ".join(cmd), run.stderr))
