@@ -20,6 +20,7 @@
 #include "offload/v1/keys.pb.h"
 #include "service/common/log.h"
 #include "service/common/status_macros.h"
+#include "service/http/reflection.h"
 #include "service/http/rpc_codec.h"
 
 namespace offload::http {
@@ -115,6 +116,13 @@ httpd::Response GrpcTrailersOnly(const absl::Status& status, absl::string_view c
   return out;
 }
 
+// The trailers that end a gRPC stream with `status`.
+httpd::Headers GrpcTrailers(const absl::Status& status) {
+  httpd::Headers trailers = {{"grpc-status", absl::StrCat(static_cast<int>(status.code()))}};
+  if (!status.message().empty()) trailers.emplace_back("grpc-message", PercentEncode(status.message()));
+  return trailers;
+}
+
 // The largest body a request may have: the message, a gRPC-Web frame header, base64 for
 // gRPC-Web text (with room for line breaks).
 int64_t MaxBody(int64_t max_message) {
@@ -159,7 +167,10 @@ struct Gateway::Shared {
   // when not a gRPC stream (WatchHealth), answered UNIMPLEMENTED.
   Method health_check;
   Method health_watch;
-  // Open health Watch streams, each with the status last sent on it.
+  // Server reflection (v1, v1alpha) over the table's services and health.
+  std::unique_ptr<Reflection> reflection;
+  // Open health Watch streams, each with the status last sent on it, and other open streams
+  // (reflection): a drain ends them all.
   struct Watch {
     std::shared_ptr<httpd::Exchange> exchange;
     std::string service;
@@ -167,6 +178,7 @@ struct Gateway::Shared {
   };
   absl::Mutex watch_mu;
   std::vector<std::shared_ptr<Watch>> watches ABSL_GUARDED_BY(watch_mu);
+  std::vector<std::weak_ptr<httpd::Exchange>> streams ABSL_GUARDED_BY(watch_mu);
 
   // The health status of `service` now.
   grpc::health::v1::HealthCheckResponse::ServingStatus HealthOf(absl::string_view service) const {
@@ -196,6 +208,12 @@ struct Gateway::Shared {
     }
     if (end) {
       watches.clear();
+      for (const auto& weak : streams) {
+        if (std::shared_ptr<httpd::Exchange> e = weak.lock()) {
+          e->Finish(GrpcTrailers(absl::UnavailableError("server is draining")));
+        }
+      }
+      streams.clear();
     } else {
       watches.erase(std::remove_if(watches.begin(), watches.end(),
                                    [](const auto& w) { return w->exchange->abandoned(); }),
@@ -626,7 +644,12 @@ void InitHealth(const MethodTable* table, Gateway::Shared* shared) {
   using grpc::health::v1::HealthCheckRequest;
   using grpc::health::v1::HealthCheckResponse;
   shared->health_services.insert("");
-  for (const Method& m : table->methods()) shared->health_services.insert(m.service);
+  std::vector<std::string> services;
+  for (const Method& m : table->methods()) {
+    if (shared->health_services.insert(m.service).second) services.push_back(m.service);
+  }
+  services.push_back("grpc.health.v1.Health");
+  shared->reflection = std::make_unique<Reflection>(std::move(services));
   const auto method = [](Method* m, absl::string_view name) {
     m->service = "grpc.health.v1.Health";
     m->method = std::string(name);
@@ -848,6 +871,71 @@ void Gateway::Drain() {
   if (server_ != nullptr) server_->Drain();
 }
 
+void Gateway::Reflect(std::shared_ptr<httpd::Exchange> exchange) {
+  // Each request message as it arrives, each answer written at once; the stream ends when the
+  // client ends its side (OK), on a malformed message, or when a drain starts (UNAVAILABLE).
+  constexpr size_t kMaxRequestBytes = 64 << 10;
+  constexpr int64_t kMaxUnsentBytes = 4 << 20;
+  const absl::StatusOr<CallOptions> options = ParseCallHeaders(
+      Protocol::kGrpc, [&exchange](const char* name) { return exchange->header(name); });
+  if (!options.ok()) return exchange->Respond(GrpcTrailersOnly(options.status(), "application/grpc"));
+  {
+    absl::MutexLock lock(&shared_->watch_mu);
+    if (shared_->draining.load()) {
+      return exchange->Respond(
+          GrpcTrailersOnly(absl::UnavailableError("server is draining"), "application/grpc"));
+    }
+    exchange->StartResponse(200, {{"content-type", "application/grpc"},
+                                  {"grpc-accept-encoding", std::string(kGrpcAcceptEncoding)}});
+    shared_->streams.erase(std::remove_if(shared_->streams.begin(), shared_->streams.end(),
+                                          [](const auto& w) { return w.expired(); }),
+                           shared_->streams.end());
+    shared_->streams.push_back(exchange);
+  }
+  struct State {
+    explicit State(const Reflection* r) : stream(r), reader(kMaxRequestBytes) {}
+    Reflection::Stream stream;
+    FrameReader reader;
+    bool over = false;
+  };
+  auto state = std::make_shared<State>(shared_->reflection.get());
+  std::weak_ptr<httpd::Exchange> weak = exchange;
+  const Encoding encoding = options->encoding;
+  exchange->ReadBody([state, weak, encoding](absl::string_view data, bool end) {
+    std::shared_ptr<httpd::Exchange> ex = weak.lock();
+    if (ex == nullptr || state->over) return;
+    absl::Status status = state->reader.Feed(data, [&](bool compressed, absl::string_view message) {
+      std::string plain;
+      if (compressed) {
+        if (encoding != Encoding::kGzip) {
+          return absl::InternalError("grpc request: compressed message without grpc-encoding");
+        }
+        absl::StatusOr<std::string> unzipped = Gunzip(message, kMaxRequestBytes);
+        if (!unzipped.ok()) return unzipped.status();
+        plain = *std::move(unzipped);
+        message = plain;
+      }
+      grpc::reflection::v1::ServerReflectionRequest request;
+      if (!request.ParseFromArray(message.data(), static_cast<int>(message.size()))) {
+        return absl::InvalidArgumentError("request: cannot parse a ServerReflectionRequest");
+      }
+      if (ex->unsent_bytes() > kMaxUnsentBytes) {
+        // Answers pile up unread: the client asks without reading.
+        return absl::ResourceExhaustedError("reflection: answers are not being read");
+      }
+      ex->Write(EncodeFrame(0, state->stream.Answer(request).SerializeAsString()));
+      return absl::OkStatus();
+    });
+    if (status.ok() && end && !state->reader.at_boundary()) {
+      status = absl::InvalidArgumentError("grpc request: the stream ended inside a message");
+    }
+    if (!status.ok() || end) {
+      state->over = true;
+      ex->Finish(GrpcTrailers(status));
+    }
+  });
+}
+
 const Method* Gateway::FindMethod(absl::string_view path) const {
   if (const Method* m = table_->Find(path)) return m;
   if (path == kHealthCheckPath) return &shared_->health_check;
@@ -856,8 +944,9 @@ const Method* Gateway::FindMethod(absl::string_view path) const {
 }
 
 bool Gateway::Streaming(const httpd::Exchange& exchange) {
-  if (exchange.path() != kHealthWatchPath || exchange.method() != "POST" ||
-      exchange.http_version() < 0x200) {
+  const absl::string_view path = exchange.path();
+  if ((path != kHealthWatchPath && path != kReflectionV1Path && path != kReflectionV1alphaPath) ||
+      exchange.method() != "POST" || exchange.http_version() < 0x200) {
     return false;
   }
   absl::StatusOr<ContentType> type = ParseContentType(exchange.header("content-type").value_or(""));
@@ -941,7 +1030,20 @@ void Gateway::Handle(std::shared_ptr<httpd::Exchange> exchange) {
                                  : Plain(503, "not ready\n", {{"cache-control", "no-store"}}));
   }
 
-  if (path == kHealthWatchPath && Streaming(*exchange)) return WatchHealth(std::move(exchange));
+  if (Streaming(*exchange)) {
+    if (path == kHealthWatchPath) return WatchHealth(std::move(exchange));
+    return Reflect(std::move(exchange));
+  }
+  if (path == kReflectionV1Path || path == kReflectionV1alphaPath) {
+    // Not a gRPC stream (HTTP/1.1, gRPC-Web, Connect): reflection is bidirectional, gRPC only.
+    if (IsGrpcContentType(exchange->header("content-type").value_or(""))) {
+      return respond(Plain(505, "gRPC requires HTTP/2\n"));
+    }
+    return respond(httpd::Response(
+        415, {{"content-type", "application/json"}},
+        ConnectErrorJson(absl::UnimplementedError(
+            "server reflection is a bidirectional stream: gRPC over HTTP/2 only"))));
+  }
   const Method* rpc = FindMethod(path);
   if (method == "OPTIONS") {
     const std::optional<absl::string_view> request_method =

@@ -2,7 +2,8 @@
 // (application/proto and application/json, POST, and GET for side-effect-free methods), gRPC-Web
 // (binary and text) and gRPC (HTTP/2 only: application/grpc, +proto, +json), over HTTP/1.1 and
 // HTTP/2 (h2c, and TLS with ALPN), plus the gRPC health service (grpc.health.v1.Health: Check on
-// every protocol, Watch as a gRPC server stream) and GET /healthz and GET /readyz, on the
+// every protocol, Watch as a gRPC server stream), gRPC server reflection (v1 and v1alpha,
+// service/http/reflection.h) and GET /healthz and GET /readyz, on the
 // event-driven httpd::Server (nghttp2, Beast, Asio).
 // Requests are decoded on a loop thread; memo hits of Verify, BatchVerify, Derive and AEAD Open
 // are answered there (no crypto primitive), every other call runs on the worker pool and its
@@ -115,6 +116,11 @@ class Gateway final : public httpd::Handler {
   // The paths of the health service.
   static constexpr absl::string_view kHealthCheckPath = "/grpc.health.v1.Health/Check";
   static constexpr absl::string_view kHealthWatchPath = "/grpc.health.v1.Health/Watch";
+  // Server reflection's one method, in both versions.
+  static constexpr absl::string_view kReflectionV1Path =
+      "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo";
+  static constexpr absl::string_view kReflectionV1alphaPath =
+      "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo";
 
   // What calls need after the gateway's own methods have returned: shared with every call in
   // flight, so that a call finishing on a worker never touches a destroyed gateway.
@@ -127,6 +133,8 @@ class Gateway final : public httpd::Handler {
   // A health Watch over gRPC (HTTP/2): the request read as it arrives, then the status now and
   // each change.
   void WatchHealth(std::shared_ptr<httpd::Exchange> exchange);
+  // Server reflection (v1 or v1alpha) over gRPC (HTTP/2): a bidirectional stream.
+  void Reflect(std::shared_ptr<httpd::Exchange> exchange);
 
   const MethodTable* const table_;
   const Options options_;

@@ -672,6 +672,51 @@ absl::StatusOr<absl::string_view> ParseUnaryRequestFrame(absl::string_view body,
   return body.substr(kFrameHeaderBytes);
 }
 
+absl::Status FrameReader::Feed(
+    absl::string_view data,
+    const std::function<absl::Status(bool compressed, absl::string_view message)>& fn) {
+  if (!error_.ok()) return error_;
+  while (!data.empty()) {
+    // The header first (5 bytes, perhaps in pieces), then the message.
+    if (buffer_.size() < kFrameHeaderBytes) {
+      const size_t take = std::min(kFrameHeaderBytes - buffer_.size(), data.size());
+      buffer_.append(data.data(), take);
+      data.remove_prefix(take);
+      if (buffer_.size() < kFrameHeaderBytes) break;
+      const auto* p = reinterpret_cast<const unsigned char*>(buffer_.data());
+      const uint64_t length = (uint64_t{p[1]} << 24) | (uint64_t{p[2]} << 16) |
+                              (uint64_t{p[3]} << 8) | uint64_t{p[4]};
+      if ((p[0] & ~kFrameCompressed) != 0) {
+        error_ = absl::InvalidArgumentError(absl::StrCat(
+            "grpc request: expected a message frame (flags 0 or 1), got flags ", int{p[0]}));
+        return error_;
+      }
+      if (length > max_) {
+        error_ = absl::ResourceExhaustedError(absl::StrCat(
+            "grpc request: a message of ", length, " bytes, expected at most ", max_));
+        return error_;
+      }
+      buffer_.reserve(kFrameHeaderBytes + length);
+    }
+    const auto* p = reinterpret_cast<const unsigned char*>(buffer_.data());
+    const size_t length = (size_t{p[1]} << 24) | (size_t{p[2]} << 16) | (size_t{p[3]} << 8) |
+                          size_t{p[4]};
+    const size_t take = std::min(kFrameHeaderBytes + length - buffer_.size(), data.size());
+    buffer_.append(data.data(), take);
+    data.remove_prefix(take);
+    if (buffer_.size() < kFrameHeaderBytes + length) break;
+    const bool compressed = (p[0] & kFrameCompressed) != 0;
+    std::string message = std::move(buffer_);
+    buffer_.clear();
+    if (absl::Status s = fn(compressed, absl::string_view(message).substr(kFrameHeaderBytes));
+        !s.ok()) {
+      error_ = s;
+      return error_;
+    }
+  }
+  return absl::OkStatus();
+}
+
 std::string PercentEncode(absl::string_view message) {
   static constexpr char kHex[] = "0123456789ABCDEF";
   std::string out;

@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -188,6 +189,26 @@ std::string EncodeFrame(uint8_t flags, absl::string_view payload);
 // its message starting with `what`. Sets `*compressed` from the frame's flag.
 absl::StatusOr<absl::string_view> ParseUnaryRequestFrame(absl::string_view body, bool* compressed,
                                                          absl::string_view what = "grpc-web request");
+
+// The messages of a gRPC request stream, split out as its bytes arrive (each length-prefixed
+// message, its 5-byte header, may come in any number of pieces).
+class FrameReader {
+ public:
+  // Messages over `max_message_bytes` are refused (ResourceExhausted) before they are buffered.
+  explicit FrameReader(size_t max_message_bytes) : max_(max_message_bytes) {}
+  // Takes `data`; calls `fn(compressed, message)` for each message completed by it, in order.
+  // A frame that is not a message (a trailer or unknown flag: InvalidArgument), one too large,
+  // or an error from `fn` stops the reading: that error, and every later call returns it.
+  absl::Status Feed(absl::string_view data,
+                    const std::function<absl::Status(bool compressed, absl::string_view message)>& fn);
+  // True when no part of a message is held: the stream may end here.
+  bool at_boundary() const { return buffer_.empty(); }
+
+ private:
+  const size_t max_;
+  std::string buffer_;  // the part of a message (header included) not yet complete
+  absl::Status error_;
+};
 
 // "%"-encodes a grpc-message value: bytes outside printable ASCII and '%' itself.
 std::string PercentEncode(absl::string_view message);

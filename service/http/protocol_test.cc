@@ -405,3 +405,55 @@ TEST(Cors, ExactOriginsOnly) {
 
 }  // namespace
 }  // namespace offload::http
+
+namespace offload::http {
+namespace {
+
+TEST(FrameReader, MessagesInAnyPieces) {
+  const std::string stream = EncodeFrame(0, "first") + EncodeFrame(kFrameCompressed, "") +
+                             EncodeFrame(0, std::string(300, 'z'));
+  for (size_t piece : {size_t{1}, size_t{2}, size_t{5}, size_t{7}, stream.size()}) {
+    FrameReader reader(1000);
+    std::vector<std::pair<bool, std::string>> got;
+    for (size_t i = 0; i < stream.size(); i += piece) {
+      ASSERT_TRUE(reader
+                      .Feed(absl::string_view(stream).substr(i, piece),
+                            [&](bool compressed, absl::string_view m) {
+                              got.emplace_back(compressed, std::string(m));
+                              return absl::OkStatus();
+                            })
+                      .ok());
+      const size_t fed = std::min(i + piece, stream.size());
+      const bool boundary = fed == 10 || fed == 15 || fed == stream.size();  // frame ends
+      EXPECT_EQ(reader.at_boundary(), boundary) << piece << " " << fed;
+    }
+    ASSERT_EQ(got.size(), 3u) << piece;
+    EXPECT_EQ(got[0], std::make_pair(false, std::string("first")));
+    EXPECT_EQ(got[1], std::make_pair(true, std::string()));
+    EXPECT_EQ(got[2].second, std::string(300, 'z'));
+  }
+}
+
+TEST(FrameReader, RefusesTrailersOversizeAndStopsOnError) {
+  const auto none = [](bool, absl::string_view) { return absl::OkStatus(); };
+  FrameReader trailer(100);
+  EXPECT_EQ(trailer.Feed(EncodeFrame(kFrameTrailer, "x"), none).code(),
+            absl::StatusCode::kInvalidArgument);
+  // The header alone says too much: refused before a byte of it is held.
+  FrameReader big(100);
+  EXPECT_EQ(big.Feed(EncodeFrame(0, std::string(101, 'a')).substr(0, 5), none).code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(big.Feed(EncodeFrame(0, "ok"), none).code(), absl::StatusCode::kResourceExhausted);
+  FrameReader failing(100);
+  int calls = 0;
+  const auto fail = [&](bool, absl::string_view) {
+    ++calls;
+    return absl::InternalError("no");
+  };
+  EXPECT_EQ(failing.Feed(EncodeFrame(0, "a") + EncodeFrame(0, "b"), fail).code(),
+            absl::StatusCode::kInternal);
+  EXPECT_EQ(calls, 1);
+}
+
+}  // namespace
+}  // namespace offload::http

@@ -8,11 +8,15 @@
   - grpc.health.v1: Check on the whole server and on each service, NOT_FOUND for others; Watch
     streams SERVING, outlives the read and idle timeouts, and hears NOT_SERVING when a drain
     starts, then ends (UNAVAILABLE) without holding the exit;
+  - server reflection, v1 and v1alpha (the bidirectional stream grpcurl, grpcui, Postman and
+    `buf curl` use): every service it lists is described by the files it sends, with their
+    imports, and a call built from those descriptors alone (as grpcurl builds it) is answered;
   - gRPC over HTTP/1.1 is refused as the spec's servers do (505).
 
     OFFLOAD_SERVER=build/bin/offload_server /usr/bin/python3 -m unittest -v tests/e2e/test_grpc_engine.py
 """
 
+import importlib
 import os
 import re
 import shutil
@@ -24,7 +28,9 @@ import urllib.request
 
 import grpc
 
-from harness import MAX_MESSAGE, Server, ServerTestCase, free_port, pb
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+from harness import MAX_MESSAGE, PROTO_DIR, Server, ServerTestCase, _WORK, free_port, pb
 
 T = 30
 MAX = 256 * 1024  # --max_message_bytes of these servers
@@ -164,7 +170,131 @@ class GrpcOnEngineTest(ServerTestCase):
         self.assertEqual(out, b"505")
 
 
+def reflection_stubs():
+    """Python stubs of grpc.reflection v1 (proto/grpc/reflection/v1) and v1alpha (the same file
+    under the v1alpha package, as gRPC 1.51 and older tools name it)."""
+    out = os.path.join(_WORK, "reflection-stubs")
+    if not os.path.isdir(out):
+        os.makedirs(out)
+        src = os.path.join(PROTO_DIR, "grpc", "reflection", "v1", "reflection.proto")
+        with open(src) as f:
+            text = f.read()
+        with open(os.path.join(out, "reflection_v1.proto"), "w") as f:
+            f.write(text)
+        with open(os.path.join(out, "reflection_v1alpha.proto"), "w") as f:
+            f.write(text.replace("package grpc.reflection.v1;", "package grpc.reflection.v1alpha;"))
+        subprocess.run(["protoc", "-I", out, "--python_out=" + out, "--grpc_out=" + out,
+                        "--plugin=protoc-gen-grpc=/usr/bin/grpc_python_plugin",
+                        "reflection_v1.proto", "reflection_v1alpha.proto"], check=True)
+    import sys
+    if out not in sys.path:
+        sys.path.insert(0, out)
+    return {v: (importlib.import_module("reflection_%s_pb2" % v),
+                importlib.import_module("reflection_%s_pb2_grpc" % v)) for v in ("v1", "v1alpha")}
+
+
+class ReflectionTest(ServerTestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls.http_port = free_port()
+        cls.server = Server("grpc-reflection", args=["--http_address=127.0.0.1:%d" % cls.http_port])
+        cls.servers = [cls.server]
+        cls.server.start()
+        cls.channel = grpc.insecure_channel("127.0.0.1:%d" % cls.http_port,
+                                            options=[("grpc.enable_http_proxy", 0)])
+        cls.stubs = reflection_stubs()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.channel.close()
+        cls.server.stop()
+
+    def ask(self, version, requests):
+        """The answers to `requests` (dicts of ServerReflectionRequest fields), on one stream."""
+        msgs, grpc_mod = self.stubs[version]
+        stub = grpc_mod.ServerReflectionStub(self.channel)
+        return list(stub.ServerReflectionInfo(
+            iter([msgs.ServerReflectionRequest(**r) for r in requests]), timeout=T))
+
+    EXPECTED = {"offload.v1.KeyService", "offload.v1.Ed25519Service", "offload.v1.X25519Service",
+                "offload.v1.BoxService", "offload.v1.AeadService", "grpc.health.v1.Health",
+                "grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"}
+
+    def describe(self, version, names):
+        """A fresh descriptor pool holding what reflection sent for `names` (one stream)."""
+        answers = self.ask(version, [{"file_containing_symbol": n} for n in names])
+        protos = {}
+        for name, a in zip(names, answers):
+            self.assertEqual(a.WhichOneof("message_response"), "file_descriptor_response",
+                             "%s: %s" % (name, a))
+            self.assertEqual(a.original_request.file_containing_symbol, name)
+            for raw in a.file_descriptor_response.file_descriptor_proto:
+                fd = descriptor_pb2.FileDescriptorProto.FromString(raw)
+                protos[fd.name] = fd
+        pool = descriptor_pool.DescriptorPool()
+        pending = list(protos.values())
+        while pending:  # imports first, whatever order they came in
+            left = [fd for fd in pending if any(d not in protos or
+                                                d in [p.name for p in pending if p is not fd]
+                                                for d in fd.dependency)]
+            ready = [fd for fd in pending if fd not in left]
+            self.assertTrue(ready, "files whose imports never came: %s" % [fd.name for fd in left])
+            for fd in ready:
+                pool.Add(fd)
+            pending = left
+        return pool
+
+    def test_lists_and_describes_every_service(self):
+        for version in ("v1", "v1alpha"):
+            [a] = self.ask(version, [{"list_services": ""}])
+            listed = {s.name for s in a.list_services_response.service}
+            self.assertEqual(listed, self.EXPECTED, version)
+            pool = self.describe(version, sorted(listed))
+            for name in listed:
+                service = pool.FindServiceByName(name)
+                self.assertGreater(len(service.methods), 0, name)
+                for m in service.methods:  # every type a method names is there too
+                    self.assertIsNotNone(m.input_type.full_name)
+                    self.assertIsNotNone(m.output_type.full_name)
+
+    def test_a_call_from_reflected_descriptors(self):
+        # As grpcurl does: no stubs, only what reflection said.
+        s = self.server
+        s.keys.CreateKey(pb.keys.CreateKeyRequest(key_id="refl-ed", type=pb.keys.KEY_TYPE_ED25519),
+                         timeout=T)
+        pool = self.describe("v1", ["offload.v1.Ed25519Service.Sign"])
+        method = pool.FindServiceByName("offload.v1.Ed25519Service").methods_by_name["Sign"]
+        factory = message_factory.MessageFactory(pool)
+        Request = factory.GetPrototype(method.input_type)
+        Response = factory.GetPrototype(method.output_type)
+        call = self.channel.unary_unary("/offload.v1.Ed25519Service/Sign",
+                                        request_serializer=Request.SerializeToString,
+                                        response_deserializer=Response.FromString)
+        r = call(Request(key_id="refl-ed", message=b"reflected"), timeout=T)
+        self.assertEqual(len(r.signature), 64)
+
+    def test_files_once_per_stream_and_errors(self):
+        a = self.ask("v1", [{"file_by_filename": "offload/v1/ed25519.proto"},
+                            {"file_by_filename": "offload/v1/ed25519.proto"},
+                            {"file_containing_symbol": "no.such.Symbol"},
+                            {"file_by_filename": "no/such.proto"},
+                            {"all_extension_numbers_of_type": "offload.v1.SignRequest"}])
+        first = [descriptor_pb2.FileDescriptorProto.FromString(x).name
+                 for x in a[0].file_descriptor_response.file_descriptor_proto]
+        again = [descriptor_pb2.FileDescriptorProto.FromString(x).name
+                 for x in a[1].file_descriptor_response.file_descriptor_proto]
+        self.assertEqual(first[0], "offload/v1/ed25519.proto")
+        self.assertIn("offload/v1/common.proto", first)
+        self.assertEqual(again, ["offload/v1/ed25519.proto"])  # its imports were sent already
+        for i in (2, 3):
+            self.assertEqual(a[i].error_response.error_code, grpc.StatusCode.NOT_FOUND.value[0], a[i])
+        self.assertEqual(a[4].all_extension_numbers_response.base_type_name, "offload.v1.SignRequest")
+
+
 class HealthWatchDrainTest(ServerTestCase):
+    """Open streams (health Watch, a reflection session) outlive the read and idle timeouts, and
+    a drain tells and ends them instead of waiting for them."""
 
     def test_watch_hears_the_drain(self):
         http_port = free_port()
@@ -186,26 +316,45 @@ class HealthWatchDrainTest(ServerTestCase):
             except grpc.RpcError as e:
                 ended.append((service, e.code()))
 
+        # And a reflection stream left open, as a tool's session is: the drain ends it too.
+        msgs, refl_grpc = reflection_stubs()["v1"]
+        release = threading.Event()
+
+        def requests():
+            yield msgs.ServerReflectionRequest(list_services="")
+            release.wait(60)
+
+        def reflect():
+            try:
+                for r in refl_grpc.ServerReflectionStub(ch).ServerReflectionInfo(requests(), timeout=60):
+                    seen.append(("reflection", len(r.list_services_response.service)))
+                ended.append(("reflection", grpc.StatusCode.OK))
+            except grpc.RpcError as e:
+                ended.append(("reflection", e.code()))
+
         threads = [threading.Thread(target=watch, args=(s,), daemon=True)
-                   for s in ("", "no.such.Service")]
+                   for s in ("", "no.such.Service")] + [threading.Thread(target=reflect, daemon=True)]
         for t in threads:
             t.start()
         deadline = time.monotonic() + T
-        while len(seen) < 2 and time.monotonic() < deadline:
+        while len(seen) < 3 and time.monotonic() < deadline:
             time.sleep(0.05)
         self.assertEqual(sorted(seen), [("", pb.health.HealthCheckResponse.SERVING),
-                                        ("no.such.Service", pb.health.HealthCheckResponse.SERVICE_UNKNOWN)])
+                                        ("no.such.Service", pb.health.HealthCheckResponse.SERVICE_UNKNOWN),
+                                        ("reflection", 8)])
         # Longer than the read and idle timeouts: a watch is a request under way, never cut.
         time.sleep(2.5)
         self.assertEqual(ended, [], "a Watch stream ended before the drain")
         rc, took = server.terminate(timeout=150)
+        release.set()
         for t in threads:
             t.join(T)
         self.assertEqual(rc, 0)
         self.assertLess(took, 60, "the Watch streams held the drain")
         self.assertIn(("", pb.health.HealthCheckResponse.NOT_SERVING), seen)
         self.assertEqual(sorted(ended), [("", grpc.StatusCode.UNAVAILABLE),
-                                         ("no.such.Service", grpc.StatusCode.UNAVAILABLE)])
+                                         ("no.such.Service", grpc.StatusCode.UNAVAILABLE),
+                                         ("reflection", grpc.StatusCode.UNAVAILABLE)])
 
 
 if __name__ == "__main__":

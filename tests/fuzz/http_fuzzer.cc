@@ -24,6 +24,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "service/http/method_table.h"
+#include "service/http/reflection.h"
 #include "service/http/protocol.h"
 #include "service/http/rpc_codec.h"
 #include "tests/fuzz/fuzz_support.h"
@@ -138,7 +139,7 @@ absl::Status Serve(const Request& r, std::string* out) {
     options = http::ParseCallHeaders(type->protocol, header);
     if (!options.ok()) return options.status();
     int64_t limit = kMaxMessageBytes +
-                    (type->protocol == Protocol::kGrpcWeb ? int64_t{http::kFrameHeaderBytes} : 0);
+                    (type->protocol != Protocol::kConnect ? int64_t{http::kFrameHeaderBytes} : 0);
     if (type->text) limit = (limit + 2) / 3 * 4 + 4096;
     if (static_cast<int64_t>(body.size()) > limit) {
       return absl::ResourceExhaustedError("request body: too large");
@@ -172,7 +173,7 @@ absl::Status Serve(const Request& r, std::string* out) {
     FUZZ_CHECK(s.code() == absl::StatusCode::kResourceExhausted, s.ToString());
     return s;
   }
-  if (type->protocol == Protocol::kGrpcWeb) {
+  if (type->protocol != Protocol::kConnect) {
     const std::string frame = http::EncodeFrame(0, *out);
     bool compressed = true;
     const auto payload = http::ParseUnaryRequestFrame(frame, &compressed);
@@ -223,11 +224,41 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       FUZZ_CHECK(a.status == 204 || a.status == 403, a.status);
     }
   }
+  // The streaming side (server reflection over gRPC): the body as a message stream, fed in
+  // uneven pieces; each message that parses is a reflection request, and gets an answer.
+  {
+    static const http::Reflection reflection(
+        {"offload.v1.KeyService", "offload.v1.Ed25519Service", "grpc.health.v1.Health"});
+    http::Reflection::Stream stream(&reflection);
+    http::FrameReader reader(64 << 10);
+    const absl::string_view body = request.body;
+    const size_t piece = 1 + size % 7;
+    for (size_t i = 0; i < body.size(); i += piece) {
+      const absl::Status fed = reader.Feed(body.substr(i, piece), [&](bool, absl::string_view m) {
+        FUZZ_CHECK(m.size() <= (64u << 10), "frame bound");
+        grpc::reflection::v1::ServerReflectionRequest rr;
+        if (rr.ParseFromArray(m.data(), static_cast<int>(m.size()))) {
+          const auto answer = stream.Answer(rr);
+          FUZZ_CHECK(answer.message_response_case() !=
+                         grpc::reflection::v1::ServerReflectionResponse::MESSAGE_RESPONSE_NOT_SET,
+                     "a reflection answer");
+        }
+        return absl::OkStatus();
+      });
+      if (!fed.ok()) {
+        FUZZ_CHECK(fed.code() == absl::StatusCode::kInvalidArgument ||
+                       fed.code() == absl::StatusCode::kResourceExhausted,
+                   fed.ToString());
+        break;
+      }
+    }
+  }
   std::string out;
   const absl::Status status = Serve(request, &out);
   if (!status.ok()) {
     FUZZ_CHECK(status.code() != absl::StatusCode::kInternal ||
-                   absl::StartsWith(status.message(), "grpc-web request: compressed frame"),
+                   absl::StartsWith(status.message(), "grpc-web request: compressed frame") ||
+                   absl::StartsWith(status.message(), "grpc request: compressed frame"),
                status.ToString());
     CheckErrorEncodings(status);
   }

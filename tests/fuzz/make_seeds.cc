@@ -23,6 +23,7 @@
 #include "offload/v1/ed25519.pb.h"
 #include "offload/v1/keys.pb.h"
 #include "offload/v1/x25519.pb.h"
+#include "grpc/reflection/v1/reflection.pb.h"
 #include "service/http/protocol.h"
 #include "service/keys/envelope.h"
 #include "service/keys/file_key_store.h"
@@ -72,6 +73,8 @@ void AddHttp(Writer& w, absl::string_view path, const google::protobuf::Message&
                                 "Connect-Timeout-Ms: 5000\nAccept-Encoding: gzip\n\n",
                              json));
   w.Add("http", absl::StrCat(p, "\nContent-Type: application/grpc-web+proto\ngrpc-timeout: 5S\n\n",
+                             http::EncodeFrame(0, proto)));
+  w.Add("http", absl::StrCat(p, "\nContent-Type: application/grpc\ngrpc-timeout: 5S\n\n",
                              http::EncodeFrame(0, proto)));
   if (auto zipped = http::Gzip(proto); zipped.ok()) {
     w.Add("http", absl::StrCat(p, "\nContent-Type: application/proto\nContent-Encoding: gzip\n\n",
@@ -366,6 +369,20 @@ void KeyStoreSeeds(Writer& w) {
   }
 }
 
+// Server reflection: a gRPC request stream of reflection requests (the HTTP target feeds every
+// body to the reflection stream too).
+void ReflectionSeeds(Writer& w) {
+  grpc::reflection::v1::ServerReflectionRequest list, symbol, file;
+  list.set_list_services("");
+  symbol.set_file_containing_symbol("offload.v1.Ed25519Service.Verify");
+  file.set_file_by_filename("offload/v1/common.proto");
+  w.Add("http", absl::StrCat("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo\n"
+                             "Content-Type: application/grpc\n\n",
+                             http::EncodeFrame(0, list.SerializeAsString()),
+                             http::EncodeFrame(0, symbol.SerializeAsString()),
+                             http::EncodeFrame(0, file.SerializeAsString())));
+}
+
 }  // namespace
 }  // namespace offload::fuzz
 
@@ -384,6 +401,7 @@ int main(int argc, char** argv) {
   AeadSeeds(w, world);
   KeySeeds(w);
   KeyStoreSeeds(w);
+  ReflectionSeeds(w);
   w.Report();
   return 0;
 }
