@@ -195,31 +195,55 @@ struct Gateway::Shared {
     response.set_status(static_cast<grpc::health::v1::HealthCheckResponse::ServingStatus>(status));
     watch.exchange->Write(EncodeFrame(0, response.SerializeAsString()));
   }
-  // Tells every Watch stream of a change; with `end`, ends them (the server is draining).
+  // Tells every Watch stream of a change; with `end`, ends them and every other open stream
+  // (the server is draining).
   void PushAll(bool end) {
     absl::MutexLock lock(&watch_mu);
+    Prune();
     for (const std::shared_ptr<Watch>& w : watches) {
-      if (w->exchange->abandoned()) continue;
       Push(*w);
-      if (end) {
-        w->exchange->Finish({{"grpc-status", absl::StrCat(static_cast<int>(absl::StatusCode::kUnavailable))},
-                             {"grpc-message", "server is draining"}});
+      if (end) w->exchange->Finish(GrpcTrailers(absl::UnavailableError("server is draining")));
+    }
+    if (!end) return;
+    watches.clear();
+    for (const auto& weak : streams) {
+      if (std::shared_ptr<httpd::Exchange> e = weak.lock()) {
+        e->Finish(GrpcTrailers(absl::UnavailableError("server is draining")));
       }
     }
-    if (end) {
-      watches.clear();
-      for (const auto& weak : streams) {
-        if (std::shared_ptr<httpd::Exchange> e = weak.lock()) {
-          e->Finish(GrpcTrailers(absl::UnavailableError("server is draining")));
-        }
-      }
-      streams.clear();
-    } else {
-      watches.erase(std::remove_if(watches.begin(), watches.end(),
-                                   [](const auto& w) { return w->exchange->abandoned(); }),
-                    watches.end());
-    }
+    streams.clear();
   }
+  // Forgets streams that are over (answered, or their client gone: those are ended here, so
+  // that a drain does not wait for them).
+  void Prune() ABSL_EXCLUSIVE_LOCKS_REQUIRED(watch_mu) {
+    watches.erase(std::remove_if(watches.begin(), watches.end(),
+                                 [](const auto& w) {
+                                   if (!w->exchange->abandoned()) return false;
+                                   w->exchange->Finish({});
+                                   return true;
+                                 }),
+                  watches.end());
+    streams.erase(std::remove_if(streams.begin(), streams.end(),
+                                 [](const auto& weak) {
+                                   std::shared_ptr<httpd::Exchange> e = weak.lock();
+                                   return e == nullptr || e->abandoned();
+                                 }),
+                  streams.end());
+  }
+  // Whether one more stream may open (Prune first); if not, why.
+  absl::Status MayOpenStream() ABSL_EXCLUSIVE_LOCKS_REQUIRED(watch_mu) {
+    if (draining.load()) return absl::UnavailableError("server is draining");
+    Prune();
+    if (watches.size() + streams.size() >= kMaxOpenStreams) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "at most ", kMaxOpenStreams, " health Watch and reflection streams may be open at once"));
+    }
+    return absl::OkStatus();
+  }
+  // Health Watch and reflection streams open at once, server-wide: each may hold up to
+  // kMaxStreamUnsentBytes of answers its client has not read.
+  static constexpr size_t kMaxOpenStreams = 256;
+  static constexpr int64_t kMaxStreamUnsentBytes = 256 << 10;
 };
 
 namespace {
@@ -239,6 +263,14 @@ class Call final : public std::enable_shared_from_this<Call> {
   void StartPost() {
     absl::StatusOr<ContentType> type =
         ParseContentType(exchange_->header("content-type").value_or(""));
+    if (!type.ok() && IsGrpcContentType(exchange_->header("content-type").value_or(""))) {
+      // gRPC with a codec we lack: gRPC's own answer.
+      type_ = ContentType{Protocol::kGrpc, Codec::kProto, false};
+      if (exchange_->http_version() < 0x200) {
+        return Finish(absl::UnimplementedError("gRPC requires HTTP/2"), 505);
+      }
+      return Finish(absl::UnimplementedError(type.status().message()));
+    }
     if (!type.ok()) {
       // Neither protocol: Connect says 415, and tells what it accepts.
       HeaderList headers = {{"accept-post",
@@ -685,8 +717,8 @@ void InitHealth(const MethodTable* table, Gateway::Shared* shared) {
   shared->health_watch.from_memo = [](const Message&, Message*, Method::Probe*,
                                       absl::Status* status) {
     *status = absl::UnimplementedError(
-        "grpc.health.v1.Health/Watch is a server stream: gRPC over HTTP/2 only (Check answers "
-        "on every protocol)");
+        "grpc.health.v1.Health/Watch is a server stream: a POST of application/grpc (protobuf) "
+        "over HTTP/2 only (Check answers on every protocol)");
     return true;
   };
 }
@@ -874,22 +906,17 @@ void Gateway::Drain() {
 void Gateway::Reflect(std::shared_ptr<httpd::Exchange> exchange) {
   // Each request message as it arrives, each answer written at once; the stream ends when the
   // client ends its side (OK), on a malformed message, or when a drain starts (UNAVAILABLE).
-  constexpr size_t kMaxRequestBytes = 64 << 10;
-  constexpr int64_t kMaxUnsentBytes = 4 << 20;
+  constexpr size_t kMaxRequestBytes = 16 << 10;  // a reflection request is a name or two
   const absl::StatusOr<CallOptions> options = ParseCallHeaders(
       Protocol::kGrpc, [&exchange](const char* name) { return exchange->header(name); });
   if (!options.ok()) return exchange->Respond(GrpcTrailersOnly(options.status(), "application/grpc"));
   {
     absl::MutexLock lock(&shared_->watch_mu);
-    if (shared_->draining.load()) {
-      return exchange->Respond(
-          GrpcTrailersOnly(absl::UnavailableError("server is draining"), "application/grpc"));
+    if (absl::Status s = shared_->MayOpenStream(); !s.ok()) {
+      return exchange->Respond(GrpcTrailersOnly(s, "application/grpc"));
     }
     exchange->StartResponse(200, {{"content-type", "application/grpc"},
                                   {"grpc-accept-encoding", std::string(kGrpcAcceptEncoding)}});
-    shared_->streams.erase(std::remove_if(shared_->streams.begin(), shared_->streams.end(),
-                                          [](const auto& w) { return w.expired(); }),
-                           shared_->streams.end());
     shared_->streams.push_back(exchange);
   }
   struct State {
@@ -919,9 +946,9 @@ void Gateway::Reflect(std::shared_ptr<httpd::Exchange> exchange) {
       if (!request.ParseFromArray(message.data(), static_cast<int>(message.size()))) {
         return absl::InvalidArgumentError("request: cannot parse a ServerReflectionRequest");
       }
-      if (ex->unsent_bytes() > kMaxUnsentBytes) {
+      if (ex->unsent_bytes() > Shared::kMaxStreamUnsentBytes) {
         // Answers pile up unread: the client asks without reading.
-        return absl::ResourceExhaustedError("reflection: answers are not being read");
+        return absl::ResourceExhaustedError("reflection: the answers are not being read");
       }
       ex->Write(EncodeFrame(0, state->stream.Answer(request).SerializeAsString()));
       return absl::OkStatus();
@@ -977,10 +1004,12 @@ void Gateway::WatchHealth(std::shared_ptr<httpd::Exchange> exchange) {
       status = DecodeRequest(ContentType{Protocol::kGrpc, Codec::kProto}, options->encoding,
                              *body, kMaxRequestBytes, &request);
     }
+    if (status.ok() && ex->abandoned()) status = absl::CancelledError("client went away");
     if (status.ok()) {
       // Under the lock Drain's PushAll takes: a stream either ends there or is refused here.
       absl::MutexLock lock(&shared->watch_mu);
-      if (!shared->draining.load()) {
+      status = shared->MayOpenStream();
+      if (status.ok()) {
         ex->StartResponse(200, {{"content-type", "application/grpc"},
                                 {"grpc-accept-encoding", std::string(kGrpcAcceptEncoding)}});
         auto watch = std::make_shared<Shared::Watch>();
@@ -990,7 +1019,6 @@ void Gateway::WatchHealth(std::shared_ptr<httpd::Exchange> exchange) {
         shared->watches.push_back(std::move(watch));
         return;
       }
-      status = absl::UnavailableError("server is draining");
     }
     ex->Respond(GrpcTrailersOnly(status, "application/grpc"));
   });
@@ -1034,10 +1062,17 @@ void Gateway::Handle(std::shared_ptr<httpd::Exchange> exchange) {
     if (path == kHealthWatchPath) return WatchHealth(std::move(exchange));
     return Reflect(std::move(exchange));
   }
+  const bool grpc = IsGrpcContentType(exchange->header("content-type").value_or(""));
+  if (grpc && exchange->http_version() < 0x200) {
+    return respond(Plain(505, "gRPC requires HTTP/2\n"));  // any path, as grpc-go answers
+  }
   if (path == kReflectionV1Path || path == kReflectionV1alphaPath) {
-    // Not a gRPC stream (HTTP/1.1, gRPC-Web, Connect): reflection is bidirectional, gRPC only.
-    if (IsGrpcContentType(exchange->header("content-type").value_or(""))) {
-      return respond(Plain(505, "gRPC requires HTTP/2\n"));
+    // Not a gRPC stream (gRPC-Web, Connect, or gRPC that is not a protobuf POST): reflection is
+    // bidirectional, gRPC only.
+    if (grpc) {
+      return respond(GrpcTrailersOnly(
+          absl::UnimplementedError("server reflection: a POST of application/grpc (protobuf) only"),
+          "application/grpc"));
     }
     return respond(httpd::Response(
         415, {{"content-type", "application/json"}},
@@ -1061,7 +1096,7 @@ void Gateway::Handle(std::shared_ptr<httpd::Exchange> exchange) {
   }
   if (rpc == nullptr) {
     if (method != "POST") return respond(Plain(404, "not found\n"));
-    if (IsGrpcContentType(exchange->header("content-type").value_or(""))) {
+    if (grpc) {
       // gRPC's answer to a method we do not have: UNIMPLEMENTED, Trailers-Only.
       return respond(GrpcTrailersOnly(
           absl::UnimplementedError(absl::StrCat("unknown method ", path.substr(0, 128))),

@@ -696,7 +696,7 @@ absl::Status FrameReader::Feed(
             "grpc request: a message of ", length, " bytes, expected at most ", max_));
         return error_;
       }
-      buffer_.reserve(kFrameHeaderBytes + length);
+      // No reserve from the declared length: the buffer grows with the bytes that came.
     }
     const auto* p = reinterpret_cast<const unsigned char*>(buffer_.data());
     const size_t length = (size_t{p[1]} << 24) | (size_t{p[2]} << 16) | (size_t{p[3]} << 8) |
@@ -705,7 +705,8 @@ absl::Status FrameReader::Feed(
     buffer_.append(data.data(), take);
     data.remove_prefix(take);
     if (buffer_.size() < kFrameHeaderBytes + length) break;
-    const bool compressed = (p[0] & kFrameCompressed) != 0;
+    // `p` may have moved as the buffer grew: read the flag afresh.
+    const bool compressed = (static_cast<unsigned char>(buffer_[0]) & kFrameCompressed) != 0;
     std::string message = std::move(buffer_);
     buffer_.clear();
     if (absl::Status s = fn(compressed, absl::string_view(message).substr(kFrameHeaderBytes));

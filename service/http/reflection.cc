@@ -59,15 +59,46 @@ Reflection::Reflection(std::vector<std::string> services)
     }
   }
   v1alpha_file_ = v1alpha_pool_->BuildFile(file);
+  // What may be described: the files of the listed services and everything they import.
+  std::vector<const FileDescriptor*> queue;
+  for (const std::string& service : services_) {
+    const FileDescriptor* f = AnyFileOfSymbol(service);
+    if (f != nullptr && !files_.contains(f->name())) {
+      files_[f->name()];
+      queue.push_back(f);
+    }
+  }
+  for (size_t i = 0; i < queue.size(); ++i) {
+    const FileDescriptor* f = queue[i];
+    File& entry = files_[f->name()];
+    FileDescriptorProto proto;
+    f->CopyTo(&proto);
+    proto.SerializeToString(&entry.bytes);
+    for (int d = 0; d < f->dependency_count(); ++d) {
+      const FileDescriptor* dep = f->dependency(d);
+      if (dep == nullptr) continue;  // never built (a lazily loaded pool): nothing to send
+      entry.imports.push_back(dep->name());
+      if (!files_.contains(dep->name())) {
+        files_[dep->name()];
+        queue.push_back(dep);
+      }
+    }
+  }
+}
+
+const FileDescriptor* Reflection::AnyFileOfSymbol(absl::string_view symbol) const {
+  return IsV1alpha(symbol)
+             ? v1alpha_pool_->FindFileContainingSymbol(std::string(symbol))
+             : DescriptorPool::generated_pool()->FindFileContainingSymbol(std::string(symbol));
 }
 
 Reflection::~Reflection() = default;
 
 absl::StatusOr<const FileDescriptor*> Reflection::FileOfSymbol(absl::string_view symbol) const {
-  const FileDescriptor* file =
-      IsV1alpha(symbol) ? v1alpha_pool_->FindFileContainingSymbol(std::string(symbol))
-                        : DescriptorPool::generated_pool()->FindFileContainingSymbol(std::string(symbol));
-  if (file == nullptr) return absl::NotFoundError(absl::StrCat("symbol not found: ", Quote(symbol)));
+  const FileDescriptor* file = AnyFileOfSymbol(symbol);
+  if (file == nullptr || !files_.contains(file->name())) {
+    return absl::NotFoundError(absl::StrCat("symbol not found: ", Quote(symbol)));
+  }
   return file;
 }
 
@@ -75,28 +106,30 @@ absl::StatusOr<const FileDescriptor*> Reflection::FileByName(absl::string_view n
   const FileDescriptor* file =
       name == kV1alphaFile ? v1alpha_file_
                            : DescriptorPool::generated_pool()->FindFileByName(std::string(name));
-  if (file == nullptr) return absl::NotFoundError(absl::StrCat("file not found: ", Quote(name)));
+  if (file == nullptr || !files_.contains(file->name())) {
+    return absl::NotFoundError(absl::StrCat("file not found: ", Quote(name)));
+  }
   return file;
 }
 
 const google::protobuf::Descriptor* Reflection::MessageType(absl::string_view name) const {
-  return IsV1alpha(name) ? v1alpha_pool_->FindMessageTypeByName(std::string(name))
-                         : DescriptorPool::generated_pool()->FindMessageTypeByName(std::string(name));
+  const google::protobuf::Descriptor* type =
+      IsV1alpha(name) ? v1alpha_pool_->FindMessageTypeByName(std::string(name))
+                      : DescriptorPool::generated_pool()->FindMessageTypeByName(std::string(name));
+  return type != nullptr && files_.contains(type->file()->name()) ? type : nullptr;
 }
 
-void Reflection::Stream::AddFiles(const FileDescriptor* file,
+void Reflection::Stream::AddFiles(const std::string& file,
                                   grpc::reflection::v1::FileDescriptorResponse* out) {
   // The file asked for always; then its imports, breadth first, each once per stream.
-  std::vector<const FileDescriptor*> queue = {file};
-  sent_.insert(file->name());
+  std::vector<const std::string*> queue = {&file};
+  sent_.insert(file);
   for (size_t i = 0; i < queue.size(); ++i) {
-    const FileDescriptor* f = queue[i];
-    FileDescriptorProto proto;
-    f->CopyTo(&proto);
-    proto.SerializeToString(out->add_file_descriptor_proto());
-    for (int d = 0; d < f->dependency_count(); ++d) {
-      const FileDescriptor* dep = f->dependency(d);
-      if (sent_.insert(dep->name()).second) queue.push_back(dep);
+    auto it = reflection_->files_.find(*queue[i]);
+    if (it == reflection_->files_.end()) continue;
+    out->add_file_descriptor_proto(it->second.bytes);
+    for (const std::string& dep : it->second.imports) {
+      if (sent_.insert(dep).second) queue.push_back(&dep);
     }
   }
 }
@@ -109,14 +142,14 @@ ServerReflectionResponse Reflection::Stream::Answer(const ServerReflectionReques
   switch (request.message_request_case()) {
     case ServerReflectionRequest::kFileByFilename: {
       absl::StatusOr<const FileDescriptor*> file = reflection_->FileByName(request.file_by_filename());
-      if (file.ok()) AddFiles(*file, response.mutable_file_descriptor_response());
+      if (file.ok()) AddFiles((*file)->name(), response.mutable_file_descriptor_response());
       error = file.status();
       break;
     }
     case ServerReflectionRequest::kFileContainingSymbol: {
       absl::StatusOr<const FileDescriptor*> file =
           reflection_->FileOfSymbol(request.file_containing_symbol());
-      if (file.ok()) AddFiles(*file, response.mutable_file_descriptor_response());
+      if (file.ok()) AddFiles((*file)->name(), response.mutable_file_descriptor_response());
       error = file.status();
       break;
     }
@@ -126,11 +159,11 @@ ServerReflectionResponse Reflection::Stream::Answer(const ServerReflectionReques
       const google::protobuf::FieldDescriptor* field =
           type == nullptr ? nullptr
                           : type->file()->pool()->FindExtensionByNumber(type, ext.extension_number());
-      if (field == nullptr) {
+      if (field == nullptr || !reflection_->files_.contains(field->file()->name())) {
         error = absl::NotFoundError(absl::StrCat("extension not found: ", Quote(ext.containing_type()),
                                                  " number ", ext.extension_number()));
       } else {
-        AddFiles(field->file(), response.mutable_file_descriptor_response());
+        AddFiles(field->file()->name(), response.mutable_file_descriptor_response());
       }
       break;
     }
@@ -145,7 +178,9 @@ ServerReflectionResponse Reflection::Stream::Answer(const ServerReflectionReques
       type->file()->pool()->FindAllExtensions(type, &extensions);
       auto* out = response.mutable_all_extension_numbers_response();
       out->set_base_type_name(type->full_name());
-      for (const auto* e : extensions) out->add_extension_number(e->number());
+      for (const auto* e : extensions) {
+        if (reflection_->files_.contains(e->file()->name())) out->add_extension_number(e->number());
+      }
       break;
     }
     case ServerReflectionRequest::kListServices: {

@@ -9,8 +9,10 @@
 //
 // Every service listed can be described: its file and every file it imports are found (the
 // reflection services themselves included; v1alpha is described by a copy of v1's file under
-// the v1alpha package). A file is sent once per stream: a later answer carries the file asked for
-// and only the dependencies not yet sent on that stream.
+// the v1alpha package). Nothing else is: other files linked into the binary (the key store's
+// record format, gRPC's own) are NOT_FOUND, as if absent. Files are serialized once, here. A file
+// is sent once per stream: a later answer carries the file asked for and only the dependencies not
+// yet sent on that stream.
 //
 // Thread-safety: Reflection is immutable after construction; a Stream is used by one thread at a
 // time.
@@ -21,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -59,15 +62,23 @@ class Reflection final {
 
    private:
     // `file` (always) and its transitive imports not yet sent, serialized, into `out`.
-    void AddFiles(const google::protobuf::FileDescriptor* file,
-                  grpc::reflection::v1::FileDescriptorResponse* out);
+    void AddFiles(const std::string& file, grpc::reflection::v1::FileDescriptorResponse* out);
 
     const Reflection* const reflection_;
     absl::flat_hash_set<std::string> sent_;  // file names already sent on this stream
   };
 
  private:
+  // A file a listed service reaches: serialized, and the names of its imports.
+  struct File {
+    std::string bytes;
+    std::vector<std::string> imports;
+  };
+  // The file `symbol` names in either pool, whether described or not.
+  const google::protobuf::FileDescriptor* AnyFileOfSymbol(absl::string_view symbol) const;
+
   std::vector<std::string> services_;
+  absl::flat_hash_map<std::string, File> files_;
   // v1alpha's file: v1's under the v1alpha package, in a pool of its own (gRPC's libraries may
   // have put a v1alpha file of another name into the generated pool).
   std::unique_ptr<google::protobuf::DescriptorPool> v1alpha_pool_;

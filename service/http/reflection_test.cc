@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "grpc/health/v1/health.pb.h"
 #include "gtest/gtest.h"
+#include "offload/store/v1/keystore.pb.h"
 #include "offload/v1/ed25519.pb.h"
 
 namespace offload::http {
@@ -22,7 +23,8 @@ using ::testing::Contains;
 
 // The generated files are in the pool once their code is linked: make sure it is.
 const bool kLinked = offload::v1::VerifyRequest::descriptor() != nullptr &&
-                     grpc::health::v1::HealthCheckRequest::descriptor() != nullptr;
+                     grpc::health::v1::HealthCheckRequest::descriptor() != nullptr &&
+                     offload::store::v1::KeyVersionRecord::descriptor() != nullptr;
 
 std::vector<std::string> FileNames(const ServerReflectionResponse& r) {
   std::vector<std::string> names;
@@ -82,7 +84,7 @@ TEST(Reflection, SendsImportsOncePerStreamAndTheFileAlways) {
 }
 
 TEST(Reflection, ErrorsAreAnswersNotStreamFailures) {
-  Reflection reflection({});
+  Reflection reflection({"offload.v1.Ed25519Service"});
   Reflection::Stream stream(&reflection);
   ServerReflectionRequest request;
   request.set_file_containing_symbol(std::string(1000, 'x'));
@@ -100,6 +102,26 @@ TEST(Reflection, ErrorsAreAnswersNotStreamFailures) {
   r = stream.Answer(request);
   EXPECT_EQ(r.all_extension_numbers_response().base_type_name(), "offload.v1.SignRequest");
   EXPECT_EQ(r.all_extension_numbers_response().extension_number_size(), 0);
+}
+
+TEST(Reflection, DescribesNothingTheServicesDoNotReach) {
+  // Linked into the binary, but no listed service uses them: as if absent.
+  Reflection reflection({"offload.v1.Ed25519Service"});
+  Reflection::Stream stream(&reflection);
+  ASSERT_NE(google::protobuf::DescriptorPool::generated_pool()->FindFileByName(
+                "offload/store/v1/keystore.proto"),
+            nullptr);
+  for (const char* file : {"offload/store/v1/keystore.proto", "google/protobuf/descriptor.proto",
+                           "grpc/health/v1/health.proto"}) {
+    ServerReflectionRequest request;
+    request.set_file_by_filename(file);
+    EXPECT_EQ(stream.Answer(request).error_response().error_code(), 5) << file;
+  }
+  ServerReflectionRequest request;
+  request.set_file_containing_symbol("offload.store.v1.KeyVersionRecord");
+  EXPECT_EQ(stream.Answer(request).error_response().error_code(), 5);
+  request.set_all_extension_numbers_of_type("google.protobuf.FileOptions");
+  EXPECT_EQ(stream.Answer(request).error_response().error_code(), 5);
 }
 
 TEST(Reflection, V1alphaIsV1UnderItsOwnName) {

@@ -107,7 +107,18 @@ int SelectAlpn(SSL*, const unsigned char** out, unsigned char* outlen, const uns
 
 Exchange::Exchange(internal::Loop* loop, std::shared_ptr<internal::Mailbox> mailbox)
     : loop_(loop), mailbox_(std::move(mailbox)) {}
-Exchange::~Exchange() = default;
+Exchange::~Exchange() {
+  // A handler that let go of a request without answering it (a stream whose client went away)
+  // still lets Stop() finish.
+  CountAnswered();
+}
+
+void Exchange::CountAnswered() {
+  if (dispatched_.load(std::memory_order_acquire) &&
+      !counted_.exchange(true, std::memory_order_acq_rel)) {
+    mailbox_->Answered();
+  }
+}
 
 void Exchange::Send(Part part) {
   // Parts keep their order: once one went through the mailbox, the rest follow it there.
@@ -136,7 +147,7 @@ void Exchange::Respond(Response response) {
   Send(std::move(part));
   // Counted once written or queued to the loop ahead of any stop, so that Stop() never closes
   // a connection before its answer.
-  mailbox_->Answered();
+  CountAnswered();
 }
 
 void Exchange::StartResponse(int status, Headers headers) {
@@ -166,7 +177,7 @@ void Exchange::Finish(Headers trailers) {
   part.end = true;
   part.trailers = std::move(trailers);
   Send(std::move(part));
-  mailbox_->Answered();
+  CountAnswered();
 }
 
 // ---------------------------------------------------------------------------------------------

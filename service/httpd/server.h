@@ -186,6 +186,9 @@ class Exchange final : public std::enable_shared_from_this<Exchange> {
   absl::string_view Piece(Span s) const { return absl::string_view(text_.data() + s.offset, s.size); }
   // Hands a part to the loop (at once on the loop's own thread).
   void Send(Part part);
+  // Once per exchange handed to the handler: it has its answer, or never will (Stop waits for
+  // the others).
+  void CountAnswered();
 
   internal::Loop* const loop_;
   const std::shared_ptr<internal::Mailbox> mailbox_;
@@ -205,6 +208,8 @@ class Exchange final : public std::enable_shared_from_this<Exchange> {
   std::atomic<bool> started_{false};
   std::atomic<bool> finished_{false};
   std::atomic<bool> abandoned_{false};
+  std::atomic<bool> dispatched_{false};  // handed to the handler: counted until answered
+  std::atomic<bool> counted_{false};
   std::atomic<int64_t> unsent_{0};
   std::atomic<int> in_mail_{0};  // parts posted to the loop and not yet delivered
 };

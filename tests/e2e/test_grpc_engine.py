@@ -342,6 +342,12 @@ class HealthWatchDrainTest(ServerTestCase):
         self.assertEqual(sorted(seen), [("", pb.health.HealthCheckResponse.SERVING),
                                         ("no.such.Service", pb.health.HealthCheckResponse.SERVICE_UNKNOWN),
                                         ("reflection", 8)])
+        # Watches a client cancels (the usual way a Watch ends) are let go: they must not hold
+        # the drain below.
+        for _ in range(3):
+            cancelled = stub.Watch(pb.health.HealthCheckRequest(service=""), timeout=60)
+            self.assertEqual(next(cancelled).status, pb.health.HealthCheckResponse.SERVING)
+            cancelled.cancel()
         # Longer than the read and idle timeouts: a watch is a request under way, never cut.
         time.sleep(2.5)
         self.assertEqual(ended, [], "a Watch stream ended before the drain")

@@ -201,6 +201,7 @@ void Conn::Dispatch(Stream* stream) {
   impl_->unanswered->fetch_add(1, std::memory_order_acq_rel);
   // The handler may answer at once; the stream stays (its protocol owns it) until closed.
   std::shared_ptr<Exchange> exchange = stream->exchange;
+  Access::SetDispatched(*exchange);
   impl_->handler->Handle(exchange);
 }
 

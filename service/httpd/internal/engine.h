@@ -313,6 +313,7 @@ struct Access {
   static void AddHeader(Exchange& e, absl::string_view name, absl::string_view value,
                         bool lower_name);
   static std::string& body(Exchange& e) { return e.body_; }
+  static void SetDispatched(Exchange& e) { e.dispatched_.store(true, std::memory_order_release); }
   static void SetBodyTooLarge(Exchange& e) { e.body_too_large_ = true; }
   // After Handle: the body's memory goes.
   static void ReleaseBody(Exchange& e);
