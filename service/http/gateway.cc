@@ -103,24 +103,28 @@ httpd::Response Plain(int status, absl::string_view text, HeaderList headers = {
 // What the gRPC answers say we take (grpc-accept-encoding).
 constexpr absl::string_view kGrpcAcceptEncoding = "identity,gzip";
 
-// A gRPC error as Trailers-Only: HTTP 200, the status in the only HEADERS frame.
-httpd::Response GrpcTrailersOnly(const absl::Status& status, absl::string_view content_type) {
-  httpd::Response out;
-  out.status = 200;
-  out.headers = {{"content-type", std::string(content_type)},
-                 {"grpc-status", absl::StrCat(static_cast<int>(status.code()))}};
-  if (!status.message().empty()) {
-    out.headers.emplace_back("grpc-message", PercentEncode(status.message()));
-  }
-  out.headers.emplace_back("grpc-accept-encoding", std::string(kGrpcAcceptEncoding));
-  return out;
-}
-
-// The trailers that end a gRPC stream with `status`.
+// The trailers that end a gRPC stream with `status`: grpc-status, and grpc-message when there
+// is one.
 httpd::Headers GrpcTrailers(const absl::Status& status) {
   httpd::Headers trailers = {{"grpc-status", absl::StrCat(static_cast<int>(status.code()))}};
   if (!status.message().empty()) trailers.emplace_back("grpc-message", PercentEncode(status.message()));
   return trailers;
+}
+
+// A gRPC or gRPC-Web error as Trailers-Only: HTTP 200, the status in the only HEADERS frame.
+httpd::Response TrailersOnly(const absl::Status& status, absl::string_view content_type) {
+  httpd::Response out;
+  out.status = 200;
+  out.headers = {{"content-type", std::string(content_type)}};
+  for (auto& h : GrpcTrailers(status)) out.headers.push_back(std::move(h));
+  return out;
+}
+
+// A gRPC error as Trailers-Only, saying which encodings we take.
+httpd::Response GrpcTrailersOnly(const absl::Status& status, absl::string_view content_type) {
+  httpd::Response out = TrailersOnly(status, content_type);
+  out.headers.emplace_back("grpc-accept-encoding", std::string(kGrpcAcceptEncoding));
+  return out;
 }
 
 // The largest body a request may have: the message, a gRPC-Web frame header, base64 for
@@ -230,14 +234,19 @@ struct Gateway::Shared {
                                  }),
                   streams.end());
   }
-  // Whether one more stream may open (Prune first); if not, why.
-  absl::Status MayOpenStream() ABSL_EXCLUSIVE_LOCKS_REQUIRED(watch_mu) {
+  // Starts the answer of one more stream (its headers), unless the server is draining or
+  // kMaxOpenStreams are open (Prune first): then why not, and nothing is sent. The caller then
+  // adds it to `watches` or `streams`, under the same lock, so that a drain either ends it or
+  // refused it here.
+  absl::Status StartStream(httpd::Exchange& exchange) ABSL_EXCLUSIVE_LOCKS_REQUIRED(watch_mu) {
     if (draining.load()) return absl::UnavailableError("server is draining");
     Prune();
     if (watches.size() + streams.size() >= kMaxOpenStreams) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "at most ", kMaxOpenStreams, " health Watch and reflection streams may be open at once"));
     }
+    exchange.StartResponse(200, {{"content-type", "application/grpc"},
+                                 {"grpc-accept-encoding", std::string(kGrpcAcceptEncoding)}});
     return absl::OkStatus();
   }
   // Health Watch and reflection streams open at once, server-wide: each may hold up to
@@ -564,7 +573,7 @@ class Call final : public std::enable_shared_from_this<Call> {
       if (gzip) out->headers.emplace_back("grpc-encoding", "gzip");
       out->headers.emplace_back("grpc-accept-encoding", std::string(kGrpcAcceptEncoding));
       out->body = EncodeFrame(gzip ? kFrameCompressed : 0, message);
-      out->trailers = {{"grpc-status", "0"}};
+      out->trailers = GrpcTrailers(absl::OkStatus());
       return absl::OkStatus();
     }
     if (type_.protocol == Protocol::kGrpcWeb) {
@@ -618,13 +627,7 @@ class Call final : public std::enable_shared_from_this<Call> {
     }
     if (type_.protocol == Protocol::kGrpcWeb) {
       // gRPC-Web "trailers-only": HTTP 200, the status in the headers, no body.
-      out.status = 200;
-      out.headers = {{"content-type", std::string(GrpcWebContentType(type_))},
-                     {"grpc-status", absl::StrCat(static_cast<int>(status.code()))}};
-      if (!status.message().empty()) {
-        out.headers.emplace_back("grpc-message", PercentEncode(status.message()));
-      }
-      return out;
+      return TrailersOnly(status, GrpcWebContentType(type_));
     }
     out.status = http_status != 0 ? http_status : ConnectHttpStatus(status.code());
     out.headers = {{"content-type", "application/json"}};
@@ -912,11 +915,9 @@ void Gateway::Reflect(std::shared_ptr<httpd::Exchange> exchange) {
   if (!options.ok()) return exchange->Respond(GrpcTrailersOnly(options.status(), "application/grpc"));
   {
     absl::MutexLock lock(&shared_->watch_mu);
-    if (absl::Status s = shared_->MayOpenStream(); !s.ok()) {
+    if (absl::Status s = shared_->StartStream(*exchange); !s.ok()) {
       return exchange->Respond(GrpcTrailersOnly(s, "application/grpc"));
     }
-    exchange->StartResponse(200, {{"content-type", "application/grpc"},
-                                  {"grpc-accept-encoding", std::string(kGrpcAcceptEncoding)}});
     shared_->streams.push_back(exchange);
   }
   struct State {
@@ -1008,10 +1009,8 @@ void Gateway::WatchHealth(std::shared_ptr<httpd::Exchange> exchange) {
     if (status.ok()) {
       // Under the lock Drain's PushAll takes: a stream either ends there or is refused here.
       absl::MutexLock lock(&shared->watch_mu);
-      status = shared->MayOpenStream();
+      status = shared->StartStream(*ex);
       if (status.ok()) {
-        ex->StartResponse(200, {{"content-type", "application/grpc"},
-                                {"grpc-accept-encoding", std::string(kGrpcAcceptEncoding)}});
         auto watch = std::make_shared<Shared::Watch>();
         watch->exchange = std::move(ex);
         watch->service = request.service();
@@ -1062,14 +1061,17 @@ void Gateway::Handle(std::shared_ptr<httpd::Exchange> exchange) {
     if (path == kHealthWatchPath) return WatchHealth(std::move(exchange));
     return Reflect(std::move(exchange));
   }
-  const bool grpc = IsGrpcContentType(exchange->header("content-type").value_or(""));
-  if (grpc && exchange->http_version() < 0x200) {
-    return respond(Plain(505, "gRPC requires HTTP/2\n"));  // any path, as grpc-go answers
-  }
+  // A gRPC request the table does not answer (a known method's call answers for itself, off
+  // this path): over HTTP/1.1 gRPC's 505 for any path, as grpc-go answers, else gRPC's errors.
+  const auto grpc = [&exchange] {
+    return IsGrpcContentType(exchange->header("content-type").value_or(""));
+  };
+  const auto grpc_over_http1 = [&] { return exchange->http_version() < 0x200 && grpc(); };
   if (path == kReflectionV1Path || path == kReflectionV1alphaPath) {
     // Not a gRPC stream (gRPC-Web, Connect, or gRPC that is not a protobuf POST): reflection is
     // bidirectional, gRPC only.
-    if (grpc) {
+    if (grpc_over_http1()) return respond(Plain(505, "gRPC requires HTTP/2\n"));
+    if (grpc()) {
       return respond(GrpcTrailersOnly(
           absl::UnimplementedError("server reflection: a POST of application/grpc (protobuf) only"),
           "application/grpc"));
@@ -1096,7 +1098,8 @@ void Gateway::Handle(std::shared_ptr<httpd::Exchange> exchange) {
   }
   if (rpc == nullptr) {
     if (method != "POST") return respond(Plain(404, "not found\n"));
-    if (grpc) {
+    if (grpc_over_http1()) return respond(Plain(505, "gRPC requires HTTP/2\n"));
+    if (grpc()) {
       // gRPC's answer to a method we do not have: UNIMPLEMENTED, Trailers-Only.
       return respond(GrpcTrailersOnly(
           absl::UnimplementedError(absl::StrCat("unknown method ", path.substr(0, 128))),

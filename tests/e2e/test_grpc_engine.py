@@ -233,16 +233,19 @@ class ReflectionTest(ServerTestCase):
                 fd = descriptor_pb2.FileDescriptorProto.FromString(raw)
                 protos[fd.name] = fd
         pool = descriptor_pool.DescriptorPool()
-        pending = list(protos.values())
-        while pending:  # imports first, whatever order they came in
-            left = [fd for fd in pending if any(d not in protos or
-                                                d in [p.name for p in pending if p is not fd]
-                                                for d in fd.dependency)]
-            ready = [fd for fd in pending if fd not in left]
-            self.assertTrue(ready, "files whose imports never came: %s" % [fd.name for fd in left])
-            for fd in ready:
-                pool.Add(fd)
-            pending = left
+        added = set()
+
+        def add(name):  # imports first, whatever order they came in
+            if name in added:
+                return
+            self.assertIn(name, protos, "an imported file never came")
+            for dep in protos[name].dependency:
+                add(dep)
+            pool.Add(protos[name])
+            added.add(name)
+
+        for name in protos:
+            add(name)
         return pool
 
     def test_lists_and_describes_every_service(self):
