@@ -773,7 +773,7 @@ Gateway::Gateway(const MethodTable* table, ops::WorkerPool* pool, metrics::Metri
         "offload_http_abuse_total",
         "Front-door defences that acted on the HTTP port, by reason: a connection closed "
         "(premature_resets, reset_rate, continuations, control_flood, settings, no_progress, "
-        "protocol_error, send_timeout), a request refused or cut short (header_too_large, "
+        "too_many_pings, protocol_error, send_timeout), a request refused or cut short (header_too_large, "
         "body_too_large, stream_refused: memory budget) or a connection's body held back "
         "(read_paused: memory budget)",
         {{"port", "http"}, {"reason", httpd::AbuseReasonName(static_cast<httpd::AbuseReason>(i))}},

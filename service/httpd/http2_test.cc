@@ -150,7 +150,12 @@ class H2Client {
         cb, [](nghttp2_session*, const nghttp2_frame* frame, void* self_ptr) -> int {
           auto* self = static_cast<H2Client*>(self_ptr);
           if (frame->hd.type == NGHTTP2_HEADERS) self->results[frame->hd.stream_id].headers_seen = true;
-          if (frame->hd.type == NGHTTP2_GOAWAY) self->goaways.push_back(frame->goaway.last_stream_id);
+          if (frame->hd.type == NGHTTP2_GOAWAY) {
+            self->goaways.push_back(frame->goaway.last_stream_id);
+            self->goaway_error = frame->goaway.error_code;
+            self->goaway_debug.assign(reinterpret_cast<const char*>(frame->goaway.opaque_data),
+                                      frame->goaway.opaque_data_len);
+          }
           if (frame->hd.type == NGHTTP2_PING && (frame->hd.flags & NGHTTP2_FLAG_ACK) == 0) {
             self->pings++;
           }
@@ -210,6 +215,7 @@ class H2Client {
     out.end = end;
     nghttp2_session_resume_data(session_, id);
   }
+  void Ping() { nghttp2_submit_ping(session_, NGHTTP2_FLAG_NONE, nullptr); }
   void Reset(int32_t id) { nghttp2_submit_rst_stream(session_, NGHTTP2_FLAG_NONE, id, NGHTTP2_CANCEL); }
 
   // Sends and reads until `done` (true) or 10 s pass (false), or the connection ends.
@@ -238,6 +244,8 @@ class H2Client {
 
   std::map<int32_t, Result> results;
   std::vector<int32_t> goaways;
+  uint32_t goaway_error = 0;  // of the last GOAWAY
+  std::string goaway_debug;
   int pings = 0;
   bool eof = false;
 
@@ -392,6 +400,45 @@ TEST_F(Http2Test, DrainSendsTwoGoawaysAndFinishesTheStreamInFlight) {
 
 // Several large bodies at once on one connection, past its budget: the oldest request always
 // progresses and the connection's window is never held by the others, so all complete.
+// gRPC's keepalive policy, as grpc-core enforces it: PINGs too close together with nothing sent
+// between them are strikes; past the allowed strikes, GOAWAY "too_many_pings".
+TEST_F(Http2Test, TooManyPingsWithNothingSentIsGoaway) {
+  Start();  // the defaults: 2 strikes, 2 h apart while idle
+  H2Client c(server_->port());
+  for (int i = 0; i < 4; ++i) c.Ping();  // the first is free, then three strikes
+  ASSERT_TRUE(c.Run([&] { return !c.goaways.empty(); }));
+  EXPECT_EQ(c.goaway_error, static_cast<uint32_t>(NGHTTP2_ENHANCE_YOUR_CALM));
+  EXPECT_EQ(c.goaway_debug, "too_many_pings");
+  EXPECT_EQ(server_->stats().abuse[static_cast<int>(AbuseReason::kTooManyPings)], 1u);
+}
+
+TEST_F(Http2Test, PingsBetweenAnswersOrWithinTheStrikesAreFine) {
+  Start();
+  H2Client c(server_->port());
+  // Two strikes are allowed.
+  for (int i = 0; i < 3; ++i) c.Ping();
+  c.RunFor(std::chrono::milliseconds(200));
+  // An answer between PINGs clears the strikes (gRPC's BDP pings follow our DATA).
+  for (int round = 0; round < 5; ++round) {
+    const int32_t id = c.Submit("/unary", "ping me");
+    ASSERT_TRUE(c.Run([&] { return c.results[id].closed; }));
+    c.Ping();
+    c.Ping();
+    c.RunFor(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(c.goaways.empty());
+  EXPECT_EQ(server_->stats().abuse[static_cast<int>(AbuseReason::kTooManyPings)], 0u);
+  // Switched off, PINGs are only the no-progress bucket's business.
+  Server::Options off;
+  off.http2.max_ping_strikes = 0;
+  TearDown();
+  Start(off);
+  H2Client d(server_->port());
+  for (int i = 0; i < 20; ++i) d.Ping();
+  d.RunFor(std::chrono::milliseconds(200));
+  EXPECT_TRUE(d.goaways.empty());
+}
+
 TEST_F(Http2Test, ConcurrentUploadsPastTheConnectionBudgetAllComplete) {
   Server::Options options;
   options.connection_budget_bytes = 256 << 10;

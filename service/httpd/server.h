@@ -115,6 +115,7 @@ enum class AbuseReason : int {
   kStreamRefused,        // memory budget: a new request refused (REFUSED_STREAM, 503)
   kReadPaused,           // memory budget: a connection's body bytes held back
   kSendTimeout,          // an answer the client did not take within the send timeout
+  kTooManyPings,         // GOAWAY ENHANCE_YOUR_CALM "too_many_pings": gRPC's keepalive policy
   kCount
 };
 // The metric label of `reason` ("premature_resets", "reset_rate", ...).
@@ -277,6 +278,15 @@ class Server final {
       // Frames without progress: a token bucket per connection (burst, refill per second).
       int no_progress_burst = 1000;
       int no_progress_rate = 33;
+      // Keep-alive PINGs, enforced as grpc-core enforces them (its ping abuse policy, with its
+      // defaults): a PING that comes sooner than `min_ping_interval` after the previous one
+      // (`idle_ping_interval` while no stream is open) with no HEADERS or DATA sent since is a
+      // strike; more than `max_ping_strikes` strikes: GOAWAY ENHANCE_YOUR_CALM with debug data
+      // "too_many_pings", which gRPC clients read as "double your keepalive time". Sending
+      // HEADERS or DATA clears the strikes. 0 strikes: off.
+      absl::Duration min_ping_interval = absl::Minutes(5);
+      absl::Duration idle_ping_interval = absl::Hours(2);
+      int max_ping_strikes = 2;
     } http2;
 
     // TLS when set: called once with the port's SSL_CTX to install the certificate and client

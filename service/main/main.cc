@@ -93,6 +93,14 @@ ABSL_FLAG(int, http2_no_progress_burst, 1000,
           "bucket per connection of this many...");
 ABSL_FLAG(int, http2_no_progress_rate, 33,
           "...refilled at this many per second; empty: GOAWAY ENHANCE_YOUR_CALM.");
+ABSL_FLAG(absl::Duration, http2_min_ping_interval, absl::Minutes(5),
+          "Keep-alive PINGs as grpc-core enforces them: a PING sooner than this after the previous "
+          "one, with nothing sent in between, is a strike...");
+ABSL_FLAG(absl::Duration, http2_idle_ping_interval, absl::Hours(2),
+          "...and sooner than this while no call is open...");
+ABSL_FLAG(int, http2_max_ping_strikes, 2,
+          "...and more strikes than this: GOAWAY ENHANCE_YOUR_CALM \"too_many_pings\" (gRPC "
+          "clients then double their keepalive time). Sending clears the strikes. 0: off.");
 ABSL_FLAG(std::string, trusted_proxies, "",
           "Comma-separated CIDRs (127.0.0.1/32, 10.0.0.0/8, ::1/128) of proxies in front of the "
           "HTTP port: from those peers only, the nearest untrusted address of X-Forwarded-For is "
@@ -193,6 +201,9 @@ int main(int argc, char** argv) {
   config.http2.premature_reset_lifetime = absl::GetFlag(FLAGS_http2_premature_reset_lifetime);
   config.http2.no_progress_burst = absl::GetFlag(FLAGS_http2_no_progress_burst);
   config.http2.no_progress_rate = absl::GetFlag(FLAGS_http2_no_progress_rate);
+  config.http2.min_ping_interval = absl::GetFlag(FLAGS_http2_min_ping_interval);
+  config.http2.idle_ping_interval = absl::GetFlag(FLAGS_http2_idle_ping_interval);
+  config.http2.max_ping_strikes = absl::GetFlag(FLAGS_http2_max_ping_strikes);
   config.trusted_proxies = absl::GetFlag(FLAGS_trusted_proxies);
   config.http_tcp_nodelay = absl::GetFlag(FLAGS_http_tcp_nodelay);
   config.http_compression_level = absl::GetFlag(FLAGS_http_compression_level);

@@ -317,7 +317,8 @@ class Http2Abuse(ServerTestCase):
         verifies, opens = ops("ed25519_verify"), ops("aead_open")
         counted = {r: abuse(after, r) - abuse(before, r) for r in (
             "premature_resets", "reset_rate", "continuations", "control_flood", "settings",
-            "no_progress", "protocol_error", "stream_refused", "read_paused", "send_timeout")}
+            "no_progress", "protocol_error", "stream_refused", "read_paused", "send_timeout",
+            "too_many_pings")}
         print("%s x%d: RSS %+.1f MiB (budget %.0f MiB), legit calls %d ok, %d failed, "
               "verifies run %d, closed %d/%d, GOAWAY %s, defences %s"
               % (name, connections, grown / 2**20, budget / 2**20, legit.ok, len(legit.failures),
@@ -411,7 +412,7 @@ class Http2Abuse(ServerTestCase):
 
         for connections in (1, 4):
             self.attack("PING flood", connections, drive,
-                        expect_reasons=("control_flood", "no_progress"))
+                        expect_reasons=("control_flood", "no_progress", "too_many_pings"))
 
     def test_settings_flood(self):
         def drive(a, index):

@@ -36,6 +36,7 @@ const char* AbuseReasonName(AbuseReason reason) {
     case AbuseReason::kStreamRefused: return "stream_refused";
     case AbuseReason::kReadPaused: return "read_paused";
     case AbuseReason::kSendTimeout: return "send_timeout";
+    case AbuseReason::kTooManyPings: return "too_many_pings";
     case AbuseReason::kCount: break;
   }
   return "unknown";

@@ -19,6 +19,7 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "service/common/log.h"
 #include "service/httpd/internal/engine.h"
 
@@ -164,7 +165,9 @@ class Http2 final : public Protocol {
   // A frame that makes no progress; an empty bucket ends the connection.
   void NoProgress();
   // GOAWAY with `code` for `reason`, and the connection ends once it is written.
-  void Abuse(AbuseReason reason, uint32_t code);
+  void Abuse(AbuseReason reason, uint32_t code, absl::string_view debug = {});
+  // A keep-alive PING from the client: gRPC's ping policy (Options::Http2::max_ping_strikes).
+  void ClientPing();
   void UpdateReadPause();
   // Body bytes of `s` whose window is held back: `v`; holding_ follows.
   void SetUnconsumed(Stream* s, int32_t v) {
@@ -218,6 +221,9 @@ class Http2 final : public Protocol {
   double tokens_;
   Clock::time_point refilled_;
   bool sent_since_ping_ = true;  // HEADERS or DATA sent since the last PING
+  // gRPC's ping policy: when the last PING came, and strikes since we last sent.
+  Clock::time_point last_ping_;
+  int ping_strikes_ = 0;
   int settings_frames_ = 0;
   uint8_t last_recv_type_ = 0;
 };
@@ -624,6 +630,7 @@ int Http2::OnFrameRecv(nghttp2_session* session, const nghttp2_frame* frame, voi
       // Keep-alive and BDP pings that follow our frames are fine; pings with nothing between
       // them are not progress.
       if (!self->sent_since_ping_) self->NoProgress();
+      self->ClientPing();
       self->sent_since_ping_ = false;
       break;
     case NGHTTP2_WINDOW_UPDATE:
@@ -652,13 +659,28 @@ void Http2::NoProgress() {
   if (tokens_ < 0 && !closing_) Abuse(AbuseReason::kNoProgress, NGHTTP2_ENHANCE_YOUR_CALM);
 }
 
-void Http2::Abuse(AbuseReason reason, uint32_t code) {
+void Http2::ClientPing() {
+  const Server::Options::Http2& h2 = options_.http2;
+  if (h2.max_ping_strikes <= 0) return;
+  const Clock::time_point now = Clock::now();
+  const absl::Duration interval = streams_.empty() ? h2.idle_ping_interval : h2.min_ping_interval;
+  if (sent_since_ping_) {
+    ping_strikes_ = 0;  // gRPC clears the strikes whenever it sends: this PING is free
+  } else if (now - last_ping_ < absl::ToChronoNanoseconds(interval) &&
+             ++ping_strikes_ > h2.max_ping_strikes) {
+    Abuse(AbuseReason::kTooManyPings, NGHTTP2_ENHANCE_YOUR_CALM, "too_many_pings");
+  }
+  last_ping_ = now;
+}
+
+void Http2::Abuse(AbuseReason reason, uint32_t code, absl::string_view debug) {
   if (closing_) return;
   conn_->Abuse(reason);
   closing_ = true;
   our_goaway_ = true;
   nghttp2_submit_goaway(session_, NGHTTP2_FLAG_NONE,
-                        nghttp2_session_get_last_proc_stream_id(session_), code, nullptr, 0);
+                        nghttp2_session_get_last_proc_stream_id(session_), code,
+                        reinterpret_cast<const uint8_t*>(debug.data()), debug.size());
   // Work for this connection's streams is not done: their exchanges are over.
   for (auto& [id, s] : streams_) {
     if (s->exchange != nullptr && !s->done) Access::Detach(*s->exchange);
