@@ -368,10 +368,6 @@ class Call final : public std::enable_shared_from_this<Call> {
     batch_size_ = method_->batch ? BatchSize(*request_) : 0;
     peer_.identity = exchange_->peer_identity();
     peer_.address = exchange_->peer_address();
-    if (!shared_->trusted_proxies.empty()) {
-      peer_.forwarded_client =
-          shared_->trusted_proxies.ClientOf(peer_.Host(), exchange_->header("x-forwarded-for"));
-    }
     if (auth::Authorizer* authorizer = shared_->authorizer; authorizer != nullptr && !method_->open) {
       if (absl::Status s = authorizer->Authorize(peer_, method_->path, *request_, TransportName());
           !s.ok()) {
@@ -384,6 +380,11 @@ class Call final : public std::enable_shared_from_this<Call> {
   absl::Status Admit() {
     ops::Admission* admission = shared_->admission;
     if (admission == nullptr) return absl::OkStatus();
+    if (!shared_->trusted_proxies.empty()) {
+      // Only admission counts by client: a memo hit never reads X-Forwarded-For.
+      peer_.forwarded_client =
+          shared_->trusted_proxies.ClientOf(peer_.Host(), exchange_->header("x-forwarded-for"));
+    }
     absl::StatusOr<ops::Admission::Ticket> ticket =
         admission->Admit(peer_.ClientName(), std::max(1, batch_size_));
     if (!ticket.ok()) return ticket.status();
@@ -933,20 +934,9 @@ void Gateway::Reflect(std::shared_ptr<httpd::Exchange> exchange) {
     std::shared_ptr<httpd::Exchange> ex = weak.lock();
     if (ex == nullptr || state->over) return;
     absl::Status status = state->reader.Feed(data, [&](bool compressed, absl::string_view message) {
-      std::string plain;
-      if (compressed) {
-        if (encoding != Encoding::kGzip) {
-          return absl::InternalError("grpc request: compressed message without grpc-encoding");
-        }
-        absl::StatusOr<std::string> unzipped = Gunzip(message, kMaxRequestBytes);
-        if (!unzipped.ok()) return unzipped.status();
-        plain = *std::move(unzipped);
-        message = plain;
-      }
       grpc::reflection::v1::ServerReflectionRequest request;
-      if (!request.ParseFromArray(message.data(), static_cast<int>(message.size()))) {
-        return absl::InvalidArgumentError("request: cannot parse a ServerReflectionRequest");
-      }
+      OFFLOAD_RETURN_IF_ERROR(DecodeMessage(ContentType{Protocol::kGrpc, Codec::kProto}, encoding,
+                                            compressed, message, kMaxRequestBytes, &request));
       if (ex->unsent_bytes() > Shared::kMaxStreamUnsentBytes) {
         // Answers pile up unread: the client asks without reading.
         return absl::ResourceExhaustedError("reflection: the answers are not being read");

@@ -45,28 +45,12 @@ absl::StatusOr<CallOptions> ParseCallHeaders(Protocol protocol, HeaderLookup hea
   return options;
 }
 
-absl::Status DecodeRequest(ContentType type, Encoding encoding, absl::string_view body,
-                           int64_t max_message_bytes, google::protobuf::Message* request) {
-  absl::string_view message = body;
-  bool compressed = encoding == Encoding::kGzip;
-  std::string unbased;  // gRPC-Web text: the base64 body, decoded
-  if (type.protocol == Protocol::kGrpcWeb && type.text) {
-    absl::StatusOr<std::string> bytes = DecodeGrpcWebText(body);
-    if (!bytes.ok()) return bytes.status();
-    unbased = *std::move(bytes);
-    message = body = unbased;
-  }
-  if (type.protocol != Protocol::kConnect) {
-    const absl::string_view what =
-        type.protocol == Protocol::kGrpc ? "grpc request" : "grpc-web request";
-    absl::StatusOr<absl::string_view> frame = ParseUnaryRequestFrame(body, &compressed, what);
-    if (!frame.ok()) return frame.status();
-    message = *frame;
-    if (compressed && encoding != Encoding::kGzip) {
-      return absl::InternalError(
-          absl::StrCat(what, ": compressed frame without grpc-encoding"));
-    }
-  }
+namespace {
+
+// A whole message, gzip'd when `compressed` (at most `max_message_bytes` of output), into
+// `request`: binary protobuf or JSON.
+absl::Status ParseMessage(Codec codec, bool compressed, absl::string_view message,
+                          int64_t max_message_bytes, google::protobuf::Message* request) {
   std::string decompressed;
   if (compressed) {
     absl::StatusOr<std::string> plain = Gunzip(message, static_cast<size_t>(max_message_bytes));
@@ -74,7 +58,7 @@ absl::Status DecodeRequest(ContentType type, Encoding encoding, absl::string_vie
     decompressed = *std::move(plain);
     message = decompressed;
   }
-  if (type.codec == Codec::kJson) {
+  if (codec == Codec::kJson) {
     google::protobuf::util::JsonParseOptions options;
     options.ignore_unknown_fields = false;
     const absl::string_view json = message.empty() ? absl::string_view("{}") : message;
@@ -87,6 +71,38 @@ absl::Status DecodeRequest(ContentType type, Encoding encoding, absl::string_vie
                                                    request->GetDescriptor()->full_name()));
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status DecodeMessage(ContentType type, Encoding encoding, bool compressed,
+                           absl::string_view message, int64_t max_message_bytes,
+                           google::protobuf::Message* request) {
+  if (compressed && encoding != Encoding::kGzip) {
+    return absl::InternalError(absl::StrCat(
+        type.protocol == Protocol::kGrpc ? "grpc request" : "grpc-web request",
+        ": compressed frame without grpc-encoding"));
+  }
+  return ParseMessage(type.codec, compressed, message, max_message_bytes, request);
+}
+
+absl::Status DecodeRequest(ContentType type, Encoding encoding, absl::string_view body,
+                           int64_t max_message_bytes, google::protobuf::Message* request) {
+  bool compressed = false;
+  std::string unbased;  // gRPC-Web text: the base64 body, decoded
+  if (type.protocol == Protocol::kGrpcWeb && type.text) {
+    absl::StatusOr<std::string> bytes = DecodeGrpcWebText(body);
+    if (!bytes.ok()) return bytes.status();
+    unbased = *std::move(bytes);
+    body = unbased;
+  }
+  if (type.protocol == Protocol::kConnect) {
+    return ParseMessage(type.codec, encoding == Encoding::kGzip, body, max_message_bytes, request);
+  }
+  absl::StatusOr<absl::string_view> frame = ParseUnaryRequestFrame(
+      body, &compressed, type.protocol == Protocol::kGrpc ? "grpc request" : "grpc-web request");
+  if (!frame.ok()) return frame.status();
+  return DecodeMessage(type, encoding, compressed, *frame, max_message_bytes, request);
 }
 
 absl::Status EncodeResponse(Codec codec, const google::protobuf::Message& response,

@@ -56,6 +56,13 @@ absl::StatusOr<CallOptions> ParseCallHeaders(Protocol protocol, HeaderLookup hea
 absl::Status DecodeRequest(ContentType type, Encoding encoding, absl::string_view body,
                            int64_t max_message_bytes, google::protobuf::Message* request);
 
+// One message of a gRPC or gRPC-Web request stream as FrameReader hands it over, `compressed` by
+// its frame flag: decompressed and parsed as DecodeRequest does (Internal for a compressed one
+// without a grpc-encoding of gzip).
+absl::Status DecodeMessage(ContentType type, Encoding encoding, bool compressed,
+                           absl::string_view message, int64_t max_message_bytes,
+                           google::protobuf::Message* request);
+
 // Encodes `response` in `codec` into `*out`. ResourceExhausted (and `*out` empty) when it is over
 // `max_message_bytes`, Internal if the message cannot be encoded.
 absl::Status EncodeResponse(Codec codec, const google::protobuf::Message& response,

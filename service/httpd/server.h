@@ -205,7 +205,6 @@ class Exchange final : public std::enable_shared_from_this<Exchange> {
   std::shared_ptr<const std::string> peer_address_;   // the connection's, shared
   std::shared_ptr<const std::string> peer_identity_;
   std::function<void(absl::string_view, bool)> reader_;  // loop thread
-  std::atomic<bool> responded_{false};
   std::atomic<bool> started_{false};
   std::atomic<bool> finished_{false};
   std::atomic<bool> abandoned_{false};

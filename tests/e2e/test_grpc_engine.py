@@ -222,7 +222,8 @@ class ReflectionTest(ServerTestCase):
                 "grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"}
 
     def describe(self, version, names):
-        """A fresh descriptor pool holding what reflection sent for `names` (one stream)."""
+        """A fresh descriptor pool holding what reflection sent for `names` (one stream), and the
+        names of the files sent."""
         answers = self.ask(version, [{"file_containing_symbol": n} for n in names])
         protos = {}
         for name, a in zip(names, answers):
@@ -246,27 +247,28 @@ class ReflectionTest(ServerTestCase):
 
         for name in protos:
             add(name)
-        return pool
+        return pool, set(protos)
 
     def test_lists_and_describes_every_service(self):
         for version in ("v1", "v1alpha"):
             [a] = self.ask(version, [{"list_services": ""}])
             listed = {s.name for s in a.list_services_response.service}
             self.assertEqual(listed, self.EXPECTED, version)
-            pool = self.describe(version, sorted(listed))
+            pool, sent = self.describe(version, sorted(listed))
             for name in listed:
                 service = pool.FindServiceByName(name)
                 self.assertGreater(len(service.methods), 0, name)
-                for m in service.methods:  # every type a method names is there too
-                    self.assertIsNotNone(m.input_type.full_name)
-                    self.assertIsNotNone(m.output_type.full_name)
+                for m in service.methods:  # every type a method names came in a file sent
+                    for t in (m.input_type, m.output_type):
+                        self.assertIn(pool.FindMessageTypeByName(t.full_name).file.name, sent,
+                                      "%s.%s" % (name, m.name))
 
     def test_a_call_from_reflected_descriptors(self):
         # As grpcurl does: no stubs, only what reflection said.
         s = self.server
         s.keys.CreateKey(pb.keys.CreateKeyRequest(key_id="refl-ed", type=pb.keys.KEY_TYPE_ED25519),
                          timeout=T)
-        pool = self.describe("v1", ["offload.v1.Ed25519Service.Sign"])
+        pool, _ = self.describe("v1", ["offload.v1.Ed25519Service.Sign"])
         method = pool.FindServiceByName("offload.v1.Ed25519Service").methods_by_name["Sign"]
         factory = message_factory.MessageFactory(pool)
         Request = factory.GetPrototype(method.input_type)

@@ -168,6 +168,8 @@ class Http2 final : public Protocol {
   void Abuse(AbuseReason reason, uint32_t code, absl::string_view debug = {});
   // A keep-alive PING from the client: gRPC's ping policy (Options::Http2::max_ping_strikes).
   void ClientPing();
+  // The drain's last GOAWAY (the last stream id we took), once.
+  void FinalGoaway();
   void UpdateReadPause();
   // Body bytes of `s` whose window is held back: `v`; holding_ follows.
   void SetUnconsumed(Stream* s, int32_t v) {
@@ -619,12 +621,7 @@ int Http2::OnFrameRecv(nghttp2_session* session, const nghttp2_frame* frame, voi
       break;
     case NGHTTP2_PING:
       if ((frame->hd.flags & NGHTTP2_FLAG_ACK) != 0) {
-        if (self->drain_noticed_ && !self->drain_final_) {
-          self->drain_final_ = true;
-          nghttp2_submit_goaway(session, NGHTTP2_FLAG_NONE,
-                                nghttp2_session_get_last_proc_stream_id(session),
-                                NGHTTP2_NO_ERROR, nullptr, 0);
-        }
+        if (self->drain_noticed_) self->FinalGoaway();
         break;
       }
       // Keep-alive and BDP pings that follow our frames are fine; pings with nothing between
@@ -910,10 +907,7 @@ void Http2::Drain() {
   drain_noticed_ = true;
   drain_at_ = Clock::now();
   if (streams_.empty()) {
-    drain_final_ = true;
-    nghttp2_submit_goaway(session_, NGHTTP2_FLAG_NONE,
-                          nghttp2_session_get_last_proc_stream_id(session_), NGHTTP2_NO_ERROR,
-                          nullptr, 0);
+    FinalGoaway();
   } else {
     // gRPC's graceful shutdown: GOAWAY(2^31-1) and a PING; the real GOAWAY once the PING is
     // answered, so that no stream the client sent meanwhile is lost.
@@ -923,13 +917,18 @@ void Http2::Drain() {
   conn_->WantWrite();
 }
 
+void Http2::FinalGoaway() {
+  if (drain_final_) return;
+  drain_final_ = true;
+  nghttp2_submit_goaway(session_, NGHTTP2_FLAG_NONE,
+                        nghttp2_session_get_last_proc_stream_id(session_), NGHTTP2_NO_ERROR,
+                        nullptr, 0);
+}
+
 void Http2::Tick(Clock::time_point now) {
   if (session_ == nullptr) return;
   if (drain_noticed_ && !drain_final_ && now - drain_at_ >= std::chrono::seconds(1)) {
-    drain_final_ = true;
-    nghttp2_submit_goaway(session_, NGHTTP2_FLAG_NONE,
-                          nghttp2_session_get_last_proc_stream_id(session_), NGHTTP2_NO_ERROR,
-                          nullptr, 0);
+    FinalGoaway();
     conn_->WantWrite();
   }
   TakeHeldBack();
