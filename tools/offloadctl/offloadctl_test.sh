@@ -3,9 +3,13 @@
 #   offloadctl_test.sh OFFLOADCTL                 help, usage errors (exit 64), unreachable server (2)
 #   offloadctl_test.sh OFFLOADCTL OFFLOAD_SERVER  the same, then the README tour against a server
 #                                                 started on a free port with a temporary data dir
+#   offloadctl_test.sh OFFLOADCTL OFFLOAD_SERVER http
+#                                                 the tour over the server's HTTP port, which
+#                                                 speaks gRPC on our own engine (issue 24)
 set -u
-CTL=${1:?usage: offloadctl_test.sh OFFLOADCTL [OFFLOAD_SERVER]}
+CTL=${1:?usage: offloadctl_test.sh OFFLOADCTL [OFFLOAD_SERVER [grpc|http]]}
 SERVER_BIN=${2:-}
+PORT_KIND=${3:-grpc}
 failures=0
 TMP=$(mktemp -d)
 SERVER_PID=
@@ -59,16 +63,19 @@ expect 2 "error: UNAVAILABLE:" -- --server=127.0.0.1:1 --timeout=3s keys list
 
 # --- against a live server -------------------------------------------------------------------
 if [[ -n $SERVER_BIN ]]; then
-  # gRPC on a port the server picks (read from its server_started line), HTTP and metrics off:
-  # nothing here can collide with another test's ports.
+  # Ports the server picks (read from its log), metrics off: nothing here can collide with
+  # another test's ports. The tour goes to the gRPC port, or to the HTTP port (gRPC on the engine).
   mkdir -p "$TMP/data"
+  http=
+  [[ $PORT_KIND == http ]] && http=127.0.0.1:0
   OFFLOAD_KEK=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n') \
-    "$SERVER_BIN" --grpc_address=127.0.0.1:0 --http_address= --metrics_address= \
+    "$SERVER_BIN" --grpc_address=127.0.0.1:0 --http_address="$http" --metrics_address= \
     --data_dir="$TMP/data" >"$TMP/server.log" 2>&1 &
   SERVER_PID=$!
   port=
   for _ in $(seq 600); do  # 60 s: an ASan server on a busy machine
-    port=$(grep -o '"grpc_port":[0-9]*' "$TMP/server.log" 2>/dev/null | head -1 | cut -d: -f2)
+    grep -q '"event":"server_started"' "$TMP/server.log" 2>/dev/null || { sleep 0.1; continue; }
+    port=$(grep -o "\"${PORT_KIND}_port\":[0-9]*" "$TMP/server.log" | head -1 | cut -d: -f2)
     [[ -n $port ]] && break
     kill -0 "$SERVER_PID" 2>/dev/null || break
     sleep 0.1
