@@ -97,6 +97,12 @@ class Handler2 final : public Handler {
     absl::MutexLock lock(&mu_);
     return ended_;
   }
+  size_t streamed_bytes() {
+    absl::MutexLock lock(&mu_);
+    size_t n = 0;
+    for (const std::string& p : pieces_) n += p.size();
+    return n;
+  }
 
  private:
   absl::Mutex mu_;
@@ -120,7 +126,8 @@ class H2Client {
     bool headers_seen = false;
   };
 
-  explicit H2Client(int port) : fd_(Connect(port)) {
+  // `window`: the initial stream window this client gives the server (-1: nghttp2's default).
+  explicit H2Client(int port, int32_t window = -1) : fd_(Connect(port)) {
     // Small frames (WINDOW_UPDATEs) must not wait on Nagle's algorithm for the server's ACK.
     int on = 1;
     setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
@@ -177,7 +184,9 @@ class H2Client {
         });
     nghttp2_session_client_new(&session_, cb, this);
     nghttp2_session_callbacks_del(cb);
-    nghttp2_submit_settings(session_, NGHTTP2_FLAG_NONE, nullptr, 0);
+    const nghttp2_settings_entry entry{NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE,
+                                       static_cast<uint32_t>(std::max(window, 0))};
+    nghttp2_submit_settings(session_, NGHTTP2_FLAG_NONE, &entry, window >= 0 ? 1 : 0);
   }
   ~H2Client() {
     nghttp2_session_del(session_);
@@ -328,6 +337,23 @@ TEST_F(Http2Test, StreamingExchangeIsBidirectional) {
   EXPECT_EQ(c.results[id].error, 0u);
   EXPECT_THAT(c.results[id].trailers, ElementsAre(Pair("x-pieces", "done")));
   EXPECT_TRUE(handler_.ended());
+}
+
+// A bidirectional stream whose client sends and never reads the answers: once a stream window of
+// answers waits, the server stops giving back the request's window, and the client must stop.
+TEST_F(Http2Test, StreamThatDoesNotReadItsAnswersIsPushedBack) {
+  Server::Options options;
+  options.http2.stream_window_bytes = 64 << 10;
+  Start(options);
+  H2Client c(server_->port(), /*window=*/0);  // takes no answer bytes at all
+  const int32_t id = c.Submit("/stream", std::string(2 << 20, 'p'), /*end=*/false);
+  c.RunFor(std::chrono::milliseconds(1500));
+  // Echoed but unsent: 64 KiB of answers, then at most one more window of request taken.
+  const size_t taken = handler_.streamed_bytes();
+  EXPECT_GT(taken, 0u);
+  EXPECT_LT(taken, 256u << 10) << "the server kept taking a stream whose answers wait";
+  c.Reset(id);
+  c.RunFor(std::chrono::milliseconds(100));
 }
 
 TEST_F(Http2Test, ConcurrentStreamsAndALargeAnswerUnderFlowControl) {

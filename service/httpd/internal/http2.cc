@@ -517,7 +517,10 @@ int Http2::OnDataChunk(nghttp2_session* session, uint8_t, int32_t stream_id, con
   if (s->streaming) {
     s->body_bytes += static_cast<int64_t>(len);
     Access::Read(*s->exchange, chunk, false);
-    nghttp2_session_consume_stream(session, stream_id, len);
+    // Handed over, but its window comes back only as TakeBody allows: a stream whose client
+    // sends without reading the answers is pushed back by flow control.
+    self->SetUnconsumed(s, s->unconsumed + static_cast<int32_t>(len));
+    self->TakeBody(s);
     return 0;
   }
   if (s->body_bytes + static_cast<int64_t>(len) > self->options_.max_body_bytes) {
@@ -544,6 +547,9 @@ Stream* Http2::Oldest() {
 
 void Http2::TakeBody(Stream* s) {
   if (s->unconsumed == 0) return;
+  // A stream (bidirectional) takes more of its request only while its answers are being read:
+  // at most a stream window of them waiting (Written() looks again).
+  if (s->streaming && s->out_bytes > options_.http2.stream_window_bytes) return;
   // A stream's window is given back while the connection's other streams hold less than its
   // budget, and always for its oldest request under way, so that a request of the largest
   // size completes whatever else the connection sends. Past the server's budget only with a
