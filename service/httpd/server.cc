@@ -335,9 +335,9 @@ Server::Stats Server::stats() const {
   s.read_timeouts = c.read_timeouts.load(std::memory_order_relaxed);
   s.open = c.open.load(std::memory_order_relaxed);
   s.requests = c.requests.load(std::memory_order_relaxed);
-  s.header_too_large = c.header_too_large.load(std::memory_order_relaxed);
   s.buffered_bytes = c.buffered.load(std::memory_order_relaxed);
   for (size_t i = 0; i < s.abuse.size(); ++i) s.abuse[i] = c.abuse[i].load(std::memory_order_relaxed);
+  s.header_too_large = s.abuse[static_cast<int>(AbuseReason::kHeaderTooLarge)];
   return s;
 }
 

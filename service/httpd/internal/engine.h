@@ -73,8 +73,7 @@ class Mailbox {
 
 // Counters shared by every loop (relaxed atomics; read by Server::stats()).
 struct Counters {
-  std::atomic<uint64_t> accepted{0}, refused{0}, read_timeouts{0}, requests{0},
-      header_too_large{0};
+  std::atomic<uint64_t> accepted{0}, refused{0}, read_timeouts{0}, requests{0};
   std::atomic<int64_t> open{0};
   std::atomic<int64_t> buffered{0};  // body bytes held + answer bytes unsent, all connections
   std::array<std::atomic<uint64_t>, static_cast<int>(AbuseReason::kCount)> abuse{};

@@ -263,7 +263,6 @@ size_t Http1::Parse(const char* data, size_t size) {
         Refuse(503, "server busy: memory budget spent, try again\n", AbuseReason::kStreamRefused);
       } else if (ec == http::error::header_limit) {
         const int64_t got = stream_ != nullptr ? stream_->header_bytes : 0;
-        conn_->counters().header_too_large.fetch_add(1, std::memory_order_relaxed);
         Refuse(431,
                absl::StrCat("request headers: expected at most ", options_.max_header_bytes,
                             " bytes, got ", got, " or more\n"),

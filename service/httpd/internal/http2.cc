@@ -445,7 +445,6 @@ void Http2::HeadersDone(Stream* s) {
   if (closing_) return;
   if (s->header_too_large) {
     conn_->Abuse(AbuseReason::kHeaderTooLarge);
-    conn_->counters().header_too_large.fetch_add(1, std::memory_order_relaxed);
     Exchange::Part part;
     part.start = part.end = true;
     part.status = 431;
