@@ -1,5 +1,6 @@
-// The HTTP gateway (Connect with proto and JSON, gRPC-Web binary) and the gRPC port, driven by
-// @connectrpc/connect-node with clients generated from proto/ (see ../generate.mjs). Every
+// The HTTP gateway (Connect with proto and JSON, gRPC-Web binary, gRPC on our engine) and the gRPC
+// port, driven by @connectrpc/connect-node with clients generated from proto/ (see
+// ../generate.mjs). Every
 // transport must give the same answers as plain gRPC; malformed HTTP requests must get the
 // right Connect error and leave the server up. Run: OFFLOAD_SERVER=... npm test
 import { after, before, describe, it } from "node:test";
@@ -144,6 +145,14 @@ before(async () => {
     });
     transports[`grpc-web+proto${v}`] = createGrpcWebTransport({ ...base, useBinaryFormat: true });
   }
+  // gRPC itself on the HTTP port (HTTP/2 only): our engine, not gRPC 1.51, answers it.
+  transports["grpc+proto@h2"] = createGrpcTransport({ baseUrl: server.http, httpVersion: "2" });
+  transports["grpc+proto+gzip@h2"] = createGrpcTransport({
+    baseUrl: server.http,
+    httpVersion: "2",
+    sendCompression: compressionGzip,
+    compressMinBytes: 0,
+  });
 
   await grpc.keys.createKey({ keyId: "signer", type: KeyType.ED25519 });
   await grpc.keys.createKey({ keyId: "dh", type: KeyType.X25519 });
@@ -163,7 +172,8 @@ after(async () => {
 });
 
 const names = ["connect+proto", "connect+json", "connect+proto+gzip", "connect+get", "grpc-web+proto"]
-  .flatMap((n) => [`${n}@h1.1`, `${n}@h2`]);
+  .flatMap((n) => [`${n}@h1.1`, `${n}@h2`])
+  .concat(["grpc+proto@h2", "grpc+proto+gzip@h2"]);
 
 describe("every transport answers as plain gRPC", () => {
   for (const name of names) {
@@ -261,7 +271,7 @@ describe("every transport answers as plain gRPC", () => {
         // A deadline already spent when the call arrives, as the protocol carries it (a phone
         // whose clock-driven budget ran out in a queue): DEADLINE_EXCEEDED, by the server, over
         // every transport. (A 1 ms client timeout raced a memo hit's sub-millisecond answer.)
-        const spent = name.startsWith("grpc-web") ? { "grpc-timeout": "0m" } : { "connect-timeout-ms": "0" };
+        const spent = name.startsWith("grpc") ? { "grpc-timeout": "0m" } : { "connect-timeout-ms": "0" };
         const code = await codeOf(c.ed25519.verify(signed, { headers: spent }));
         assert.equal(code, Code.DeadlineExceeded);
       });
