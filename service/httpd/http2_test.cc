@@ -225,6 +225,10 @@ class H2Client {
     nghttp2_session_resume_data(session_, id);
   }
   void Ping() { nghttp2_submit_ping(session_, NGHTTP2_FLAG_NONE, nullptr); }
+  // A WINDOW_UPDATE of `n` bytes on the connection, beyond what nghttp2 sends by itself.
+  void WindowUpdate(int32_t n) {
+    nghttp2_submit_window_update(session_, NGHTTP2_FLAG_NONE, 0, n);
+  }
   void Reset(int32_t id) { nghttp2_submit_rst_stream(session_, NGHTTP2_FLAG_NONE, id, NGHTTP2_CANCEL); }
 
   // Sends and reads until `done` (true) or 10 s pass (false), or the connection ends.
@@ -463,6 +467,29 @@ TEST_F(Http2Test, PingsBetweenAnswersOrWithinTheStrikesAreFine) {
   for (int i = 0; i < 20; ++i) d.Ping();
   d.RunFor(std::chrono::milliseconds(200));
   EXPECT_TRUE(d.goaways.empty());
+}
+
+// gRPC clients give back each small answer's bytes at once, in updates of a few bytes: after our
+// DATA those are progress. Without DATA before them they are not.
+TEST_F(Http2Test, SmallWindowUpdatesAfterOurDataAreProgress) {
+  Server::Options options;
+  options.http2.no_progress_burst = 10;
+  options.http2.no_progress_rate = 1;
+  Start(options);
+  H2Client c(server_->port());
+  for (int i = 0; i < 40; ++i) {
+    const int32_t id = c.Submit("/unary", "small");
+    ASSERT_TRUE(c.Run([&] { return c.results[id].closed; }));
+    c.WindowUpdate(10);
+    c.WindowUpdate(10);
+  }
+  c.RunFor(std::chrono::milliseconds(100));
+  EXPECT_TRUE(c.goaways.empty());
+  H2Client idle(server_->port());
+  for (int i = 0; i < 40; ++i) idle.WindowUpdate(10);
+  ASSERT_TRUE(idle.Run([&] { return !idle.goaways.empty(); }));
+  EXPECT_EQ(idle.goaway_error, static_cast<uint32_t>(NGHTTP2_ENHANCE_YOUR_CALM));
+  EXPECT_EQ(server_->stats().abuse[static_cast<int>(AbuseReason::kNoProgress)], 1u);
 }
 
 TEST_F(Http2Test, ConcurrentUploadsPastTheConnectionBudgetAllComplete) {

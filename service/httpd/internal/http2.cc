@@ -27,7 +27,8 @@ namespace offload::httpd::internal {
 namespace {
 
 constexpr size_t kMaxBatchBytes = 256 << 10;   // one write's worth, then the next
-constexpr uint32_t kTinyWindowUpdate = 1024;   // smaller increments count as no progress
+constexpr uint32_t kTinyWindowUpdate = 1024;   // smaller increments count as no progress...
+constexpr int kMaxWindowCredit = 64;            // ...unless they give back our DATA's bytes
 
 // nghttp2's memory: the heap, except for blocks of two pages or more (its 16 KiB outbound frame
 // buffer), which get mappings of their own, listed per session, so that an idle session can give
@@ -223,6 +224,8 @@ class Http2 final : public Protocol {
   double tokens_;
   Clock::time_point refilled_;
   bool sent_since_ping_ = true;  // HEADERS or DATA sent since the last PING
+  // Small WINDOW_UPDATEs that answer our DATA frames (two each: stream and connection).
+  int window_credit_ = 0;
   // gRPC's ping policy: when the last PING came, and strikes since we last sent.
   Clock::time_point last_ping_;
   int ping_strikes_ = 0;
@@ -637,7 +640,13 @@ int Http2::OnFrameRecv(nghttp2_session* session, const nghttp2_frame* frame, voi
       break;
     case NGHTTP2_WINDOW_UPDATE:
       if (frame->window_update.window_size_increment < static_cast<int32_t>(kTinyWindowUpdate)) {
-        self->NoProgress();
+        // A small answer's bytes given back (gRPC clients do it per message, stream and
+        // connection) are progress; small updates with no DATA of ours before them are not.
+        if (self->window_credit_ > 0) {
+          --self->window_credit_;
+        } else {
+          self->NoProgress();
+        }
       }
       break;
     default:
@@ -864,6 +873,9 @@ int Http2::OnFrameSend(nghttp2_session* session, const nghttp2_frame* frame, voi
     case NGHTTP2_DATA:
     case NGHTTP2_HEADERS: {
       self->sent_since_ping_ = true;
+      if (frame->hd.type == NGHTTP2_DATA && frame->hd.length > 0) {
+        self->window_credit_ = std::min(self->window_credit_ + 2, kMaxWindowCredit);
+      }
       if ((frame->hd.flags & NGHTTP2_FLAG_END_STREAM) == 0) break;
       Stream* s = self->Find(frame->hd.stream_id);
       if (s == nullptr) break;
