@@ -442,14 +442,16 @@ class Call final : public std::enable_shared_from_this<Call> {
   }
 
   void RunOnWorker(Method::Probe probe) {
-    if (exchange_->abandoned()) {
-      // Work for nobody is not done (a reset stream, a closed connection: Rapid Reset).
-      if (shared_->admission != nullptr) shared_->admission->CountClientGoneDrop();
-      return Finish(absl::CancelledError("client went away"));
-    }
+    // Work for nobody is not done: a call whose deadline passed while queued (its client has
+    // usually reset it at that deadline: counted as a deadline drop, as the gRPC port counts
+    // it), or whose client went away (a reset stream, a closed connection: Rapid Reset).
     if (absl::Now() > deadline_) {
       if (shared_->admission != nullptr) shared_->admission->CountDeadlineDrop();
       return Finish(absl::DeadlineExceededError("deadline passed while queued"));
+    }
+    if (exchange_->abandoned()) {
+      if (shared_->admission != nullptr) shared_->admission->CountClientGoneDrop();
+      return Finish(absl::CancelledError("client went away"));
     }
     if (probe != nullptr) {
       method_->fresh(*request_, response_.get(), std::move(probe), DoneFn(), nullptr);
@@ -744,7 +746,10 @@ Gateway::Gateway(const MethodTable* table, ops::WorkerPool* pool, metrics::Metri
   shared_->compression = options_.compression;
   InitHealth(table_, shared_.get());
   if (metrics == nullptr) return;
-  shared_->count_bytes = true;
+  // The HTTP port counts its connections and bodies; another port (gRPC) only its defences and
+  // memory, by its name. Calls are counted by method on every port alike.
+  const bool http_port = options_.port == "http";
+  shared_->count_bytes = http_port;
   for (const Method& m : table_->methods()) {
     shared_->method_metrics[&m] = metrics->Method(m.service, m.method, m.batch);
   }
@@ -759,16 +764,18 @@ Gateway::Gateway(const MethodTable* table, ops::WorkerPool* pool, metrics::Metri
     };
   };
   using Stats = httpd::Server::Stats;
-  metrics->AddPullGauge("offload_http_connections", "Open connections on the HTTP port", {},
-                        read(&Stats::open));
-  metrics->AddPullCounter("offload_http_connections_total",
-                          "Connections to the HTTP port: accepted, or refused at accept "
-                          "(--http_max_connections reached)",
-                          {{"result", "accepted"}}, read(&Stats::accepted));
-  metrics->AddPullCounter("offload_http_connections_total",
-                          "Connections to the HTTP port: accepted, or refused at accept "
-                          "(--http_max_connections reached)",
-                          {{"result", "refused"}}, read(&Stats::refused));
+  if (http_port) {
+    metrics->AddPullGauge("offload_http_connections", "Open connections on the HTTP port", {},
+                          read(&Stats::open));
+    metrics->AddPullCounter("offload_http_connections_total",
+                            "Connections to the HTTP port: accepted, or refused at accept "
+                            "(--http_max_connections reached)",
+                            {{"result", "accepted"}}, read(&Stats::accepted));
+    metrics->AddPullCounter("offload_http_connections_total",
+                            "Connections to the HTTP port: accepted, or refused at accept "
+                            "(--http_max_connections reached)",
+                            {{"result", "refused"}}, read(&Stats::refused));
+  }
   // The front door's defences, by reason (httpd::AbuseReason), and the memory its budgets hold.
   for (int i = 0; i < static_cast<int>(httpd::AbuseReason::kCount); ++i) {
     metrics->AddPullCounter(
@@ -778,7 +785,8 @@ Gateway::Gateway(const MethodTable* table, ops::WorkerPool* pool, metrics::Metri
         "too_many_pings, protocol_error, send_timeout), a request refused or cut short (header_too_large, "
         "body_too_large, stream_refused: memory budget) or a connection's body held back "
         "(read_paused: memory budget)",
-        {{"port", "http"}, {"reason", httpd::AbuseReasonName(static_cast<httpd::AbuseReason>(i))}},
+        {{"port", options_.port},
+         {"reason", httpd::AbuseReasonName(static_cast<httpd::AbuseReason>(i))}},
         [weak, i] {
           std::shared_ptr<Shared> s = weak.lock();
           if (s == nullptr) return 0.0;
@@ -789,7 +797,8 @@ Gateway::Gateway(const MethodTable* table, ops::WorkerPool* pool, metrics::Metri
   metrics->AddPullGauge("offload_http_buffered_bytes",
                         "Request body bytes held and answer bytes not yet sent on the HTTP port "
                         "(--http_memory_budget_bytes bounds it)",
-                        {{"port", "http"}}, read(&Stats::buffered_bytes));
+                        {{"port", options_.port}}, read(&Stats::buffered_bytes));
+  if (!http_port) return;
   metrics->AddPullCounter("offload_http_read_timeouts_total",
                           "HTTP connections cut for a request that did not arrive in time "
                           "(--http_read_timeout)",
@@ -846,13 +855,13 @@ absl::Status Gateway::Start() {
   }
   server_ = std::make_unique<httpd::Server>(std::move(o), this);
   if (absl::Status s = server_->Start(); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("http_address: ", s.message()));
+    return absl::Status(s.code(), absl::StrCat(options_.port, "_address: ", s.message()));
   }
   {
     absl::MutexLock lock(&shared_->server_mu);
     shared_->server = server_.get();
   }
-  Log(LogLevel::kInfo, "http_started",
+  Log(LogLevel::kInfo, absl::StrCat(options_.port, "_started"),
       {{"http_address", options_.http.address},
        {"http_port", server_->port()},
        {"tls", options_.tls == nullptr ? "off" : (options_.tls->mtls() ? "mtls" : "tls")},
@@ -885,7 +894,8 @@ absl::Status Gateway::ConfigureTls(SSL_CTX* ctx) {
             gateway->options_.tls->VerifyClient(leaf, X509_STORE_CTX_get0_untrusted(store_ctx));
         if (identity.ok()) return 1;
         if (gateway->options_.authorizer != nullptr) {
-          gateway->options_.authorizer->AuditHandshakeRefused("http", auth::IdentityOf(leaf),
+          gateway->options_.authorizer->AuditHandshakeRefused(gateway->options_.port,
+                                                              auth::IdentityOf(leaf),
                                                               identity.status().message());
         }
         X509_STORE_CTX_set_error(store_ctx, X509_V_ERR_CERT_REJECTED);
@@ -1023,7 +1033,7 @@ void Gateway::Stop(absl::Time deadline) {
     shared_->server = nullptr;
   }
   server_.reset();
-  Log(LogLevel::kInfo, "http_stopped");
+  Log(LogLevel::kInfo, absl::StrCat(options_.port, "_stopped"));
 }
 
 httpd::Server::Stats Gateway::server_stats() const {

@@ -80,6 +80,9 @@ class Gateway final : public httpd::Handler {
     ops::Admission* admission = nullptr;
     // Proxies whose X-Forwarded-For names the client that admission counts (empty: none).
     auth::TrustedProxies trusted_proxies;
+    // The port's name in metrics (`port` label), logs (`<port>_started`) and audit: "http"
+    // counts connections and bodies too; another ("grpc") only its defences and memory.
+    std::string port = "http";
   };
 
   // `metrics` may be null (nothing counted).

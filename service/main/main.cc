@@ -88,7 +88,8 @@ ABSL_FLAG(int, http2_premature_reset_streams, 200,
 ABSL_FLAG(absl::Duration, http2_premature_reset_lifetime, absl::Seconds(1),
           "A stream that ends before its answer within this long of opening is premature.");
 ABSL_FLAG(int, http2_no_progress_burst, 1000,
-          "HTTP/2 frames without progress (empty DATA, WINDOW_UPDATE under 1 KiB, PRIORITY, "
+          "HTTP/2 frames without progress (empty DATA, WINDOW_UPDATE under 1 KiB not answering our "
+          "DATA, PRIORITY, "
           "repeated SETTINGS, PINGs with nothing sent between them, invalid frames): a token "
           "bucket per connection of this many...");
 ABSL_FLAG(int, http2_no_progress_rate, 33,
@@ -142,6 +143,12 @@ ABSL_FLAG(int, max_client_inflight, 256,
 ABSL_FLAG(int64_t, grpc_memory_quota_bytes, 256 << 20,
           "gRPC ResourceQuota: memory gRPC's transports and calls may hold. Past it gRPC shrinks "
           "flow-control windows, refuses new connections and cancels streams. 0 = no quota.");
+ABSL_FLAG(std::string, grpc_transport, "engine",
+          "Who serves --grpc_address: engine (the HTTP port's engine on libnghttp2, with its "
+          "front-door defences; gRPC, health and reflection) or grpc (gRPC 1.51's own server, "
+          "kept for one release to compare; no Rapid Reset defence). "
+          "--grpc_max_concurrent_streams applies to both; --grpc_memory_quota_bytes to grpc only "
+          "(the engine has --http_memory_budget_bytes).");
 ABSL_FLAG(int, grpc_max_concurrent_streams, 256,
           "HTTP/2 streams (calls) open at once per gRPC connection; a client's further calls wait "
           "in the client. 0 = no limit.");
@@ -224,6 +231,7 @@ int main(int argc, char** argv) {
   config.max_client_inflight = absl::GetFlag(FLAGS_max_client_inflight);
   config.grpc_memory_quota_bytes = absl::GetFlag(FLAGS_grpc_memory_quota_bytes);
   config.grpc_max_concurrent_streams = absl::GetFlag(FLAGS_grpc_max_concurrent_streams);
+  config.grpc_transport = absl::GetFlag(FLAGS_grpc_transport);
 
   absl::Status status = offload::RunServer(config);
   if (!status.ok()) {

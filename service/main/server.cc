@@ -78,6 +78,10 @@ absl::Status CheckConfig(const ServerConfig& config) {
     return absl::InvalidArgumentError(
         "policy_file: needs mTLS (tls_client_ca_file), else callers have no identity");
   }
+  if (config.grpc_transport != "grpc" && config.grpc_transport != "engine") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "grpc_transport: expected grpc or engine, got \"", config.grpc_transport, "\""));
+  }
   if (config.max_queued_items < 0 || config.max_client_inflight < 0) {
     return absl::InvalidArgumentError("max_queued_items, max_client_inflight: expected >= 0");
   }
@@ -310,6 +314,31 @@ void RegisterGuardMetrics(metrics::Metrics& m, ops::Admission& admission,
   }
 }
 
+// The server_started line: where it listens and its limits.
+void LogStarted(const ServerConfig& config, int grpc_port, size_t workers) {
+  Log(LogLevel::kInfo, "server_started",
+      {{"grpc_address", config.grpc_address},
+       {"grpc_port", grpc_port},
+       {"grpc_transport", config.grpc_transport},
+       {"http_address", config.http_address},
+       {"metrics_address", config.metrics_address},
+       {"workers", workers},
+       {"max_batch_items", config.max_batch_items},
+       {"max_message_bytes", config.max_message_bytes},
+       {"tls", config.tls_cert_file.empty() ? "off"
+               : (config.tls_client_ca_file.empty() ? "tls" : "mtls")},
+       {"policy_file", config.policy_file},
+       {"max_queued_items", config.max_queued_items},
+       {"max_client_inflight", config.max_client_inflight},
+       {"grpc_memory_quota_bytes", config.grpc_memory_quota_bytes},
+       {"grpc_max_concurrent_streams", config.grpc_max_concurrent_streams},
+       {"memo", {{"enabled", config.memo_enabled},
+                 {"verify_bytes", config.memo_verify_bytes},
+                 {"derive_bytes", config.memo_derive_bytes},
+                 {"open_bytes_per_key", config.memo_open_bytes_per_key},
+                 {"open_bytes_total", config.memo_open_bytes_total}}}});
+}
+
 }  // namespace
 
 void BlockStopSignals() {
@@ -429,13 +458,14 @@ absl::Status RunServer(const ServerConfig& config) {
                          config.log_requests_sample_rate, {authorizer.get(), &admission});
   // The HTTP gateway: the same operations, limits and metrics, over Connect and gRPC-Web.
   http::MethodTable http_methods(&operations, key_manager.get());
-  std::unique_ptr<http::Gateway> gateway;
-  if (!config.http_address.empty()) {
-    OFFLOAD_ASSIGN_OR_RETURN(http::CorsPolicy cors, http::CorsPolicy::Parse(config.http_cors_origins));
+  OFFLOAD_ASSIGN_OR_RETURN(auth::TrustedProxies trusted_proxies,
+                           auth::TrustedProxies::Parse(config.trusted_proxies));
+  // The engine's options for a port: the HTTP port's flags, the same guards and TLS.
+  const auto engine_options = [&](const std::string& address, const std::string& port) {
     http::Gateway::Options http_options;
-    http_options.http.address = config.http_address;
+    http_options.port = port;
+    http_options.http.address = address;
     http_options.max_message_bytes = config.max_message_bytes;
-    http_options.cors = std::move(cors);
     http_options.http.threads = config.http_threads;
     http_options.http.max_connections = config.http_max_connections;
     http_options.http.idle_timeout = config.http_idle_timeout;
@@ -446,17 +476,58 @@ absl::Status RunServer(const ServerConfig& config) {
     http_options.http.memory_budget_bytes = config.http_memory_budget_bytes;
     http_options.http.http2 = config.http2;
     http_options.http.tcp_nodelay = config.http_tcp_nodelay;
-    OFFLOAD_ASSIGN_OR_RETURN(http_options.trusted_proxies,
-                             auth::TrustedProxies::Parse(config.trusted_proxies));
+    http_options.trusted_proxies = trusted_proxies;
     http_options.compression.level = config.http_compression_level;
     http_options.compression.min_bytes = config.http_compression_min_bytes;
     http_options.log_sample_rate = config.log_requests_sample_rate;
     http_options.tls = tls.get();
     http_options.authorizer = authorizer.get();
     http_options.admission = &admission;
+    return http_options;
+  };
+  std::unique_ptr<http::Gateway> gateway;
+  if (!config.http_address.empty()) {
+    http::Gateway::Options http_options = engine_options(config.http_address, "http");
+    OFFLOAD_ASSIGN_OR_RETURN(http_options.cors, http::CorsPolicy::Parse(config.http_cors_origins));
     gateway = std::make_unique<http::Gateway>(
         &http_methods, &pool, config.metrics_enabled ? &metrics : nullptr, http_options);
     OFFLOAD_RETURN_IF_ERROR(gateway->Start());
+  }
+  if (config.grpc_transport == "engine") {
+    // The gRPC port on the same engine: gRPC clients multiplex their calls on one connection,
+    // so a connection may hold four of the largest messages at once.
+    http::Gateway::Options grpc_options = engine_options(config.grpc_address, "grpc");
+    if (config.grpc_max_concurrent_streams > 0) {
+      grpc_options.http.http2.max_concurrent_streams = config.grpc_max_concurrent_streams;
+    }
+    grpc_options.http.connection_budget_bytes =
+        std::max(config.http_connection_budget_bytes, 4 * config.max_message_bytes);
+    http::Gateway grpc_gateway(&http_methods, &pool, config.metrics_enabled ? &metrics : nullptr,
+                               grpc_options);
+    OFFLOAD_RETURN_IF_ERROR(grpc_gateway.Start());
+    ready->store(true);
+    grpc_gateway.SetReady(true);
+    if (gateway != nullptr) gateway->SetReady(true);
+    LogStarted(config, grpc_gateway.port(), pool.size());
+    const int signal_number = WaitForStopSignal();
+    Log(LogLevel::kInfo, "server_draining",
+        {{"signal", signal_number == SIGTERM ? "SIGTERM" : "SIGINT"},
+         {"drain_timeout_seconds", absl::ToDoubleSeconds(config.drain_timeout)}});
+    ready->store(false);
+    const absl::Time drain_start = absl::Now();
+    const absl::Time drain_deadline = drain_start + config.drain_timeout;
+    // Both ports at once: health NOT_SERVING, GOAWAY (the double one gRPC describes), new calls
+    // UNAVAILABLE; then the calls in flight finish (until the deadline) and connections close.
+    grpc_gateway.Drain();
+    if (gateway != nullptr) gateway->Drain();
+    grpc_gateway.Stop(drain_deadline);
+    if (gateway != nullptr) gateway->Stop(drain_deadline);
+    pool.WaitIdle();
+    metrics.StopExposer();
+    Log(LogLevel::kInfo, "server_stopped",
+        {{"grpc_drain", absl::Now() >= drain_deadline ? "deadline" : "calls_done"},
+         {"drain_seconds", absl::ToDoubleSeconds(absl::Now() - drain_start)}});
+    return absl::OkStatus();
   }
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -492,25 +563,7 @@ absl::Status RunServer(const ServerConfig& config) {
   server->GetHealthCheckService()->SetServingStatus(true);
   ready->store(true);
   if (gateway != nullptr) gateway->SetReady(true);
-  Log(LogLevel::kInfo, "server_started",
-      {{"grpc_address", config.grpc_address},
-       {"grpc_port", port},
-       {"http_address", config.http_address},
-       {"metrics_address", config.metrics_address},
-       {"workers", pool.size()},
-       {"max_batch_items", config.max_batch_items},
-       {"max_message_bytes", config.max_message_bytes},
-       {"tls", tls == nullptr ? "off" : (tls->mtls() ? "mtls" : "tls")},
-       {"policy_file", config.policy_file},
-       {"max_queued_items", config.max_queued_items},
-       {"max_client_inflight", config.max_client_inflight},
-       {"grpc_memory_quota_bytes", config.grpc_memory_quota_bytes},
-       {"grpc_max_concurrent_streams", config.grpc_max_concurrent_streams},
-       {"memo", {{"enabled", config.memo_enabled},
-                 {"verify_bytes", config.memo_verify_bytes},
-                 {"derive_bytes", config.memo_derive_bytes},
-                 {"open_bytes_per_key", config.memo_open_bytes_per_key},
-                 {"open_bytes_total", config.memo_open_bytes_total}}}});
+  LogStarted(config, port, pool.size());
 
   const int signal_number = WaitForStopSignal();
   Log(LogLevel::kInfo, "server_draining",
