@@ -408,6 +408,9 @@ class Call final : public std::enable_shared_from_this<Call> {
 
   void Run() {
     if (absl::Now() > deadline_) {
+      // Dropped unrun, as one that expires in the workers' queue is (a batch is counted by
+      // Finish).
+      if (!method_->batch && shared_->admission != nullptr) shared_->admission->CountDeadlineDrop();
       return Finish(absl::DeadlineExceededError("deadline passed before the call started"));
     }
     const Method* m = method_;

@@ -143,10 +143,10 @@ ABSL_FLAG(int, max_client_inflight, 256,
 ABSL_FLAG(int64_t, grpc_memory_quota_bytes, 256 << 20,
           "gRPC ResourceQuota: memory gRPC's transports and calls may hold. Past it gRPC shrinks "
           "flow-control windows, refuses new connections and cancels streams. 0 = no quota.");
-ABSL_FLAG(std::string, grpc_transport, "engine",
-          "Who serves --grpc_address: engine (the HTTP port's engine on libnghttp2, with its "
-          "front-door defences; gRPC, health and reflection) or grpc (gRPC 1.51's own server, "
-          "kept for one release to compare; no Rapid Reset defence). "
+ABSL_FLAG(std::string, grpc_transport, "grpc",
+          "Who serves --grpc_address: grpc (gRPC 1.51's own server; no Rapid Reset defence) or "
+          "engine (the HTTP port's engine on libnghttp2, with its front-door defences; gRPC, "
+          "health and reflection; to become the default). "
           "--grpc_max_concurrent_streams applies to both; --grpc_memory_quota_bytes to grpc only "
           "(the engine has --http_memory_budget_bytes).");
 ABSL_FLAG(int, grpc_max_concurrent_streams, 256,

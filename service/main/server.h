@@ -80,9 +80,9 @@ struct ServerConfig {
   // 0 = gRPC's default (no quota; no stream limit).
   int64_t grpc_memory_quota_bytes = 256 << 20;
   int grpc_max_concurrent_streams = 256;
-  // Who serves grpc_address: "engine" (the HTTP port's engine, service/httpd, with its
-  // defences) or "grpc" (gRPC 1.51's server, kept for one release to compare).
-  std::string grpc_transport = "engine";
+  // Who serves grpc_address: "grpc" (gRPC 1.51's server) or "engine" (the HTTP port's engine,
+  // service/httpd, with its defences; to become the default, issue 24).
+  std::string grpc_transport = "grpc";
 };
 
 // Blocks SIGTERM and SIGINT in the calling thread (and so in every thread it starts later).
