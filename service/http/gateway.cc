@@ -354,9 +354,6 @@ class Call final : public std::enable_shared_from_this<Call> {
       shared_->bytes.received[static_cast<int>(encoding)].fetch_add(bytes.size(),
                                                                      std::memory_order_relaxed);
     }
-    if (shared_->draining.load() && !method_->open) {
-      return Finish(absl::UnavailableError("server is draining"));
-    }
     if (options_.timeout.has_value()) deadline_ = absl::Now() + *options_.timeout;
     if (auto origin = exchange_->header("origin")) origin_ = std::string(*origin);
     request_.reset(method_->request_prototype->New());

@@ -111,6 +111,7 @@ Exchange::~Exchange() {
   // A handler that let go of a request without answering it (a stream whose client went away)
   // still lets Stop() finish.
   CountAnswered();
+  internal::Access::StopReceiving(*this);
 }
 
 void Exchange::CountAnswered() {
@@ -315,8 +316,11 @@ void Server::Stop(absl::Time deadline) {
   if (!impl.started || impl.stopped || impl.loops.empty()) return;
   impl.stopped = true;
   Drain();
-  // Every request handed to the handler answered, or the deadline (a shutdown: polling is fine).
-  while (impl.unanswered->load(std::memory_order_acquire) > 0 && absl::Now() < deadline) {
+  // Every request accepted answered - those handed to the handler and those whose body was still
+  // arriving at the drain - or the deadline (a shutdown: polling is fine).
+  while ((impl.unanswered->load(std::memory_order_acquire) > 0 ||
+          impl.receiving->load(std::memory_order_acquire) > 0) &&
+         absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(2));
   }
   impl.stopping.store(true);

@@ -383,6 +383,25 @@ TEST_F(ServerTest, StopWithIdleConnectionsIsQuickAndAnswersInFlight) {
   EXPECT_EQ(server_->stats().open, 0);
 }
 
+// A request accepted before the drain is answered even when its body is still arriving then:
+// Stop waits for it (here past the loops' one-second grace), not only for requests already
+// handed to the handler.
+TEST_F(ServerTest, StopWaitsForABodyStillArriving) {
+  Start({});
+  const int fd = Connect(server_->port());
+  SendAll(fd, "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nhello");
+  absl::SleepFor(absl::Milliseconds(200));  // the head is in before the drain
+  server_->Drain();
+  std::thread stop([&] { server_->Stop(absl::Now() + absl::Seconds(20)); });
+  absl::SleepFor(absl::Milliseconds(1500));
+  SendAll(fd, "world");
+  const HttpResponse r = ReadResponse(fd);
+  stop.join();
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, absl::StrCat("POST /echo  10 -", TestHandler::kTail));
+  close(fd);
+}
+
 // A client that sends its request and then shuts its side (nc -N, some HTTP/1.0 clients) still
 // gets the answer a worker gives later; then the connection closes.
 TEST_F(ServerTest, HalfClosedClientStillGetsItsAnswer) {

@@ -556,7 +556,7 @@ Loop::Loop(Server::Impl* impl, ssl::context* tls)
     : impl_(impl),
       tls_(tls),
       sweep_timer_(ctx_),
-      mailbox_(std::make_shared<Mailbox>(this, impl->unanswered)),
+      mailbox_(std::make_shared<Mailbox>(this, impl->unanswered, impl->receiving)),
       read_buffer_(64 << 10) {
   work_.emplace(ctx_.get_executor());
 }

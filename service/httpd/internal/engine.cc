@@ -215,7 +215,12 @@ Exchange& Access::Fill(Exchange& e, Conn* conn, Stream* stream, int version) {
   e.tls_ = conn->tls();
   e.peer_address_ = conn->peer_address();
   e.peer_identity_ = conn->identity();
+  if (!e.receiving_.exchange(true, std::memory_order_acq_rel)) e.mailbox_->Receiving(1);
   return e;
+}
+
+void Access::StopReceiving(Exchange& e) {
+  if (e.receiving_.exchange(false, std::memory_order_acq_rel)) e.mailbox_->Receiving(-1);
 }
 
 Exchange::Span Access::Append(Exchange& e, absl::string_view s) {
@@ -254,6 +259,7 @@ void Access::Read(Exchange& e, absl::string_view data, bool end) {
 }
 
 void Access::Detach(Exchange& e) {
+  StopReceiving(e);
   e.stream_ = nullptr;
   e.abandoned_.store(true, std::memory_order_release);
   e.unsent_.store(0, std::memory_order_relaxed);

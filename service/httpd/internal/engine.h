@@ -56,19 +56,24 @@ class Protocol;
 // exchanges made on it, so that an answer after Stop (or after the server is gone) is dropped.
 class Mailbox {
  public:
-  Mailbox(Loop* loop, std::shared_ptr<std::atomic<int64_t>> unanswered)
-      : loop_(loop), unanswered_(std::move(unanswered)) {}
+  Mailbox(Loop* loop, std::shared_ptr<std::atomic<int64_t>> unanswered,
+          std::shared_ptr<std::atomic<int64_t>> receiving)
+      : loop_(loop), unanswered_(std::move(unanswered)), receiving_(std::move(receiving)) {}
   // Runs `fn` on the loop; false once the loop has stopped (`fn` is then dropped).
   bool Post(absl::AnyInvocable<void()> fn);
   // An exchange has its answer (Stop waits for none unanswered). No lock: the count outlives
   // the server for the exchanges that hold this mailbox.
   void Answered() { unanswered_->fetch_sub(1, std::memory_order_acq_rel); }
+  // A request has begun arriving (+1), or is handed to the handler or gone (-1): Stop waits
+  // for requests accepted before the drain whose body is still on its way.
+  void Receiving(int delta) { receiving_->fetch_add(delta, std::memory_order_acq_rel); }
   void CloseLoop();
 
  private:
   absl::Mutex mu_;
   Loop* loop_ ABSL_GUARDED_BY(mu_);
   const std::shared_ptr<std::atomic<int64_t>> unanswered_;
+  const std::shared_ptr<std::atomic<int64_t>> receiving_;
 };
 
 // Counters shared by every loop (relaxed atomics; read by Server::stats()).
@@ -312,7 +317,12 @@ struct Access {
   static void AddHeader(Exchange& e, absl::string_view name, absl::string_view value,
                         bool lower_name);
   static std::string& body(Exchange& e) { return e.body_; }
-  static void SetDispatched(Exchange& e) { e.dispatched_.store(true, std::memory_order_release); }
+  static void SetDispatched(Exchange& e) {
+    StopReceiving(e);
+    e.dispatched_.store(true, std::memory_order_release);
+  }
+  // The request is handed over or gone: no longer counted as arriving (once).
+  static void StopReceiving(Exchange& e);
   static void SetBodyTooLarge(Exchange& e) { e.body_too_large_ = true; }
   // After Handle: the body's memory goes.
   static void ReleaseBody(Exchange& e);
@@ -366,6 +376,10 @@ struct Server::Impl {
   // Requests handed to the handler and not yet answered (Stop waits for none); shared with the
   // mailboxes, so that an answer after the server is gone still has a count to lower.
   const std::shared_ptr<std::atomic<int64_t>> unanswered =
+      std::make_shared<std::atomic<int64_t>>(0);
+  // Requests begun and not yet handed to the handler nor gone (Stop waits for none either: a
+  // request accepted before the drain is answered, also when its body was still arriving).
+  const std::shared_ptr<std::atomic<int64_t>> receiving =
       std::make_shared<std::atomic<int64_t>>(0);
 };
 

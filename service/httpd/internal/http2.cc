@@ -368,8 +368,9 @@ int Http2::OnBeginHeaders(nghttp2_session* session, const nghttp2_frame* frame, 
   if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST) return 0;
   const int32_t id = frame->hd.stream_id;
   Conn* conn = self->conn_;
-  if (self->closing_) {
-    // After our GOAWAY for abuse: what the rest of the read holds opens nothing.
+  if (self->closing_ || conn->impl()->stopping.load(std::memory_order_acquire)) {
+    // After our GOAWAY for abuse, or once Stop has stopped waiting for requests: what the rest
+    // of the read holds opens nothing (REFUSED_STREAM: the client may safely retry elsewhere).
     nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, id, NGHTTP2_REFUSED_STREAM);
     return 0;
   }
