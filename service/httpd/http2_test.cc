@@ -37,10 +37,13 @@ using ::testing::Pair;
 
 // "/unary": echoes the body, trailers {x-end: done}. "/empty-trailers": no body, trailers only.
 // "/big": 1 MiB of 'b'. "/stream": a bidirectional stream; every body piece comes back at once,
-// written from another thread, and the end brings trailers. "/hold": kept, never answered.
+// written from another thread, and the end brings trailers ("/stream-inline": written on the
+// loop, inside the read callback). "/hold": kept, never answered.
 class Handler2 final : public Handler {
  public:
-  bool Streaming(const Exchange& exchange) override { return exchange.path() == "/stream"; }
+  bool Streaming(const Exchange& exchange) override {
+    return exchange.path() == "/stream" || exchange.path() == "/stream-inline";
+  }
 
   void Handle(std::shared_ptr<Exchange> exchange) override {
     const absl::string_view path = exchange->path();
@@ -58,16 +61,22 @@ class Handler2 final : public Handler {
       exchange->Respond(std::move(r));
     } else if (path == "/big") {
       exchange->Respond({200, {{"content-type", "application/test"}}, std::string(1 << 20, 'b')});
-    } else if (path == "/stream") {
+    } else if (path == "/stream" || path == "/stream-inline") {
       exchange->StartResponse(200, {{"content-type", "application/test"}});
       std::weak_ptr<Exchange> weak = exchange;
-      exchange->ReadBody([this, weak](absl::string_view data, bool end) {
+      const bool inline_answers = path == "/stream-inline";
+      exchange->ReadBody([this, weak, inline_answers](absl::string_view data, bool end) {
         std::shared_ptr<Exchange> e = weak.lock();
         if (e == nullptr) return;
         {
           absl::MutexLock lock(&mu_);
           pieces_.push_back(std::string(data));
           if (end) ended_ = true;
+        }
+        if (inline_answers) {
+          if (!data.empty()) e->Write(absl::StrCat("echo:", data));
+          if (end) e->Finish({{"x-pieces", "done"}});
+          return;
         }
         // Answered from another thread, as a worker would.
         std::thread([e, reply = absl::StrCat("echo:", data), end] {
@@ -225,9 +234,10 @@ class H2Client {
     nghttp2_session_resume_data(session_, id);
   }
   void Ping() { nghttp2_submit_ping(session_, NGHTTP2_FLAG_NONE, nullptr); }
-  // A WINDOW_UPDATE of `n` bytes on the connection, beyond what nghttp2 sends by itself.
-  void WindowUpdate(int32_t n) {
-    nghttp2_submit_window_update(session_, NGHTTP2_FLAG_NONE, 0, n);
+  // A WINDOW_UPDATE of `n` bytes on the connection (or stream `id`), beyond what nghttp2 sends
+  // by itself.
+  void WindowUpdate(int32_t n, int32_t id = 0) {
+    nghttp2_submit_window_update(session_, NGHTTP2_FLAG_NONE, id, n);
   }
   void Reset(int32_t id) { nghttp2_submit_rst_stream(session_, NGHTTP2_FLAG_NONE, id, NGHTTP2_CANCEL); }
 
@@ -350,7 +360,9 @@ TEST_F(Http2Test, StreamThatDoesNotReadItsAnswersIsPushedBack) {
   options.http2.stream_window_bytes = 64 << 10;
   Start(options);
   H2Client c(server_->port(), /*window=*/0);  // takes no answer bytes at all
-  const int32_t id = c.Submit("/stream", std::string(2 << 20, 'p'), /*end=*/false);
+  // Answers written as each piece is read (from a worker thread, a loaded machine could take the
+  // request's window back before the answers that should stop it exist).
+  const int32_t id = c.Submit("/stream-inline", std::string(2 << 20, 'p'), /*end=*/false);
   c.RunFor(std::chrono::milliseconds(1500));
   // Echoed but unsent: 64 KiB of answers, then at most one more window of request taken.
   const size_t taken = handler_.streamed_bytes();
@@ -489,6 +501,36 @@ TEST_F(Http2Test, SmallWindowUpdatesAfterOurDataAreProgress) {
   for (int i = 0; i < 40; ++i) idle.WindowUpdate(10);
   ASSERT_TRUE(idle.Run([&] { return !idle.goaways.empty(); }));
   EXPECT_EQ(idle.goaway_error, static_cast<uint32_t>(NGHTTP2_ENHANCE_YOUR_CALM));
+  EXPECT_EQ(server_->stats().abuse[static_cast<int>(AbuseReason::kNoProgress)], 1u);
+}
+
+// A gRPC client whose window for a new call is shut announces 5 bytes (a message header) on
+// that call's stream before its answer: many calls doing so are progress. Tiny updates on one
+// stream over and over are not.
+TEST_F(Http2Test, SmallWindowUpdatesOnNewCallsAreProgress) {
+  Server::Options options;
+  options.http2.no_progress_burst = 10;
+  options.http2.no_progress_rate = 1;
+  Start(options);
+  H2Client c(server_->port());
+  std::vector<int32_t> held;
+  for (int i = 0; i < 40; ++i) held.push_back(c.Submit("/hold", "call"));
+  c.RunFor(std::chrono::milliseconds(50));  // the streams are open (nghttp2 sends a stream's
+                                            // WINDOW_UPDATE ahead of its HEADERS otherwise)
+  for (int32_t id : held) {
+    c.WindowUpdate(5, id);
+    c.RunFor(std::chrono::milliseconds(1));  // one frame each (nghttp2 merges queued ones)
+  }
+  c.RunFor(std::chrono::milliseconds(300));
+  EXPECT_TRUE(c.goaways.empty());
+  const int32_t id = c.Submit("/hold", "again and again");
+  c.RunFor(std::chrono::milliseconds(50));
+  for (int i = 0; i < 40; ++i) {
+    c.WindowUpdate(5, id);
+    c.RunFor(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(c.Run([&] { return !c.goaways.empty(); }));
+  EXPECT_EQ(c.goaway_error, static_cast<uint32_t>(NGHTTP2_ENHANCE_YOUR_CALM));
   EXPECT_EQ(server_->stats().abuse[static_cast<int>(AbuseReason::kNoProgress)], 1u);
 }
 

@@ -210,7 +210,7 @@ class Exchange final : public std::enable_shared_from_this<Exchange> {
   std::atomic<bool> abandoned_{false};
   std::atomic<bool> dispatched_{false};  // handed to the handler: counted until answered
   std::atomic<bool> counted_{false};
-  std::atomic<bool> receiving_{false};  // begun, not yet handed over nor gone (Stop waits)
+  std::atomic<bool> receiving_{false};  // headers in, not yet handed over nor gone (Stop waits)
   std::atomic<int64_t> unsent_{0};
   std::atomic<int> in_mail_{0};  // parts posted to the loop and not yet delivered
 };

@@ -215,8 +215,11 @@ Exchange& Access::Fill(Exchange& e, Conn* conn, Stream* stream, int version) {
   e.tls_ = conn->tls();
   e.peer_address_ = conn->peer_address();
   e.peer_identity_ = conn->identity();
-  if (!e.receiving_.exchange(true, std::memory_order_acq_rel)) e.mailbox_->Receiving(1);
   return e;
+}
+
+void Access::StartReceiving(Exchange& e) {
+  if (!e.receiving_.exchange(true, std::memory_order_acq_rel)) e.mailbox_->Receiving(1);
 }
 
 void Access::StopReceiving(Exchange& e) {

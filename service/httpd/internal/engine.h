@@ -177,6 +177,7 @@ struct Stream {
   int64_t body_charge = 0;    // what the body costs the budgets: max(reserved, received)
   int64_t held = 0;           // bytes charged to the budgets for this stream (all of it)
   int32_t unconsumed = 0;     // HTTP/2: body bytes whose window is not yet given back
+  int tiny_window_updates = 0;  // HTTP/2: small WINDOW_UPDATEs the client sent on this stream
   // The answer.
   bool started = false;         // status and headers known
   bool headers_sent = false;    // handed to the protocol's writer
@@ -321,7 +322,9 @@ struct Access {
     StopReceiving(e);
     e.dispatched_.store(true, std::memory_order_release);
   }
-  // The request is handed over or gone: no longer counted as arriving (once).
+  // Its headers are in and it is accepted: counted as arriving until it is handed over or gone
+  // (StopReceiving, once), so that Stop answers it. A request whose headers never end is not.
+  static void StartReceiving(Exchange& e);
   static void StopReceiving(Exchange& e);
   static void SetBodyTooLarge(Exchange& e) { e.body_too_large_ = true; }
   // After Handle: the body's memory goes.

@@ -324,6 +324,7 @@ bool Http1::OnHeaderDone() {
     stop_ = Stop::kBusy;
     return false;
   }
+  Access::StartReceiving(*s->exchange);
   if (conn_->handler()->Streaming(*s->exchange)) {
     s->streaming = true;
     conn_->Dispatch(s);

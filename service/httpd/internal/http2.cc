@@ -29,6 +29,7 @@ namespace {
 constexpr size_t kMaxBatchBytes = 256 << 10;   // one write's worth, then the next
 constexpr uint32_t kTinyWindowUpdate = 1024;   // smaller increments count as no progress...
 constexpr int kMaxWindowCredit = 64;            // ...unless they give back our DATA's bytes
+constexpr int kFreeTinyUpdatesPerStream = 2;    // ...or come on a stream with a request open
 
 // nghttp2's memory: the heap, except for blocks of two pages or more (its 16 KiB outbound frame
 // buffer), which get mappings of their own, listed per session, so that an idle session can give
@@ -460,6 +461,7 @@ void Http2::HeadersDone(Stream* s) {
     Deliver(s, std::move(part));
     return;
   }
+  Access::StartReceiving(*s->exchange);
   if (conn_->handler()->Streaming(*s->exchange)) {
     s->streaming = true;
     conn_->Dispatch(s);
@@ -642,8 +644,13 @@ int Http2::OnFrameRecv(nghttp2_session* session, const nghttp2_frame* frame, voi
     case NGHTTP2_WINDOW_UPDATE:
       if (frame->window_update.window_size_increment < static_cast<int32_t>(kTinyWindowUpdate)) {
         // A small answer's bytes given back (gRPC clients do it per message, stream and
-        // connection) are progress; small updates with no DATA of ours before them are not.
-        if (self->window_credit_ > 0) {
+        // connection) are progress, and so are the first few on a stream with a request open
+        // (gRPC clients announce 5 bytes, a message header, on each new call whose window is
+        // shut); small updates with no DATA or request of ours before them are not.
+        Stream* s = frame->hd.stream_id != 0 ? self->Find(frame->hd.stream_id) : nullptr;
+        if (s != nullptr && s->tiny_window_updates < kFreeTinyUpdatesPerStream) {
+          ++s->tiny_window_updates;
+        } else if (self->window_credit_ > 0) {
           --self->window_credit_;
         } else {
           self->NoProgress();
