@@ -13,6 +13,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -128,6 +129,91 @@ httpd::Response GrpcTrailersOnly(const absl::Status& status, absl::string_view c
   return out;
 }
 
+// The wire of a stream (health Watch, server reflection): gRPC, gRPC-Web (binary) or Connect's
+// streaming protocol, as connect-go serves them (buf curl reflects with the protocol of its
+// call). All three carry length-prefixed messages both ways; they differ in the content type and
+// in how the end and its status are told: trailers, a trailer frame (0x80), or an end-of-stream
+// message (0x02) holding Connect's error JSON.
+enum class StreamWire { kGrpc, kGrpcWeb, kConnect };
+
+// Connect's end-of-stream message flag.
+constexpr uint8_t kConnectEndStream = 0x02;
+
+std::optional<StreamWire> StreamWireOf(std::optional<absl::string_view> content_type) {
+  if (!content_type.has_value()) return std::nullopt;
+  const absl::string_view media =
+      absl::StripAsciiWhitespace(content_type->substr(0, content_type->find(';')));
+  const auto is = [media](absl::string_view name) { return absl::EqualsIgnoreCase(media, name); };
+  if (is("application/grpc") || is("application/grpc+proto")) return StreamWire::kGrpc;
+  if (is("application/grpc-web") || is("application/grpc-web+proto")) return StreamWire::kGrpcWeb;
+  if (is("application/connect+proto")) return StreamWire::kConnect;
+  return std::nullopt;
+}
+
+// The headers that start a stream's answer.
+httpd::Headers StreamHeaders(StreamWire wire) {
+  switch (wire) {
+    case StreamWire::kGrpc:
+      return {{"content-type", "application/grpc"},
+              {"grpc-accept-encoding", std::string(kGrpcAcceptEncoding)}};
+    case StreamWire::kGrpcWeb:
+      return {{"content-type", "application/grpc-web+proto"},
+              {"grpc-accept-encoding", std::string(kGrpcAcceptEncoding)}};
+    case StreamWire::kConnect:
+      return {{"content-type", "application/connect+proto"},
+              {"connect-accept-encoding", "gzip"}};
+  }
+  return {};
+}
+
+// The encoding of a stream's request messages (compressed ones are flagged per message).
+absl::StatusOr<Encoding> StreamEncoding(StreamWire wire, const httpd::Exchange& exchange) {
+  if (wire == StreamWire::kConnect) {
+    return ParseEncoding(exchange.header("connect-content-encoding").value_or(""));
+  }
+  OFFLOAD_ASSIGN_OR_RETURN(
+      CallOptions options,
+      ParseCallHeaders(Protocol::kGrpc, [&exchange](const char* name) { return exchange.header(name); }));
+  return options.encoding;
+}
+
+// Connect's end-of-stream message: {} when OK, else the error.
+std::string ConnectEndStreamJson(const absl::Status& status) {
+  if (status.ok()) return "{}";
+  return absl::StrCat("{\"error\":", ConnectErrorJson(status), "}");
+}
+
+// Ends a started stream with `status`.
+void EndStream(httpd::Exchange& exchange, StreamWire wire, const absl::Status& status) {
+  switch (wire) {
+    case StreamWire::kGrpc:
+      exchange.Finish(GrpcTrailers(status));
+      return;
+    case StreamWire::kGrpcWeb:
+      exchange.Write(EncodeFrame(kFrameTrailer, GrpcWebTrailers(status)));
+      exchange.Finish({});
+      return;
+    case StreamWire::kConnect:
+      exchange.Write(EncodeFrame(kConnectEndStream, ConnectEndStreamJson(status)));
+      exchange.Finish({});
+      return;
+  }
+}
+
+// The whole answer of a stream refused before it started.
+httpd::Response StreamRefusal(StreamWire wire, const absl::Status& status) {
+  switch (wire) {
+    case StreamWire::kGrpc:
+      return GrpcTrailersOnly(status, "application/grpc");
+    case StreamWire::kGrpcWeb:
+      return GrpcTrailersOnly(status, "application/grpc-web+proto");
+    case StreamWire::kConnect:
+      return httpd::Response(200, StreamHeaders(wire),
+                             EncodeFrame(kConnectEndStream, ConnectEndStreamJson(status)));
+  }
+  return GrpcTrailersOnly(status, "application/grpc");
+}
+
 // The largest body a request may have: the message, a gRPC-Web frame header, base64 for
 // gRPC-Web text (with room for line breaks).
 int64_t MaxBody(int64_t max_message) {
@@ -178,12 +264,17 @@ struct Gateway::Shared {
   // (reflection): a drain ends them all.
   struct Watch {
     std::shared_ptr<httpd::Exchange> exchange;
+    StreamWire wire = StreamWire::kGrpc;
     std::string service;
     int sent = -1;
   };
+  struct OpenStream {
+    std::weak_ptr<httpd::Exchange> exchange;
+    StreamWire wire = StreamWire::kGrpc;
+  };
   absl::Mutex watch_mu;
   std::vector<std::shared_ptr<Watch>> watches ABSL_GUARDED_BY(watch_mu);
-  std::vector<std::weak_ptr<httpd::Exchange>> streams ABSL_GUARDED_BY(watch_mu);
+  std::vector<OpenStream> streams ABSL_GUARDED_BY(watch_mu);
 
   // The health status of `service` now.
   grpc::health::v1::HealthCheckResponse::ServingStatus HealthOf(absl::string_view service) const {
@@ -207,13 +298,13 @@ struct Gateway::Shared {
     Prune();
     for (const std::shared_ptr<Watch>& w : watches) {
       Push(*w);
-      if (end) w->exchange->Finish(GrpcTrailers(absl::UnavailableError("server is draining")));
+      if (end) EndStream(*w->exchange, w->wire, absl::UnavailableError("server is draining"));
     }
     if (!end) return;
     watches.clear();
-    for (const auto& weak : streams) {
-      if (std::shared_ptr<httpd::Exchange> e = weak.lock()) {
-        e->Finish(GrpcTrailers(absl::UnavailableError("server is draining")));
+    for (const OpenStream& open : streams) {
+      if (std::shared_ptr<httpd::Exchange> e = open.exchange.lock()) {
+        EndStream(*e, open.wire, absl::UnavailableError("server is draining"));
       }
     }
     streams.clear();
@@ -229,8 +320,8 @@ struct Gateway::Shared {
                                  }),
                   watches.end());
     streams.erase(std::remove_if(streams.begin(), streams.end(),
-                                 [](const auto& weak) {
-                                   std::shared_ptr<httpd::Exchange> e = weak.lock();
+                                 [](const OpenStream& open) {
+                                   std::shared_ptr<httpd::Exchange> e = open.exchange.lock();
                                    return e == nullptr || e->abandoned();
                                  }),
                   streams.end());
@@ -239,15 +330,15 @@ struct Gateway::Shared {
   // kMaxOpenStreams are open (Prune first): then why not, and nothing is sent. The caller then
   // adds it to `watches` or `streams`, under the same lock, so that a drain either ends it or
   // refused it here.
-  absl::Status StartStream(httpd::Exchange& exchange) ABSL_EXCLUSIVE_LOCKS_REQUIRED(watch_mu) {
+  absl::Status StartStream(httpd::Exchange& exchange, StreamWire wire)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(watch_mu) {
     if (draining.load()) return absl::UnavailableError("server is draining");
     Prune();
     if (watches.size() + streams.size() >= kMaxOpenStreams) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "at most ", kMaxOpenStreams, " health Watch and reflection streams may be open at once"));
     }
-    exchange.StartResponse(200, {{"content-type", "application/grpc"},
-                                 {"grpc-accept-encoding", std::string(kGrpcAcceptEncoding)}});
+    exchange.StartResponse(200, StreamHeaders(wire));
     return absl::OkStatus();
   }
   // Health Watch and reflection streams open at once, server-wide: each may hold up to
@@ -724,8 +815,9 @@ void InitHealth(const MethodTable* table, Gateway::Shared* shared) {
   shared->health_watch.from_memo = [](const Message&, Message*, Method::Probe*,
                                       absl::Status* status) {
     *status = absl::UnimplementedError(
-        "grpc.health.v1.Health/Watch is a server stream: a POST of application/grpc (protobuf) "
-        "over HTTP/2 only (Check answers on every protocol)");
+        "grpc.health.v1.Health/Watch is a server stream: a POST over HTTP/2 of application/grpc, "
+        "application/grpc-web+proto or application/connect+proto (Check answers on every "
+        "protocol)");
     return true;
   };
 }
@@ -922,15 +1014,15 @@ void Gateway::Reflect(std::shared_ptr<httpd::Exchange> exchange) {
   // Each request message as it arrives, each answer written at once; the stream ends when the
   // client ends its side (OK), on a malformed message, or when a drain starts (UNAVAILABLE).
   constexpr size_t kMaxRequestBytes = 16 << 10;  // a reflection request is a name or two
-  const absl::StatusOr<CallOptions> options = ParseCallHeaders(
-      Protocol::kGrpc, [&exchange](const char* name) { return exchange->header(name); });
-  if (!options.ok()) return exchange->Respond(GrpcTrailersOnly(options.status(), "application/grpc"));
+  const StreamWire wire = *StreamWireOf(exchange->header("content-type"));  // Streaming() said so
+  const absl::StatusOr<Encoding> encoding_or = StreamEncoding(wire, *exchange);
+  if (!encoding_or.ok()) return exchange->Respond(StreamRefusal(wire, encoding_or.status()));
   {
     absl::MutexLock lock(&shared_->watch_mu);
-    if (absl::Status s = shared_->StartStream(*exchange); !s.ok()) {
-      return exchange->Respond(GrpcTrailersOnly(s, "application/grpc"));
+    if (absl::Status s = shared_->StartStream(*exchange, wire); !s.ok()) {
+      return exchange->Respond(StreamRefusal(wire, s));
     }
-    shared_->streams.push_back(exchange);
+    shared_->streams.push_back({exchange, wire});
   }
   struct State {
     explicit State(const Reflection* r) : stream(r), reader(kMaxRequestBytes) {}
@@ -940,8 +1032,8 @@ void Gateway::Reflect(std::shared_ptr<httpd::Exchange> exchange) {
   };
   auto state = std::make_shared<State>(shared_->reflection.get());
   std::weak_ptr<httpd::Exchange> weak = exchange;
-  const Encoding encoding = options->encoding;
-  exchange->ReadBody([state, weak, encoding](absl::string_view data, bool end) {
+  const Encoding encoding = *encoding_or;
+  exchange->ReadBody([state, weak, encoding, wire](absl::string_view data, bool end) {
     std::shared_ptr<httpd::Exchange> ex = weak.lock();
     if (ex == nullptr || state->over) return;
     absl::Status status = state->reader.Feed(data, [&](bool compressed, absl::string_view message) {
@@ -960,7 +1052,7 @@ void Gateway::Reflect(std::shared_ptr<httpd::Exchange> exchange) {
     }
     if (!status.ok() || end) {
       state->over = true;
-      ex->Finish(GrpcTrailers(status));
+      EndStream(*ex, wire, status);
     }
   });
 }
@@ -973,13 +1065,14 @@ const Method* Gateway::FindMethod(absl::string_view path) const {
 }
 
 bool Gateway::Streaming(const httpd::Exchange& exchange) {
+  // Health Watch and reflection as streams: over HTTP/2, in gRPC, gRPC-Web or Connect's
+  // streaming protocol (protobuf).
   const absl::string_view path = exchange.path();
   if ((path != kHealthWatchPath && path != kReflectionV1Path && path != kReflectionV1alphaPath) ||
       exchange.method() != "POST" || exchange.http_version() < 0x200) {
     return false;
   }
-  absl::StatusOr<ContentType> type = ParseContentType(exchange.header("content-type").value_or(""));
-  return type.ok() && type->protocol == Protocol::kGrpc && type->codec == Codec::kProto;
+  return StreamWireOf(exchange.header("content-type")).has_value();
 }
 
 void Gateway::WatchHealth(std::shared_ptr<httpd::Exchange> exchange) {
@@ -987,40 +1080,41 @@ void Gateway::WatchHealth(std::shared_ptr<httpd::Exchange> exchange) {
   constexpr size_t kMaxRequestBytes = 4096;
   auto body = std::make_shared<std::string>();
   std::weak_ptr<httpd::Exchange> weak = exchange;
-  exchange->ReadBody([shared = shared_, weak, body](absl::string_view data, bool end) {
+  const StreamWire wire = *StreamWireOf(exchange->header("content-type"));  // Streaming() said so
+  exchange->ReadBody([shared = shared_, weak, body, wire](absl::string_view data, bool end) {
     std::shared_ptr<httpd::Exchange> ex = weak.lock();
     if (ex == nullptr) return;
     if (body->size() <= kMaxRequestBytes) {
       body->append(data.data(), std::min(data.size(), kMaxRequestBytes + 1 - body->size()));
     }
     if (!end) return;
-    const absl::StatusOr<CallOptions> options = ParseCallHeaders(
-        Protocol::kGrpc, [&ex](const char* name) { return ex->header(name); });
+    const absl::StatusOr<Encoding> encoding = StreamEncoding(wire, *ex);
     grpc::health::v1::HealthCheckRequest request;
-    absl::Status status = options.status();
+    absl::Status status = encoding.status();
     if (status.ok() && body->size() > kMaxRequestBytes) {
       status = absl::ResourceExhaustedError(
           absl::StrCat("health request: expected at most ", kMaxRequestBytes, " bytes"));
     }
     if (status.ok()) {
-      status = DecodeRequest(ContentType{Protocol::kGrpc, Codec::kProto}, options->encoding,
-                             *body, kMaxRequestBytes, &request);
+      status = DecodeRequest(ContentType{Protocol::kGrpc, Codec::kProto}, *encoding, *body,
+                             kMaxRequestBytes, &request);
     }
     if (status.ok() && ex->abandoned()) status = absl::CancelledError("client went away");
     if (status.ok()) {
       // Under the lock Drain's PushAll takes: a stream either ends there or is refused here.
       absl::MutexLock lock(&shared->watch_mu);
-      status = shared->StartStream(*ex);
+      status = shared->StartStream(*ex, wire);
       if (status.ok()) {
         auto watch = std::make_shared<Shared::Watch>();
         watch->exchange = std::move(ex);
+        watch->wire = wire;
         watch->service = request.service();
         shared->Push(*watch);
         shared->watches.push_back(std::move(watch));
         return;
       }
     }
-    ex->Respond(GrpcTrailersOnly(status, "application/grpc"));
+    ex->Respond(StreamRefusal(wire, status));
   });
 }
 
@@ -1069,18 +1163,22 @@ void Gateway::Handle(std::shared_ptr<httpd::Exchange> exchange) {
   };
   const auto grpc_over_http1 = [&] { return exchange->http_version() < 0x200 && grpc(); };
   if (path == kReflectionV1Path || path == kReflectionV1alphaPath) {
-    // Not a gRPC stream (gRPC-Web, Connect, or gRPC that is not a protobuf POST): reflection is
-    // bidirectional, gRPC only.
+    // Not a stream (HTTP/1.1, not a protobuf POST, a unary content type): reflection is a
+    // bidirectional stream, over HTTP/2 only, each protocol answering in its own terms.
     if (grpc_over_http1()) return respond(Plain(505, "gRPC requires HTTP/2\n"));
-    if (grpc()) {
-      return respond(GrpcTrailersOnly(
-          absl::UnimplementedError("server reflection: a POST of application/grpc (protobuf) only"),
-          "application/grpc"));
+    const absl::Status unimplemented = absl::UnimplementedError(
+        "server reflection is a bidirectional stream: a POST over HTTP/2 of application/grpc, "
+        "application/grpc-web+proto or application/connect+proto");
+    const std::optional<absl::string_view> type = exchange->header("content-type");
+    if (grpc()) return respond(GrpcTrailersOnly(unimplemented, "application/grpc"));
+    if (const std::optional<StreamWire> wire = StreamWireOf(type)) {
+      return respond(StreamRefusal(*wire, unimplemented));
     }
-    return respond(httpd::Response(
-        415, {{"content-type", "application/json"}},
-        ConnectErrorJson(absl::UnimplementedError(
-            "server reflection is a bidirectional stream: gRPC over HTTP/2 only"))));
+    if (type.has_value() && absl::StartsWithIgnoreCase(*type, "application/grpc-web")) {
+      return respond(GrpcTrailersOnly(unimplemented, "application/grpc-web+proto"));
+    }
+    return respond(httpd::Response(415, {{"content-type", "application/json"}},
+                                   ConnectErrorJson(unimplemented)));
   }
   const Method* rpc = FindMethod(path);
   if (method == "OPTIONS") {
