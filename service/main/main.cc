@@ -140,18 +140,17 @@ ABSL_FLAG(int64_t, max_queued_items, 16384,
           "0 = no bound.");
 ABSL_FLAG(int, max_client_inflight, 256,
           "Calls in flight per client (mTLS identity, else peer address); 0 = no bound.");
-ABSL_FLAG(int64_t, grpc_memory_quota_bytes, 256 << 20,
-          "gRPC ResourceQuota: memory gRPC's transports and calls may hold. Past it gRPC shrinks "
-          "flow-control windows, refuses new connections and cancels streams. 0 = no quota.");
-ABSL_FLAG(std::string, grpc_transport, "grpc",
-          "Who serves --grpc_address: grpc (gRPC 1.51's own server; no Rapid Reset defence) or "
-          "engine (the HTTP port's engine on libnghttp2, with its front-door defences; gRPC, "
-          "health and reflection; to become the default). "
-          "--grpc_max_concurrent_streams applies to both; --grpc_memory_quota_bytes to grpc only "
-          "(the engine has --http_memory_budget_bytes).");
+// Retired with gRPC 1.51's server (issue 24): still accepted, so that an old flags file starts
+// the server, and named in a warning with what replaces them (README, "Migrating").
+ABSL_FLAG(std::string, grpc_transport, "",
+          "Retired: our engine serves --grpc_address (gRPC 1.51's server is gone); ignored.");
+ABSL_FLAG(int64_t, grpc_memory_quota_bytes, -1,
+          "Retired with gRPC 1.51's server; ignored. The gRPC port's memory is bounded by "
+          "--http_connection_budget_bytes (at least 4x --max_message_bytes there) and "
+          "--http_memory_budget_bytes.");
 ABSL_FLAG(int, grpc_max_concurrent_streams, 256,
           "HTTP/2 streams (calls) open at once per gRPC connection; a client's further calls wait "
-          "in the client. 0 = no limit.");
+          "in the client. 0 = the HTTP port's --http2_max_concurrent_streams.");
 
 int main(int argc, char** argv) {
   // glibc's defaults hand freed memory back to the kernel as soon as 128 KB sit free at the top
@@ -229,9 +228,18 @@ int main(int argc, char** argv) {
   config.audit_log_file = absl::GetFlag(FLAGS_audit_log_file);
   config.max_queued_items = absl::GetFlag(FLAGS_max_queued_items);
   config.max_client_inflight = absl::GetFlag(FLAGS_max_client_inflight);
-  config.grpc_memory_quota_bytes = absl::GetFlag(FLAGS_grpc_memory_quota_bytes);
   config.grpc_max_concurrent_streams = absl::GetFlag(FLAGS_grpc_max_concurrent_streams);
-  config.grpc_transport = absl::GetFlag(FLAGS_grpc_transport);
+  if (!absl::GetFlag(FLAGS_grpc_transport).empty()) {
+    offload::Log(offload::LogLevel::kWarning, "flag_retired",
+                 {{"flag", "grpc_transport"},
+                  {"advice", "ignored: our engine serves the gRPC port; drop the flag"}});
+  }
+  if (absl::GetFlag(FLAGS_grpc_memory_quota_bytes) != -1) {
+    offload::Log(offload::LogLevel::kWarning, "flag_retired",
+                 {{"flag", "grpc_memory_quota_bytes"},
+                  {"advice", "ignored: the gRPC port's memory is bounded by "
+                             "--http_connection_budget_bytes and --http_memory_budget_bytes"}});
+  }
 
   absl::Status status = offload::RunServer(config);
   if (!status.ok()) {

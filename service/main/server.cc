@@ -3,27 +3,17 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
-
 #include <memory>
 #include <string>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
-#include "grpc/grpc.h"
-#include "grpcpp/ext/proto_server_reflection_plugin.h"
-#include "grpcpp/grpcpp.h"
-#include "grpcpp/health_check_service_interface.h"
-#include "grpcpp/resource_quota.h"
-#include "grpcpp/security/tls_certificate_provider.h"
-#include "grpcpp/security/tls_certificate_verifier.h"
-#include "grpcpp/security/tls_credentials_options.h"
 #include "service/auth/authorizer.h"
 #include "service/auth/tls.h"
 #include "service/common/log.h"
@@ -42,14 +32,9 @@
 #include "service/ops/admission.h"
 #include "service/ops/operations.h"
 #include "service/ops/worker_pool.h"
-#include "service/rpc/services.h"
 
 namespace offload {
 namespace {
-
-// Threads gRPC may start for synchronous services (server reflection; our services and the
-// health service use the callback API and run on gRPC's event engine) while a memory quota is set.
-constexpr int kGrpcSyncThreads = 16;
 
 absl::StatusOr<crypto::BackendChoice> ChooseBackends(const std::string& backend) {
   if (backend == "auto") return crypto::BackendChoice::Measure();
@@ -77,10 +62,6 @@ absl::Status CheckConfig(const ServerConfig& config) {
   if (!config.policy_file.empty() && config.tls_client_ca_file.empty()) {
     return absl::InvalidArgumentError(
         "policy_file: needs mTLS (tls_client_ca_file), else callers have no identity");
-  }
-  if (config.grpc_transport != "grpc" && config.grpc_transport != "engine") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "grpc_transport: expected grpc or engine, got \"", config.grpc_transport, "\""));
   }
   if (config.max_queued_items < 0 || config.max_client_inflight < 0) {
     return absl::InvalidArgumentError("max_queued_items, max_client_inflight: expected >= 0");
@@ -128,18 +109,10 @@ absl::Status CheckConfig(const ServerConfig& config) {
       !cors.ok()) {
     return cors.status();
   }
-  if (config.grpc_memory_quota_bytes < 0 || config.grpc_max_concurrent_streams < 0) {
-    return absl::InvalidArgumentError(
-        "grpc_memory_quota_bytes, grpc_max_concurrent_streams: expected >= 0");
+  if (config.grpc_max_concurrent_streams < 0) {
+    return absl::InvalidArgumentError("grpc_max_concurrent_streams: expected >= 0");
   }
-  if (config.grpc_memory_quota_bytes > 0 &&
-      config.grpc_memory_quota_bytes < 2 * config.max_message_bytes) {
-    // One largest message is read into slices and parsed into a copy: below this the quota
-    // would cancel the calls the server is configured to take.
-    return absl::InvalidArgumentError(absl::StrCat(
-        "grpc_memory_quota_bytes: expected 0 or at least twice max_message_bytes (",
-        2 * config.max_message_bytes, "), got ", config.grpc_memory_quota_bytes));
-  }
+
   if (config.max_message_bytes < 1024 || config.max_message_bytes > (1LL << 30)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_message_bytes: expected 1024 to 1073741824, got ", config.max_message_bytes));
@@ -226,63 +199,6 @@ void RegisterPulledMetrics(metrics::Metrics& m, memo::Memo& memo, ops::WorkerPoo
                  [] { return ResidentBytes(); });
 }
 
-// mTLS on the gRPC port: gRPC asks for a client certificate but leaves the check to us, so that
-// the same check (TlsFiles::VerifyClient, CA file re-read on change) serves gRPC and HTTP and a
-// refused certificate is audited. No certificate passes the handshake: such calls are refused
-// UNAUTHENTICATED (and audited) by the authorizer.
-class ClientCertificateVerifier final : public grpc::experimental::ExternalCertificateVerifier {
- public:
-  ClientCertificateVerifier(auth::TlsFiles* tls, auth::Authorizer* authorizer)
-      : tls_(tls), authorizer_(authorizer) {}
-
-  bool Verify(grpc::experimental::TlsCustomVerificationCheckRequest* request,
-              std::function<void(grpc::Status)>, grpc::Status* sync_status) override {
-    const grpc::string_ref leaf = request->peer_cert();
-    const grpc::string_ref chain = request->peer_cert_full_chain();
-    if (leaf.empty()) {
-      *sync_status = grpc::Status::OK;
-      return true;
-    }
-    absl::StatusOr<std::string> identity =
-        tls_->VerifyClientPem(absl::string_view(leaf.data(), leaf.size()),
-                              absl::string_view(chain.data(), chain.size()));
-    if (identity.ok()) {
-      *sync_status = grpc::Status::OK;
-    } else {
-      const grpc::string_ref cn = request->common_name();
-      authorizer_->AuditHandshakeRefused("grpc", absl::string_view(cn.data(), cn.size()),
-                                         identity.status().message());
-      *sync_status = grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                                  std::string(identity.status().message()));
-    }
-    return true;
-  }
-  void Cancel(grpc::experimental::TlsCustomVerificationCheckRequest*) override {}
-
- private:
-  auth::TlsFiles* const tls_;
-  auth::Authorizer* const authorizer_;
-};
-
-std::shared_ptr<grpc::ServerCredentials> GrpcCredentials(const ServerConfig& config,
-                                                         auth::TlsFiles* tls,
-                                                         auth::Authorizer* authorizer) {
-  if (tls == nullptr) return grpc::InsecureServerCredentials();
-  auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-      config.tls_key_file, config.tls_cert_file, /*refresh_interval_sec=*/1);
-  grpc::experimental::TlsServerCredentialsOptions options(provider);
-  options.watch_identity_key_cert_pairs();
-  if (tls->mtls()) {
-    options.set_cert_request_type(GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_BUT_DONT_VERIFY);
-    options.set_certificate_verifier(
-        grpc::experimental::ExternalCertificateVerifier::Create<ClientCertificateVerifier>(
-            tls, authorizer));
-  } else {
-    options.set_cert_request_type(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
-  }
-  return grpc::experimental::TlsServerCredentials(options);
-}
-
 void RegisterGuardMetrics(metrics::Metrics& m, ops::Admission& admission,
                           auth::Authorizer& authorizer) {
   using AdmissionRead = uint64_t ops::Admission::Counts::*;
@@ -319,7 +235,6 @@ void LogStarted(const ServerConfig& config, int grpc_port, size_t workers) {
   Log(LogLevel::kInfo, "server_started",
       {{"grpc_address", config.grpc_address},
        {"grpc_port", grpc_port},
-       {"grpc_transport", config.grpc_transport},
        {"http_address", config.http_address},
        {"metrics_address", config.metrics_address},
        {"workers", workers},
@@ -330,7 +245,6 @@ void LogStarted(const ServerConfig& config, int grpc_port, size_t workers) {
        {"policy_file", config.policy_file},
        {"max_queued_items", config.max_queued_items},
        {"max_client_inflight", config.max_client_inflight},
-       {"grpc_memory_quota_bytes", config.grpc_memory_quota_bytes},
        {"grpc_max_concurrent_streams", config.grpc_max_concurrent_streams},
        {"memo", {{"enabled", config.memo_enabled},
                  {"verify_bytes", config.memo_verify_bytes},
@@ -453,10 +367,7 @@ absl::Status RunServer(const ServerConfig& config) {
                              ops::Operations::Options{config.max_batch_items});
   RegisterPulledMetrics(metrics, memo, pool, *key_manager);
   RegisterGuardMetrics(metrics, admission, *authorizer);
-  rpc::Services services(&operations, key_manager.get(), &pool,
-                         config.metrics_enabled ? &metrics : nullptr,
-                         config.log_requests_sample_rate, {authorizer.get(), &admission});
-  // The HTTP gateway: the same operations, limits and metrics, over Connect and gRPC-Web.
+  // One method table for every port and protocol: gRPC, gRPC-Web and Connect.
   http::MethodTable http_methods(&operations, key_manager.get());
   OFFLOAD_ASSIGN_OR_RETURN(auth::TrustedProxies trusted_proxies,
                            auth::TrustedProxies::Parse(config.trusted_proxies));
@@ -493,125 +404,44 @@ absl::Status RunServer(const ServerConfig& config) {
         &http_methods, &pool, config.metrics_enabled ? &metrics : nullptr, http_options);
     OFFLOAD_RETURN_IF_ERROR(gateway->Start());
   }
-  if (config.grpc_transport == "engine") {
-    // The gRPC port on the same engine: gRPC clients multiplex their calls on one connection,
-    // so a connection may hold four of the largest messages at once.
-    http::Gateway::Options grpc_options = engine_options(config.grpc_address, "grpc");
-    if (config.grpc_max_concurrent_streams > 0) {
-      grpc_options.http.http2.max_concurrent_streams = config.grpc_max_concurrent_streams;
-    }
-    grpc_options.http.connection_budget_bytes =
-        std::max(config.http_connection_budget_bytes, 4 * config.max_message_bytes);
-    http::Gateway grpc_gateway(&http_methods, &pool, config.metrics_enabled ? &metrics : nullptr,
-                               grpc_options);
-    OFFLOAD_RETURN_IF_ERROR(grpc_gateway.Start());
-    ready->store(true);
-    grpc_gateway.SetReady(true);
-    if (gateway != nullptr) gateway->SetReady(true);
-    LogStarted(config, grpc_gateway.port(), pool.size());
-    const int signal_number = WaitForStopSignal();
-    Log(LogLevel::kInfo, "server_draining",
-        {{"signal", signal_number == SIGTERM ? "SIGTERM" : "SIGINT"},
-         {"drain_timeout_seconds", absl::ToDoubleSeconds(config.drain_timeout)}});
-    ready->store(false);
-    const absl::Time drain_start = absl::Now();
-    const absl::Time drain_deadline = drain_start + config.drain_timeout;
-    // Both ports at once: health NOT_SERVING, GOAWAY (the double one gRPC describes), new calls
-    // UNAVAILABLE; then the calls in flight finish (until the deadline) and connections close.
-    grpc_gateway.Drain();
-    if (gateway != nullptr) gateway->Drain();
-    grpc_gateway.Stop(drain_deadline);
-    if (gateway != nullptr) gateway->Stop(drain_deadline);
-    pool.WaitIdle();
-    metrics.StopExposer();
-    Log(LogLevel::kInfo, "server_stopped",
-        {{"grpc_drain", absl::Now() >= drain_deadline ? "deadline" : "calls_done"},
-         {"drain_seconds", absl::ToDoubleSeconds(absl::Now() - drain_start)}});
-    return absl::OkStatus();
-  }
-
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort(config.grpc_address,
-                           GrpcCredentials(config, tls.get(), authorizer.get()), &port);
-  builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_message_bytes));
-  builder.SetMaxSendMessageSize(static_cast<int>(config.max_message_bytes));
-  // Declared before the server, which holds a reference to it anyway.
-  grpc::ResourceQuota quota("offload_grpc");
-  if (config.grpc_memory_quota_bytes > 0) {
-    quota.Resize(static_cast<size_t>(config.grpc_memory_quota_bytes));
-    // Threads of gRPC's synchronous services (server reflection): one per open stream otherwise.
-    quota.SetMaxThreads(kGrpcSyncThreads);
-    builder.SetResourceQuota(quota);
-  }
-  // gRPC sets SO_REUSEPORT on Linux by default: a second server started on a port already in
-  // use (an old process still running, a mistyped flag) would then share its connections with
-  // the first without a word. Refuse the port instead (`grpc_address: cannot listen`).
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // The gRPC port on the same engine: gRPC clients multiplex their calls on one connection, so
+  // a connection may hold four of the largest messages at once.
+  http::Gateway::Options grpc_options = engine_options(config.grpc_address, "grpc");
   if (config.grpc_max_concurrent_streams > 0) {
-    builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
-                               config.grpc_max_concurrent_streams);
+    grpc_options.http.http2.max_concurrent_streams = config.grpc_max_concurrent_streams;
   }
-  services.RegisterAll(builder);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("grpc_address: cannot listen on ", config.grpc_address));
-  }
-  server->GetHealthCheckService()->SetServingStatus(true);
+  grpc_options.http.connection_budget_bytes =
+      std::max(config.http_connection_budget_bytes, 4 * config.max_message_bytes);
+  http::Gateway grpc_gateway(&http_methods, &pool, config.metrics_enabled ? &metrics : nullptr,
+                             grpc_options);
+  OFFLOAD_RETURN_IF_ERROR(grpc_gateway.Start());
   ready->store(true);
+  grpc_gateway.SetReady(true);
   if (gateway != nullptr) gateway->SetReady(true);
-  LogStarted(config, port, pool.size());
+  LogStarted(config, grpc_gateway.port(), pool.size());
 
   const int signal_number = WaitForStopSignal();
   Log(LogLevel::kInfo, "server_draining",
       {{"signal", signal_number == SIGTERM ? "SIGTERM" : "SIGINT"},
        {"drain_timeout_seconds", absl::ToDoubleSeconds(config.drain_timeout)}});
-  server->GetHealthCheckService()->SetServingStatus(false);
   ready->store(false);
   const absl::Time drain_start = absl::Now();
   const absl::Time drain_deadline = drain_start + config.drain_timeout;
-  // /readyz 503, new HTTP calls UNAVAILABLE, idle HTTP connections closed; HTTP calls in
-  // flight finish meanwhile.
+  // Both ports at once: health NOT_SERVING, GOAWAY (the double one gRPC describes), idle
+  // connections closed, no new connection; then every request accepted is answered (until the
+  // deadline) and the connections close.
+  grpc_gateway.Drain();
   if (gateway != nullptr) gateway->Drain();
-  // gRPC: Shutdown refuses new calls at once and waits for those in flight until the deadline,
-  // then cancels them. It also waits for every client connection to go away after its GOAWAY,
-  // which a pooled idle connection (or one that never finished its handshake) takes seconds to
-  // do: once no call has been in flight for a moment, the connections left are closed here.
-  absl::Notification shut;
-  bool cut_idle = false;
-  absl::Time shut_at;  // when Shutdown returned; written before `shut` is notified
-  std::thread shutdown([&] {
-    server->Shutdown(absl::ToChronoTime(drain_deadline));
-    shut_at = absl::Now();
-    shut.Notify();
-  });
-  for (int quiet = 0; !shut.HasBeenNotified() && absl::Now() < drain_deadline;) {
-    quiet = services.in_flight() == 0 ? quiet + 1 : 0;
-    if (quiet >= 4) {
-      grpc_server_cancel_all_calls(server->c_server());
-      cut_idle = true;
-      break;
-    }
-    shut.WaitForNotificationWithTimeout(absl::Milliseconds(5));
-  }
-  shutdown.join();
-  // How the gRPC side ended, for operators who tune --drain_timeout: at the deadline (calls
-  // still running were cancelled), after idle connections were cut once no call was in flight,
-  // or with every connection gone by itself.
-  const char* grpc_drain = shut_at >= drain_deadline ? "deadline"
-                           : cut_idle                ? "idle_connections_cut"
-                                                     : "connections_closed";
-  server->Wait();
+  grpc_gateway.Stop(drain_deadline);
   if (gateway != nullptr) gateway->Stop(drain_deadline);
   // Tasks still queued (calls past the drain deadline) run now, while everything they use is
   // still here.
   pool.WaitIdle();
   metrics.StopExposer();
+  // How the drain ended, for operators who tune --drain_timeout: every call answered, or at the
+  // deadline (calls still running then were cut).
   Log(LogLevel::kInfo, "server_stopped",
-      {{"grpc_drain", grpc_drain},
+      {{"drain", absl::Now() >= drain_deadline ? "deadline" : "calls_done"},
        {"drain_seconds", absl::ToDoubleSeconds(absl::Now() - drain_start)}});
   return absl::OkStatus();
 }

@@ -1,6 +1,6 @@
-// The crypto-offload server: loads keys, starts the worker pool, the gRPC server and the HTTP
-// gateway (Connect, gRPC-Web), and serves until SIGTERM or SIGINT, then drains in-flight calls
-// and returns.
+// The crypto-offload server: loads keys, starts the worker pool and the front door on our HTTP
+// engine (service/httpd): the gRPC port, and the HTTP port (gRPC, Connect, gRPC-Web), and serves
+// until SIGTERM or SIGINT, then drains in-flight calls and returns.
 //
 //   ServerConfig config;
 //   config.grpc_address = "127.0.0.1:50051";
@@ -72,17 +72,9 @@ struct ServerConfig {
   // Overload protection (service/ops/admission.h); 0 = no bound.
   int64_t max_queued_items = 16384;
   int max_client_inflight = 256;
-  // gRPC transport bounds, so that memory stays bounded while calls arrive faster than they are
-  // admitted (a stalled server reads a whole backlog at once). The memory quota is gRPC's
-  // ResourceQuota: past it, gRPC shrinks flow-control windows, refuses new connections and
-  // cancels streams (RESOURCE_EXHAUSTED) until it is back under. The stream limit is HTTP/2's
-  // SETTINGS_MAX_CONCURRENT_STREAMS per connection: a client's calls beyond it wait in the client.
-  // 0 = gRPC's default (no quota; no stream limit).
-  int64_t grpc_memory_quota_bytes = 256 << 20;
+  // HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS per connection on the gRPC port: a client's calls
+  // beyond it wait in the client. 0 = the HTTP port's value (http2.max_concurrent_streams).
   int grpc_max_concurrent_streams = 256;
-  // Who serves grpc_address: "grpc" (gRPC 1.51's server) or "engine" (the HTTP port's engine,
-  // service/httpd, with its defences; to become the default, issue 24).
-  std::string grpc_transport = "grpc";
 };
 
 // Blocks SIGTERM and SIGINT in the calling thread (and so in every thread it starts later).

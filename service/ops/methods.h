@@ -1,7 +1,7 @@
 // Every RPC of offload.v1, once: its service, name, request and response types, whether it is a
-// batch, and the operation that runs it. Both transports are built from this list (the gRPC
-// services in service/rpc, the HTTP gateway's method table in service/http), so adding an RPC is
-// one line here plus its proto (both check their entries against the proto's descriptors).
+// batch, and the operation that runs it. The gateway's method table (service/http: gRPC, gRPC-Web
+// and Connect on both ports) is built from this list, so adding an RPC is one line here plus its
+// proto (the table checks its entries against the proto's descriptors).
 //
 //   struct Visitor {
 //     template <typename Request, typename Response>

@@ -1,5 +1,5 @@
-// The service's operations, independent of transport: the gRPC handlers (service/rpc) and the
-// HTTP gateway call the same functions with the same request and response messages.
+// The service's operations, independent of transport: the gateway (service/http) calls them for
+// every protocol with the request and response messages of the API.
 //
 //   Operations ops(&key_manager, &pool, backends, Operations::Options{});
 //   v1::VerifyResponse response;

@@ -12,8 +12,10 @@ END_HEADERS (CVE-2024-27316 class), PING and SETTINGS floods (CVE-2019-9512/9515
 window with large answers (CVE-2019-9517), and empty DATA frames (CVE-2019-9518).
 
 Frames are packed by hand (struct) so that any sequence can be sent, headers encoded with Debian's
-python3-hpack, frames read back with python3-hyperframe. `PORT_KIND` picks the port (the HTTP
-port; the gRPC port once the engine serves it).
+python3-hpack, frames read back with python3-hyperframe. `PORT_KIND` picks the port ("http"
+here; test_http2_abuse_grpc.py runs the same cases on the gRPC port served by the engine, with gRPC
+requests): the hooks `server_args`, `connection_budget`, `memory_budget`, `attacker` and `legit`
+are what a port changes.
 """
 
 import http.client
@@ -36,9 +38,9 @@ DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH, PING, GOAWAY, WINDOW_UPDATE
 END_STREAM, ACK, END_HEADERS = 0x1, 0x1, 0x4
 CANCEL, PROTOCOL_ERROR, REFUSED_STREAM, ENHANCE_YOUR_CALM = 0x8, 0x1, 0x7, 0xB
 
-# The server's budgets in this test (flags below); README states the defaults.
-CONNECTION_BUDGET = 1 << 20
-MEMORY_BUDGET = 16 << 20
+# The server's budgets in this test (flags in Http2Abuse.server_args); README states the defaults.
+CONNECTION_BUDGET = 1 << 20  # --http_connection_budget_bytes
+MEMORY_BUDGET = 16 << 20     # --http_memory_budget_bytes
 # RSS may grow by the budget plus this much: allocator arenas and caches, request parsing,
 # thread stacks touched for the first time. The zero-window attack below would hold about
 # 16 x 100 x 55 KB = 88 MB without a budget.
@@ -104,9 +106,15 @@ class Attacker:
                                     (":authority", "127.0.0.1"), ("content-type", content_type)]
                                    + list(extra))
 
+    def message(self, body):
+        """The request body that carries the message `body` (Connect: the message itself)."""
+        return body
+
     def request(self, stream, path, body, end=True):
-        """HEADERS then DATA (END_STREAM when `end`), in frames of at most 16 KiB."""
+        """HEADERS then DATA (END_STREAM when `end`) carrying the message `body`, in frames of at
+        most 16 KiB."""
         out = frame(HEADERS, END_HEADERS, stream, self.header_block(path))
+        body = self.message(body)
         pieces = [body[i:i + 16384] for i in range(0, len(body), 16384)] or [b""]
         for i, piece in enumerate(pieces):
             last = i == len(pieces) - 1
@@ -117,11 +125,12 @@ class Attacker:
         """Sends a request once the server's connection window has room for its body (a client
         that keeps to flow control). False if the window stayed shut for `patience` seconds."""
         deadline = time.monotonic() + patience
-        while self.window < len(body):
+        size = len(self.message(body))
+        while self.window < size:
             if self.closed or time.monotonic() > deadline:
                 return False
             self.read(until_closed=False, timeout=0.2)
-        self.window -= len(body)
+        self.window -= size
         return self.send(self.request(stream, path, body))
 
     def read(self, until_closed=True, timeout=30.0):
@@ -230,21 +239,52 @@ def scrape(port):
     return values
 
 
-def abuse(metrics, reason):
-    return metrics.get('offload_http_abuse_total{port="http",reason="%s"}' % reason, 0)
+def abuse(metrics, reason, port="http"):
+    return metrics.get('offload_http_abuse_total{port="%s",reason="%s"}' % (port, reason), 0)
 
 
 class Http2Abuse(ServerTestCase):
+    # The port under attack: its address flag is --<PORT_KIND>_address, its metrics carry
+    # port="<PORT_KIND>".
     PORT_KIND = "http"
+
+    # -- what a port changes (overridden for the gRPC port) --------------------------------------
+
+    @classmethod
+    def server_args(cls):
+        return ["--http_connection_budget_bytes=%d" % CONNECTION_BUDGET,
+                "--http_memory_budget_bytes=%d" % MEMORY_BUDGET]
+
+    @classmethod
+    def flag(cls, name):
+        return int(cls.server.flag_value(name))
+
+    def connection_budget(self):
+        """Bytes one connection to the attacked port may hold, from the server's flags."""
+        return self.flag("http_connection_budget_bytes")
+
+    def memory_budget(self):
+        """Bytes all connections to the attacked port may hold together (each port's engine has
+        its own), from the server's flags."""
+        return self.flag("http_memory_budget_bytes")
+
+    def attacker(self):
+        return Attacker(self.port())
+
+    def legit(self):
+        """The legitimate caller (a started thread is joined by attack())."""
+        return Legit(self.http_port, self.legit_body)
+
+    # ---------------------------------------------------------------------------------------------
 
     @classmethod
     def setUpClass(cls):
-        cls.server = Server("http2-abuse", backend="libsodium", args=[
-            "--http_connection_budget_bytes=%d" % CONNECTION_BUDGET,
-            "--http_memory_budget_bytes=%d" % MEMORY_BUDGET,
-        ]).start()
+        cls.server = Server("http2-abuse-" + cls.PORT_KIND, backend="libsodium",
+                            args=cls.server_args()).start()
+        cls.servers = [cls.server]
         port_of = lambda flag: int(cls.server.flag_value(flag).rsplit(":", 1)[1])
         cls.http_port = port_of("http_address")
+        cls.attacked_port = port_of(cls.PORT_KIND + "_address")
         cls.metrics_port = port_of("metrics_address")
         keys = cls.server.keys
         keys.CreateKey(pb.keys.CreateKeyRequest(key_id="signer", type=pb.keys.KEY_TYPE_ED25519))
@@ -263,8 +303,9 @@ class Http2Abuse(ServerTestCase):
             s = cls.server.ed.Sign(pb.ed.SignRequest(key_id="signer", message=m))
             cls.signed.append(pb.ed.VerifyRequest(public_key=s.public_key, message=m,
                                                   signature=s.signature).SerializeToString())
-        sealed = cls.server.aead.Seal(pb.aead.AeadSealRequest(key_id="blobs",
-                                                              plaintext=os.urandom(55000)))
+        cls.open_answer_bytes = 55000
+        sealed = cls.server.aead.Seal(pb.aead.AeadSealRequest(
+            key_id="blobs", plaintext=os.urandom(cls.open_answer_bytes)))
         cls.open_body = pb.aead.AeadOpenRequest(key_id="blobs",
                                                 envelope=sealed.envelope).SerializeToString()
 
@@ -273,7 +314,7 @@ class Http2Abuse(ServerTestCase):
         cls.server.stop()
 
     def port(self):
-        return self.http_port
+        return self.attacked_port
 
     def bogus_verify(self, i):
         # A well-formed Verify whose answer is "invalid": never memoized, so each one run costs
@@ -281,16 +322,20 @@ class Http2Abuse(ServerTestCase):
         return pb.ed.VerifyRequest(public_key=self.public_key, message=b"x%d" % i,
                                    signature=b"\x01" * 64).SerializeToString()
 
-    def attack(self, name, connections, drive, budget=MEMORY_BUDGET, expect_reasons=(),
+    def attack(self, name, connections, drive, budget=None, expect_reasons=(),
                expect_closed=True, max_verifies=None, max_opens=None):
         """Runs `drive(attacker, index)` on `connections` attackers while a legitimate caller
-        calls, then checks the outcomes listed in the module docstring."""
+        calls, then checks the outcomes listed in the module docstring. `budget` (RSS growth
+        allowed, besides RSS_SLACK) is the port's memory budget unless given."""
+        if budget is None:
+            budget = self.memory_budget()
+        port = self.PORT_KIND
         pid = self.server.proc.pid
         before = scrape(self.metrics_port)
         rss_before = rss_bytes(pid)
-        legit = Legit(self.http_port, self.legit_body)
+        legit = self.legit()
         legit.start()
-        attackers = [Attacker(self.port()) for _ in range(connections)]
+        attackers = [self.attacker() for _ in range(connections)]
         threads = [threading.Thread(target=drive, args=(a, i), daemon=True)
                    for i, a in enumerate(attackers)]
         for t in threads:
@@ -306,7 +351,7 @@ class Http2Abuse(ServerTestCase):
         # Once the attackers are gone, nothing they sent is held.
         held = None
         for _ in range(100):
-            held = scrape(self.metrics_port).get('offload_http_buffered_bytes{port="http"}')
+            held = scrape(self.metrics_port).get('offload_http_buffered_bytes{port="%s"}' % port)
             if held == 0:
                 break
             time.sleep(0.1)
@@ -315,13 +360,14 @@ class Http2Abuse(ServerTestCase):
         ops = lambda op: (during['offload_crypto_operations_total{op="%s"}' % op]
                           - before['offload_crypto_operations_total{op="%s"}' % op])
         verifies, opens = ops("ed25519_verify"), ops("aead_open")
-        counted = {r: abuse(after, r) - abuse(before, r) for r in (
+        counted = {r: abuse(after, r, port) - abuse(before, r, port) for r in (
             "premature_resets", "reset_rate", "continuations", "control_flood", "settings",
             "no_progress", "protocol_error", "stream_refused", "read_paused", "send_timeout",
             "too_many_pings")}
-        print("%s x%d: RSS %+.1f MiB (budget %.0f MiB), legit calls %d ok, %d failed, "
+        print("%s port, %s x%d: RSS %+.1f MiB (budget %.0f MiB), legit calls %d ok, %d failed, "
               "verifies run %d, closed %d/%d, GOAWAY %s, defences %s"
-              % (name, connections, grown / 2**20, budget / 2**20, legit.ok, len(legit.failures),
+              % (port, name, connections, grown / 2**20, budget / 2**20, legit.ok,
+                 len(legit.failures),
                  verifies, sum(a.closed for a in attackers), connections,
                  sorted({a.goaway for a in attackers if a.goaway is not None}),
                  {k: int(v) for k, v in counted.items() if v}), flush=True)
@@ -337,14 +383,16 @@ class Http2Abuse(ServerTestCase):
         if expect_reasons:
             self.assertGreater(sum(counted[r] for r in expect_reasons), 0,
                                "no defence counted among %s" % (expect_reasons,))
-            # ...and logged (at most a line per reason per second, so at least one).
+            # ...and logged by the attacked port's engine (at most a line per reason per second,
+            # so at least one).
             logged = set()
+            address = self.server.flag_value(port + "_address")
             for text in self.server.log_lines():
                 try:
                     line = json.loads(text)
                 except ValueError:
                     continue
-                if line.get("event") == "http_abuse":
+                if line.get("event") == "http_abuse" and line.get("address") == address:
                     logged.add(line.get("reason"))
             self.assertTrue(logged & set(expect_reasons),
                             "no http_abuse log line for %s (logged: %s)" % (expect_reasons, logged))
@@ -442,6 +490,10 @@ class Http2Abuse(ServerTestCase):
             self.assertTrue(all(a.goaway == ENHANCE_YOUR_CALM for a in attackers))
 
     def test_zero_window_large_answers(self):
+        streams = 300
+        # More answers than one connection's budget holds, so that the budget must refuse some
+        # (on the gRPC port too, whose budget is derived from other flags).
+        self.assertGreater(streams * self.open_answer_bytes, self.connection_budget())
         refused = {}
 
         def drive(a, index):
@@ -449,7 +501,7 @@ class Http2Abuse(ServerTestCase):
             # hits) are requested on every stream the server allows, and more, keeping to the
             # server's flow control for the request bodies.
             a.send(settings(initial_window_size=0))
-            for stream in range(1, 2 * 300, 2):
+            for stream in range(1, 2 * streams, 2):
                 if not a.request_within_window(stream, OPEN, self.open_body):
                     break
             a.read(until_closed=False, timeout=3.0)

@@ -133,7 +133,7 @@ class OverloadTest(harness.ServerTestCase):
     # The sized configuration of tests/load/README.md ("Memory while the server stalls"), whose
     # stated bound is 64 MiB of RSS.
     SIZED = ["--max_queued_items=2048", "--max_client_inflight=32",
-             "--grpc_max_concurrent_streams=32", "--grpc_memory_quota_bytes=16777216",
+             "--grpc_max_concurrent_streams=32", "--http_memory_budget_bytes=16777216",
              "--max_message_bytes=8388608"]
     RSS_BOUND_KIB = 64 * 1024
     FLOOD_CALLS = 3000   # 32 items of 1 KiB each: ~36 KB per request, ~100 MB in all
@@ -141,9 +141,10 @@ class OverloadTest(harness.ServerTestCase):
 
     def test_memory_stays_bounded_when_a_flood_arrives_while_the_server_is_stopped(self):
         # Calls sent while the server is stopped (SIGSTOP) reach it all at once when it goes on.
-        # Without the stream limit and the gRPC memory quota, gRPC accepts every one of them
-        # before admission can refuse any (about 45 KB each: well over the bound); with them,
-        # each connection holds 32 calls and the rest wait in the client. Every call must end OK
+        # Without the stream limit and the memory budgets, the server would read every one of
+        # them before admission can refuse any (about 45 KB each: well over the bound; gRPC
+        # 1.51's server did); with them, each connection holds 32 calls and the rest wait in the
+        # client. Every call must end OK
         # with the right answers or RESOURCE_EXHAUSTED at admission; the server's peak RSS
         # (VmHWM) must stay under the bound. RSS says nothing under AddressSanitizer (shadow
         # memory, quarantine): there only the answers are checked.

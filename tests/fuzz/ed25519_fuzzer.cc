@@ -47,7 +47,7 @@ bool CheckVerify(const v1::VerifyRequest& q) {
   FUZZ_CHECK(s2.code() == sa.code() && again.valid() == a.valid(), "repeat: ", again.valid());
   FUZZ_CHECK(!sa.ok() || again.memo_hit() == again.valid(), "memo_hit ", again.memo_hit());
 
-  // The gRPC handler's path (service/rpc/services.cc): memo first, then the fresh check.
+  // The gateway's path for a unary Verify (memo first, then the fresh check).
   v1::VerifyResponse split;
   memo::Digest digest;
   absl::Status status;

@@ -34,8 +34,8 @@
 #
 # --sized is the configuration sized for a 2-core machine whose bound tests/load/README.md
 # states: --max_queued_items=2048 --max_client_inflight=32 --grpc_max_concurrent_streams=32
-# --grpc_memory_quota_bytes=16777216 (16 MiB) --max_message_bytes=8388608 (the quota must be at
-# least twice the largest message).
+# --http_memory_budget_bytes=16777216 (16 MiB of request bodies and unsent answers per port, all
+# connections together) --max_message_bytes=8388608.
 #
 # Timing figures depend on the machine and on what else runs on it: they are printed, never
 # asserted.
@@ -85,7 +85,7 @@ while [[ $# -gt 0 ]]; do
     --pause_seconds) pause_seconds="$2"; shift 2 ;;
     --rss_bound_mib) rss_bound_mib="$2"; shift 2 ;;
     --sized) server_args+=(--max_queued_items=2048 --max_client_inflight=32
-                           --grpc_max_concurrent_streams=32 --grpc_memory_quota_bytes=16777216
+                           --grpc_max_concurrent_streams=32 --http_memory_budget_bytes=16777216
                            --max_message_bytes=8388608)
              shift ;;
     --server_arg=*) server_args+=("${1#--server_arg=}"); shift ;;
@@ -182,7 +182,7 @@ load_pid=""
 sed 's/^/  /' "$work/overload.out"
 over="$(grep '^summary ' "$work/overload.out" || true)"
 echo "overload: server counters after the run (calls by code; drops, where the server counts them):"
-metrics_lines '^offload_dropped_total|^offload_requests_total\{.*code="(RESOURCE_EXHAUSTED|DEADLINE_EXCEEDED|CANCELLED)"' |
+metrics_lines '^offload_dropped_total|^offload_http_abuse_total|^offload_requests_total\{.*code="(RESOURCE_EXHAUSTED|DEADLINE_EXCEEDED|CANCELLED)"' |
   awk '$2 != 0 { print "  " $1 " " $2 }' | sort
 rec="$(grep '^recovery ' "$work/overload.out" || true)"
 hwm="$(field server_hwm_mib "$over")"
