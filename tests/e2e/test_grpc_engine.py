@@ -170,6 +170,28 @@ class GrpcOnEngineTest(ServerTestCase):
         self.assertEqual(out, b"505")
 
 
+def pool_of(files):
+    """A fresh descriptor pool of `files` (name -> FileDescriptorProto, as reflection sent them),
+    each added after its imports, whatever order they came in. AssertionError when an import is
+    missing."""
+    pool = descriptor_pool.DescriptorPool()
+    added = set()
+
+    def add(name):
+        if name in added:
+            return
+        if name not in files:
+            raise AssertionError("an imported file never came: %s" % name)
+        for dep in files[name].dependency:
+            add(dep)
+        pool.Add(files[name])
+        added.add(name)
+
+    for name in files:
+        add(name)
+    return pool
+
+
 def reflection_stubs():
     """Python stubs of grpc.reflection v1 (proto/grpc/reflection/v1) and v1alpha (the same file
     under the v1alpha package, as gRPC 1.51 and older tools name it)."""
@@ -233,21 +255,7 @@ class ReflectionTest(ServerTestCase):
             for raw in a.file_descriptor_response.file_descriptor_proto:
                 fd = descriptor_pb2.FileDescriptorProto.FromString(raw)
                 protos[fd.name] = fd
-        pool = descriptor_pool.DescriptorPool()
-        added = set()
-
-        def add(name):  # imports first, whatever order they came in
-            if name in added:
-                return
-            self.assertIn(name, protos, "an imported file never came")
-            for dep in protos[name].dependency:
-                add(dep)
-            pool.Add(protos[name])
-            added.add(name)
-
-        for name in protos:
-            add(name)
-        return pool, set(protos)
+        return pool_of(protos), set(protos)
 
     def test_lists_and_describes_every_service(self):
         for version in ("v1", "v1alpha"):

@@ -48,7 +48,7 @@ import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from harness import Server, ServerTestCase, pb, rpc_error
-from test_grpc_engine import reflection_stubs
+from test_grpc_engine import pool_of, reflection_stubs
 
 T = 60
 MAX = 16 * 1024 * 1024           # the server's default --max_message_bytes
@@ -381,19 +381,7 @@ class GrpcInteropTest(ServerTestCase):
                 for raw in described.file_descriptor_response.file_descriptor_proto:
                     fd = descriptor_pb2.FileDescriptorProto.FromString(raw)
                     files[fd.name] = fd
-                pool = descriptor_pool.DescriptorPool()
-                added = set()
-
-                def add(name):  # imports first, whatever order they came in
-                    if name not in added:
-                        self.assertIn(name, files, "an imported file never came")
-                        for dep in files[name].dependency:
-                            add(dep)
-                        pool.Add(files[name])
-                        added.add(name)
-
-                for name in files:
-                    add(name)
+                pool = pool_of(files)
                 seal = pool.FindServiceByName("offload.v1.AeadService").methods_by_name["Seal"]
                 Request = message_class(pool, seal.input_type)
                 Response = message_class(pool, seal.output_type)
