@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Issues 4 and 15's benchmark tables in one run: raw library speed, our server, a minimal C++
+"""Issues 4, 15 and 24's benchmark tables in one run: raw library speed, our server, a minimal C++
 gRPC server (tests/bench/minimal_server.cc), the Node.js peer.
 
     tests/bench/run_all.sh                 # full: Release build, ~10 s per workload, ~12 min
@@ -23,6 +23,9 @@ One run measures, on this machine:
      AEAD Open of 55,000 B fresh on the minimal server and on ours with --memo=false (a fixed body
      would hit ours' memo), and the Open memo hit on ours over gRPC and over Connect (HTTP/2 h2c
      and HTTP/1.1 keep-alive); in process, memo_bench's 55,000 B hit next to its memcmp.
+  4. issue 24 (the gRPC port on our engine): the same figures against issue 24's bounds, and
+     raw_batch_verify - libsodium's crypto_sign_verify_detached over the very 64 triples of the
+     h2load BatchVerify(64) body, once per h2load round - as the raw baseline for BatchVerify(64).
 It prints a markdown report (figures, ratios, each issue-4 target met or missed) to stdout and
 writes it to --out. Server CPU per item is utime+stime of the server process (/proc/<pid>/stat)
 over the measured window, so it holds although the load generator shares the 2 cores; items/s and
@@ -66,7 +69,8 @@ def build(build_dir):
         cmake += ['-DCMAKE_CXX_COMPILER_LAUNCHER=ccache', '-DCMAKE_C_COMPILER_LAUNCHER=ccache']
     run_cmd(cmake, stdout=subprocess.DEVNULL)
     run_cmd(['cmake', '--build', build_dir, '-j', str(os.cpu_count() or 2), '--target',
-             'offload_server', 'offload_load', 'crypto_bench', 'minimal_server', 'memo_bench'],
+             'offload_server', 'offload_load', 'crypto_bench', 'minimal_server', 'memo_bench',
+             'raw_batch_verify'],
             stdout=subprocess.DEVNULL)
 
 
@@ -359,7 +363,16 @@ def h2load_section(build_dir, workdir, servers, rounds, warmup, duration, runner
         if not connect and not grpc_call_ok(server.port, path, b):
             runner.failed.append(f'{series}: {path} did not answer grpc-status 0')
     out = {}
+    raw_bv = []
     for r in range(rounds):
+        # Issue 24: raw libsodium over the same 64 triples the BatchVerify(64) rows send.
+        p = subprocess.run([os.path.join(build_dir, 'bin', 'raw_batch_verify'), '--request=' + batch,
+                            f'--seconds={max(1.0, duration / 2)}'], stdout=subprocess.PIPE, text=True)
+        log(f'[raw_batch_verify round {r + 1}] {p.stdout.strip()}')
+        if p.returncode != 0:
+            runner.failed.append('raw_batch_verify failed')
+        else:
+            raw_bv.append(json.loads(p.stdout)['cpu_us_per_verify'])
         for row, series, server, path, b, items, connect, h1 in plan:
             port = server.http_port if connect else server.port
             log(f'[h2load round {r + 1}] {row}: {series}')
@@ -370,7 +383,7 @@ def h2load_section(build_dir, workdir, servers, rounds, warmup, duration, runner
             cell = out.setdefault(row, {}).setdefault(series, {'cpu': [], 'rps': []})
             cell['cpu'].append(res['cpu'] / items if res['cpu'] is not None else None)
             cell['rps'].append(res['rps'] * items)
-    return out
+    return out, raw_bv
 
 
 def memo_bench(build_dir, short, workdir):
@@ -533,6 +546,63 @@ def report_issue15(ctx, w):
     w('| --- | ---: | ---: | --- |')
     for name, measured, limit, ok in targets15(ctx):
         w(f"| {name} | {measured} | {limit} | {'met' if ok else ('missed' if ok is False else 'n/a')} |")
+    report_issue24(ctx, w)
+
+
+def report_issue24(ctx, w):
+    w('')
+    w('## Issue 24 targets (the gRPC port on our engine)')
+    w('')
+    rb = ctx.get('raw_bv') or []
+    w('Measured: h2load, fixed body, median of the rounds (server CPU us per item from /proc; '
+      'fresh = ours with `--memo=false`). Cross-check: the same ratio from offload_load (fresh '
+      'inputs, memo on). Raw libsodium over the same 64 triples: raw_batch_verify on the h2load '
+      f"BatchVerify(64) body, median of {len(rb)} runs: {fmt(median(rb), 2, ' us')} per verify"
+      + (f' [{min(rb):.2f}-{max(rb):.2f}]' if rb else '') + '.')
+    w('')
+    w('| target | measured (h2load) | bound | result | cross-check (offload_load) |')
+    w('| --- | ---: | ---: | --- | ---: |')
+    for name, measured, limit, ok, cross in targets24(ctx):
+        w(f"| {name} | {measured} | {limit} | {'met' if ok else ('missed' if ok is False else 'n/a')} "
+          f"| {cross} |")
+
+
+def targets24(ctx):
+    """Issue 24's rows: (target, measured, bound, ok, offload_load cross-check)."""
+    ours, mini, h2 = ctx['ours'], ctx['minimal'], ctx['h2']
+    h = lambda row, series: median(h2.get(row, {}).get(series, {}).get('cpu', []))
+    hr = lambda row: median(h2.get(row, {}).get('ours', {}).get('rps', []))
+    oc = lambda label: ours.get(label, {}).get('cpu')
+    mc = lambda label: mini.get(label, {}).get('cpu')
+    oi = lambda label: ours.get(label, {}).get('items_s')
+    raw_bv = median(ctx.get('raw_bv') or [])
+    out = []
+
+    def add(name, value, limit, cross, le=True):
+        ok = None if value is None else (value <= limit if le else value >= limit)
+        out.append((name, '-' if value is None else f'{value:.2f}x',
+                    f"{'<=' if le else '>='} {limit:.2f}x", ok,
+                    '-' if cross is None else f'{cross:.2f}x'))
+
+    add('unary Verify fresh: server CPU/item, ours / minimal',
+        ratio(h('Verify fresh', 'ours'), h('Verify fresh', 'minimal')), 0.80,
+        ratio(oc('Verify cold'), mc('Verify cold')))
+    add('BatchVerify(64) fresh: server CPU/item, ours / raw libsodium over the same 64 triples',
+        ratio(h('BatchVerify(64) fresh', 'ours'), raw_bv), 1.03,
+        ratio(oc('BatchVerify(64) cold'), raw_bv))
+    add('AEAD Open 55,000 B fresh: server CPU/item, ours / minimal',
+        ratio(h('Open 55,000 B fresh', 'ours'), h('Open 55,000 B fresh', 'minimal')), 0.60,
+        ratio(oc('Open 55,000 B cold'), mc('Open 55,000 B cold')))
+    add('AEAD Open 55,000 B memo hit (gRPC): server CPU/item, ours / minimal fresh open',
+        ratio(h('Open 55,000 B memo hit', 'ours gRPC'), h('Open 55,000 B fresh', 'minimal')), 0.25,
+        ratio(oc('Open 55,000 B warm'), mc('Open 55,000 B cold')))
+    add('BatchVerify(64) memo hits / fresh, items/s (ours)',
+        ratio(hr('BatchVerify(64) memo hit'), hr('BatchVerify(64) fresh')), 30,
+        ratio(oi('BatchVerify(64) warm'), oi('BatchVerify(64) cold')), le=False)
+    add('BatchDerive(64) memo hits / fresh, items/s (ours)',
+        ratio(hr('BatchDerive(64) memo hit'), hr('BatchDerive(64) fresh')), 20,
+        ratio(oi('BatchDerive(64) warm'), oi('BatchDerive(64) cold')), le=False)
+    return out
 
 
 def targets15(ctx):
@@ -732,7 +802,7 @@ def main():
                     servers.pop(name).stop()
             log('== issue 15: h2load, fixed bodies (minimal server, ours memo off, ours memo on)')
             servers['ours_nomemo'] = start_ours(build_dir, workdir, 'ours-nomemo', ['--memo=false'])
-            ctx['h2'] = h2load_section(build_dir, workdir, servers, args.h2load_rounds,
+            ctx['h2'], ctx['raw_bv'] = h2load_section(build_dir, workdir, servers, args.h2load_rounds,
                                        warmup, duration, runner)
         finally:
             for server in servers.values():
