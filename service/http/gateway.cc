@@ -190,12 +190,10 @@ void EndStream(httpd::Exchange& exchange, StreamWire wire, const absl::Status& s
       exchange.Finish(GrpcTrailers(status));
       return;
     case StreamWire::kGrpcWeb:
-      exchange.Write(EncodeFrame(kFrameTrailer, GrpcWebTrailers(status)));
-      exchange.Finish({});
+      exchange.Finish({}, EncodeFrame(kFrameTrailer, GrpcWebTrailers(status)));
       return;
     case StreamWire::kConnect:
-      exchange.Write(EncodeFrame(kConnectEndStream, ConnectEndStreamJson(status)));
-      exchange.Finish({});
+      exchange.Finish({}, EncodeFrame(kConnectEndStream, ConnectEndStreamJson(status)));
       return;
   }
 }
@@ -338,8 +336,17 @@ struct Gateway::Shared {
       return absl::ResourceExhaustedError(absl::StrCat(
           "at most ", kMaxOpenStreams, " health Watch and reflection streams may be open at once"));
     }
-    exchange.StartResponse(200, StreamHeaders(wire));
+    httpd::Headers headers = StreamHeaders(wire);
+    cors.AddResponseHeaders(exchange.header("origin"), &headers);
+    exchange.StartResponse(200, std::move(headers));
     return absl::OkStatus();
+  }
+  // A stream refused before it started, with CORS headers for a listed origin.
+  httpd::Response Refusal(const httpd::Exchange& exchange, StreamWire wire,
+                          const absl::Status& status) const {
+    httpd::Response out = StreamRefusal(wire, status);
+    cors.AddResponseHeaders(exchange.header("origin"), &out.headers);
+    return out;
   }
   // Health Watch and reflection streams open at once, server-wide: each may hold up to
   // kMaxStreamUnsentBytes of answers its client has not read.
@@ -737,6 +744,17 @@ class Call final : public std::enable_shared_from_this<Call> {
     if (it != shared_->method_metrics.end()) {
       it->second->Record(status.code(), seconds, counts, batch_size_);
     }
+    const absl::StatusCode code = status.code();
+    if (code == absl::StatusCode::kInternal || code == absl::StatusCode::kDataLoss ||
+        code == absl::StatusCode::kUnknown) {
+      // A fault of ours, always logged. Messages name fields and sizes, never payloads or key
+      // material.
+      Log(LogLevel::kError, "request_failed",
+          {{"method", method_->path},
+           {"transport", TransportName()},
+           {"code", absl::StatusCodeToString(code)},
+           {"message", std::string(status.message())}});
+    }
     const double rate = shared_->log_sample_rate;
     if (rate > 0 && absl::Bernoulli(bitgen, rate)) {
       // Names, codes and sizes only: never key material, messages or plaintexts.
@@ -1016,11 +1034,13 @@ void Gateway::Reflect(std::shared_ptr<httpd::Exchange> exchange) {
   constexpr size_t kMaxRequestBytes = 16 << 10;  // a reflection request is a name or two
   const StreamWire wire = *StreamWireOf(exchange->header("content-type"));  // Streaming() said so
   const absl::StatusOr<Encoding> encoding_or = StreamEncoding(wire, *exchange);
-  if (!encoding_or.ok()) return exchange->Respond(StreamRefusal(wire, encoding_or.status()));
+  if (!encoding_or.ok()) {
+    return exchange->Respond(shared_->Refusal(*exchange, wire, encoding_or.status()));
+  }
   {
     absl::MutexLock lock(&shared_->watch_mu);
     if (absl::Status s = shared_->StartStream(*exchange, wire); !s.ok()) {
-      return exchange->Respond(StreamRefusal(wire, s));
+      return exchange->Respond(shared_->Refusal(*exchange, wire, s));
     }
     shared_->streams.push_back({exchange, wire});
   }
@@ -1114,7 +1134,7 @@ void Gateway::WatchHealth(std::shared_ptr<httpd::Exchange> exchange) {
         return;
       }
     }
-    ex->Respond(StreamRefusal(wire, status));
+    ex->Respond(shared->Refusal(*ex, wire, status));
   });
 }
 

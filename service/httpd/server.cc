@@ -171,12 +171,18 @@ void Exchange::Write(std::string data) {
   Send(std::move(part));
 }
 
-void Exchange::Finish(Headers trailers) {
+void Exchange::Finish(Headers trailers) { Finish(std::move(trailers), std::string()); }
+
+void Exchange::Finish(Headers trailers, std::string last_data) {
   if (!started_.load(std::memory_order_acquire)) return;
   if (finished_.exchange(true, std::memory_order_acq_rel)) return;
   Part part;
   part.end = true;
   part.trailers = std::move(trailers);
+  if (!last_data.empty()) {
+    unsent_.fetch_add(static_cast<int64_t>(last_data.size()), std::memory_order_relaxed);
+    part.data = std::move(last_data);
+  }
   Send(std::move(part));
   CountAnswered();
 }
@@ -318,8 +324,10 @@ void Server::Stop(absl::Time deadline) {
   Drain();
   // Every request accepted answered - those handed to the handler and those whose body was still
   // arriving at the drain - or the deadline (a shutdown: polling is fine).
-  while ((impl.unanswered->load(std::memory_order_acquire) > 0 ||
-          impl.receiving->load(std::memory_order_acquire) > 0) &&
+  // `receiving` first: a request handed over between the two reads has raised `unanswered`
+  // before it lowered `receiving`, so one of the two is seen.
+  while ((impl.receiving->load(std::memory_order_acquire) > 0 ||
+          impl.unanswered->load(std::memory_order_acquire) > 0) &&
          absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(2));
   }

@@ -163,6 +163,10 @@ class Exchange final : public std::enable_shared_from_this<Exchange> {
   void StartResponse(int status, Headers headers);
   void Write(std::string data);
   void Finish(Headers trailers);
+  // The last body bytes and the end as one part: nothing written from another thread meanwhile
+  // can come after `last_data`, and of two threads ending the answer only the first does (a
+  // stream whose end is a frame of the body: gRPC-Web's trailers, Connect's end of stream).
+  void Finish(Headers trailers, std::string last_data);
   // Bytes written by Write and not yet sent (the client's flow-control window, a slow reader).
   // From any thread; a producer may wait while it is high.
   int64_t unsent_bytes() const { return unsent_.load(std::memory_order_relaxed); }

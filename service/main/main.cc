@@ -145,9 +145,8 @@ ABSL_FLAG(int, max_client_inflight, 256,
 ABSL_FLAG(std::string, grpc_transport, "",
           "Retired: our engine serves --grpc_address (gRPC 1.51's server is gone); ignored.");
 ABSL_FLAG(int64_t, grpc_memory_quota_bytes, -1,
-          "Retired with gRPC 1.51's server; ignored. The gRPC port's memory is bounded by "
-          "--http_connection_budget_bytes (at least 4x --max_message_bytes there) and "
-          "--http_memory_budget_bytes.");
+          "Retired with gRPC 1.51's server: when set, the gRPC port's memory budget (as "
+          "--http_memory_budget_bytes is the HTTP port's); unset, it has the HTTP port's value.");
 ABSL_FLAG(int, grpc_max_concurrent_streams, 256,
           "HTTP/2 streams (calls) open at once per gRPC connection; a client's further calls wait "
           "in the client. 0 = the HTTP port's --http2_max_concurrent_streams.");
@@ -234,11 +233,13 @@ int main(int argc, char** argv) {
                  {{"flag", "grpc_transport"},
                   {"advice", "ignored: our engine serves the gRPC port; drop the flag"}});
   }
-  if (absl::GetFlag(FLAGS_grpc_memory_quota_bytes) != -1) {
+  if (const int64_t quota = absl::GetFlag(FLAGS_grpc_memory_quota_bytes); quota != -1) {
+    config.grpc_memory_budget_bytes = quota;
     offload::Log(offload::LogLevel::kWarning, "flag_retired",
                  {{"flag", "grpc_memory_quota_bytes"},
-                  {"advice", "ignored: the gRPC port's memory is bounded by "
-                             "--http_connection_budget_bytes and --http_memory_budget_bytes"}});
+                  {"advice", "taken as the gRPC port's memory budget (bytes held for requests "
+                             "and unsent answers, all its connections; 0: no bound); the HTTP "
+                             "port's is --http_memory_budget_bytes"}});
   }
 
   absl::Status status = offload::RunServer(config);

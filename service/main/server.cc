@@ -410,8 +410,13 @@ absl::Status RunServer(const ServerConfig& config) {
   if (config.grpc_max_concurrent_streams > 0) {
     grpc_options.http.http2.max_concurrent_streams = config.grpc_max_concurrent_streams;
   }
-  grpc_options.http.connection_budget_bytes =
-      std::max(config.http_connection_budget_bytes, 4 * config.max_message_bytes);
+  if (config.http_connection_budget_bytes > 0) {  // 0: no bound, on both ports
+    grpc_options.http.connection_budget_bytes =
+        std::max(config.http_connection_budget_bytes, 4 * config.max_message_bytes);
+  }
+  if (config.grpc_memory_budget_bytes >= 0) {
+    grpc_options.http.memory_budget_bytes = config.grpc_memory_budget_bytes;
+  }
   http::Gateway grpc_gateway(&http_methods, &pool, config.metrics_enabled ? &metrics : nullptr,
                              grpc_options);
   OFFLOAD_RETURN_IF_ERROR(grpc_gateway.Start());

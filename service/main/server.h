@@ -75,6 +75,9 @@ struct ServerConfig {
   // HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS per connection on the gRPC port: a client's calls
   // beyond it wait in the client. 0 = the HTTP port's value (http2.max_concurrent_streams).
   int grpc_max_concurrent_streams = 256;
+  // The gRPC port's memory budget (its --http_memory_budget_bytes); -1: the HTTP port's. Set
+  // from the retired --grpc_memory_quota_bytes, so that an old flags file keeps its bound.
+  int64_t grpc_memory_budget_bytes = -1;
 };
 
 // Blocks SIGTERM and SIGINT in the calling thread (and so in every thread it starts later).

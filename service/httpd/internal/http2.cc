@@ -740,7 +740,8 @@ int Http2::OnStreamClose(nghttp2_session* session, int32_t stream_id, uint32_t e
 // Answers
 
 void Http2::Deliver(Stream* s, Exchange::Part part) {
-  if (s->done) return;
+  // Nothing after the end: a Write that raced the Finish of another thread is dropped.
+  if (s->done || s->end) return;
   if (part.start) {
     s->started = true;
     s->status = part.status;
