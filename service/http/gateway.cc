@@ -139,14 +139,18 @@ enum class StreamWire { kGrpc, kGrpcWeb, kConnect };
 // Connect's end-of-stream message flag.
 constexpr uint8_t kConnectEndStream = 0x02;
 
+// The wire of a stream's content type: binary protobuf gRPC or gRPC-Web (as ParseContentType
+// reads them), or application/connect+proto (Connect's streaming type, which unary calls never
+// carry).
 std::optional<StreamWire> StreamWireOf(std::optional<absl::string_view> content_type) {
   if (!content_type.has_value()) return std::nullopt;
   const absl::string_view media =
       absl::StripAsciiWhitespace(content_type->substr(0, content_type->find(';')));
-  const auto is = [media](absl::string_view name) { return absl::EqualsIgnoreCase(media, name); };
-  if (is("application/grpc") || is("application/grpc+proto")) return StreamWire::kGrpc;
-  if (is("application/grpc-web") || is("application/grpc-web+proto")) return StreamWire::kGrpcWeb;
-  if (is("application/connect+proto")) return StreamWire::kConnect;
+  if (absl::EqualsIgnoreCase(media, "application/connect+proto")) return StreamWire::kConnect;
+  const absl::StatusOr<ContentType> type = ParseContentType(media);
+  if (!type.ok() || type->codec != Codec::kProto || type->text) return std::nullopt;
+  if (type->protocol == Protocol::kGrpc) return StreamWire::kGrpc;
+  if (type->protocol == Protocol::kGrpcWeb) return StreamWire::kGrpcWeb;
   return std::nullopt;
 }
 

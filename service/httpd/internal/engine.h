@@ -64,7 +64,7 @@ class Mailbox {
   // An exchange has its answer (Stop waits for none unanswered). No lock: the count outlives
   // the server for the exchanges that hold this mailbox.
   void Answered() { unanswered_->fetch_sub(1, std::memory_order_acq_rel); }
-  // A request has begun arriving (+1), or is handed to the handler or gone (-1): Stop waits
+  // A request's headers are in (+1), or it is handed to the handler or gone (-1): Stop waits
   // for requests accepted before the drain whose body is still on its way.
   void Receiving(int delta) { receiving_->fetch_add(delta, std::memory_order_acq_rel); }
   void CloseLoop();
@@ -380,7 +380,7 @@ struct Server::Impl {
   // mailboxes, so that an answer after the server is gone still has a count to lower.
   const std::shared_ptr<std::atomic<int64_t>> unanswered =
       std::make_shared<std::atomic<int64_t>>(0);
-  // Requests begun and not yet handed to the handler nor gone (Stop waits for none either: a
+  // Requests whose headers are in, not yet handed to the handler nor gone (Stop waits for none: a
   // request accepted before the drain is answered, also when its body was still arriving).
   const std::shared_ptr<std::atomic<int64_t>> receiving =
       std::make_shared<std::atomic<int64_t>>(0);
