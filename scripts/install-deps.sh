@@ -14,6 +14,8 @@ packages=(
   # the HTTP engine under the gateway and /metrics: libnghttp2 (HTTP/2, Debian's security-
   # maintained build) and Boost (Asio for sockets, timers and TLS; Beast's HTTP/1.1 parser)
   libnghttp2-dev libboost-dev
+  # bearer tokens (service/auth/tokens.h): cjose checks ES256 and RS256 JWS signatures
+  libcjose-dev libjansson-dev
   # the embedded client (client/embedded): nanopb generator (protoc-gen-nanopb) and runtime
   nanopb libnanopb-dev
   # tests and benchmarks (h2load drives the HTTP and gRPC benchmarks of tests/bench: http_edge.py,
@@ -26,6 +28,8 @@ packages=(
   clang libclang-rt-14-dev llvm-14
   # third-party clients used by the end-to-end tests (run with /usr/bin/python3)
   python3 python3-grpcio python3-protobuf python3-nacl
+  # tokens minted by an independent implementation (tests/e2e/test_tokens.py): PyJWT
+  python3-jwt python3-cryptography
   # the raw-frame HTTP/2 client of the abuse test (tests/e2e/test_http2_abuse.py)
   python3-h2 python3-hyperframe python3-hpack
   # the Connect / gRPC-Web end-to-end test (tests/e2e/connect: @connectrpc/connect-node)

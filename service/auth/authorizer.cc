@@ -87,9 +87,10 @@ std::vector<std::string> KeyIdsOf(const Message& message) {
 }
 
 absl::StatusOr<std::unique_ptr<Authorizer>> Authorizer::Create(Options options) {
-  if (!options.policy_file.empty() && !options.mtls) {
+  if (!options.policy_file.empty() && !options.mtls && !options.tokens && !options.forwarded) {
     return absl::InvalidArgumentError(
-        "policy_file: needs mTLS (tls_client_ca_file), else callers have no identity");
+        "policy_file: needs a source of identities (tls_client_ca_file, jwks_file or "
+        "forwarded_identity_header), else callers have none");
   }
   std::unique_ptr<Authorizer> a(new Authorizer(std::move(options)));
   if (!a->options_.policy_file.empty()) {
@@ -155,25 +156,37 @@ void Authorizer::Audit(absl::string_view event, nlohmann::json fields) {
 
 absl::Status Authorizer::Authorize(const Peer& peer, absl::string_view path,
                                    const Message& request, absl::string_view transport) {
-  if (!options_.mtls) return absl::OkStatus();
+  if (!enforcing()) return absl::OkStatus();
   absl::StatusOr<Operation> op = OperationOf(path);
   if (!op.ok()) return absl::UnimplementedError(absl::StrCat("unknown method ", path));
-  if (peer.identity.empty()) {
-    unauthenticated_.fetch_add(1, std::memory_order_relaxed);
-    Audit("unauthenticated", {{"transport", std::string(transport)},
-                              {"peer", peer.address},
-                              {"method", std::string(path)},
-                              {"reason", "no verified client certificate"}});
-    return absl::UnauthenticatedError("a verified client certificate is required");
-  }
   std::shared_ptr<const Policy> policy = CurrentPolicy();
-  if (policy == nullptr) return absl::OkStatus();  // mTLS without a policy: every client
+  if (peer.identity.empty()) {
+    // Tokens alone make an identity optional; mTLS, a policy or require_identity need one.
+    if (!options_.require_identity && !options_.mtls && policy == nullptr) return absl::OkStatus();
+    std::string wanted;
+    if (options_.mtls) wanted = "a verified client certificate";
+    if (options_.tokens) absl::StrAppend(&wanted, wanted.empty() ? "" : " or ", "a bearer token");
+    if (options_.forwarded && wanted.empty()) wanted = "an identity forwarded by a trusted proxy";
+    if (wanted.empty()) wanted = "an identity";
+    const absl::Status status = absl::UnauthenticatedError(absl::StrCat(wanted, " is required"));
+    AuditUnauthenticated(peer, path, status, transport);
+    return status;
+  }
   const std::vector<std::string> key_ids = KeyIdsOf(request);
-  absl::Status status = policy->Check(peer.identity, *op, key_ids);
+  absl::Status status;
+  if (policy != nullptr) {
+    status = policy->Check(peer.identity, *op, key_ids);
+  } else if (options_.require_identity && op->admin) {
+    status = absl::PermissionDeniedError(absl::StrCat(
+        op->name, " is for admins, and there is no policy_file to name them"));
+  } else {
+    return absl::OkStatus();  // an identity and no policy: every client
+  }
   if (!status.ok()) {
     permission_denied_.fetch_add(1, std::memory_order_relaxed);
     Audit("permission_denied", {{"transport", std::string(transport)},
                                 {"identity", peer.identity},
+                                {"identity_source", peer.identity_source},
                                 {"peer", peer.address},
                                 {"method", std::string(path)},
                                 {"operation", op->name},
@@ -181,6 +194,15 @@ absl::Status Authorizer::Authorize(const Peer& peer, absl::string_view path,
                                 {"reason", std::string(status.message())}});
   }
   return status;
+}
+
+void Authorizer::AuditUnauthenticated(const Peer& peer, absl::string_view path,
+                                      const absl::Status& status, absl::string_view transport) {
+  unauthenticated_.fetch_add(1, std::memory_order_relaxed);
+  Audit("unauthenticated", {{"transport", std::string(transport)},
+                            {"peer", peer.address},
+                            {"method", std::string(path)},
+                            {"reason", std::string(status.message())}});
 }
 
 void Authorizer::AuditKeyCall(const Peer& peer, absl::string_view path, const Message& request,
@@ -191,6 +213,7 @@ void Authorizer::AuditKeyCall(const Peer& peer, absl::string_view path, const Me
   const std::vector<std::string> key_ids = KeyIdsOf(request);
   nlohmann::json fields = {{"transport", std::string(transport)},
                            {"identity", peer.identity},
+                           {"identity_source", peer.identity_source},
                            {"peer", peer.address},
                            {"operation", op->name},
                            {"key_id", key_ids.empty() ? std::string() : key_ids.front()},
@@ -210,10 +233,26 @@ void Authorizer::AuditHandshakeRefused(absl::string_view transport,
                                   {"reason", std::string(reason)}});
 }
 
+void Authorizer::ForwardedIdentityIgnored(const Peer& peer, absl::string_view header) {
+  const uint64_t count = forwarded_ignored_.fetch_add(1, std::memory_order_relaxed) + 1;
+  const int64_t now = absl::GetCurrentTimeNanos();
+  int64_t last = forwarded_ignored_logged_ns_.load(std::memory_order_relaxed);
+  if (now - last < int64_t{10'000'000'000} ||
+      !forwarded_ignored_logged_ns_.compare_exchange_strong(last, now)) {
+    return;
+  }
+  Log(LogLevel::kWarning, "forwarded_identity_ignored",
+      {{"header", std::string(header)},
+       {"peer", peer.address},
+       {"reason", "the peer is not in trusted_proxies"},
+       {"ignored_so_far", count}});
+}
+
 Authorizer::Counts Authorizer::counts() const {
   return {unauthenticated_.load(std::memory_order_relaxed),
           permission_denied_.load(std::memory_order_relaxed),
-          handshake_refused_.load(std::memory_order_relaxed)};
+          handshake_refused_.load(std::memory_order_relaxed),
+          forwarded_ignored_.load(std::memory_order_relaxed)};
 }
 
 }  // namespace offload::auth

@@ -1,5 +1,6 @@
 // Authorization and audit for every call, whatever the transport (gRPC or HTTP): who the caller
-// is (its verified client-certificate identity), whether the policy lets it do this call's
+// is (a verified client certificate, a bearer token, or a certificate a trusted proxy forwarded:
+// the transport finds it, see Peer), whether the policy lets it do this call's
 // operation on every key the request names, and a JSON-lines audit trail of key lifecycle events
 // and refusals.
 //
@@ -10,8 +11,11 @@
 //   OFFLOAD_ASSIGN_OR_RETURN(auto authorizer, Authorizer::Create(options));
 //   absl::Status s = authorizer->Authorize({identity, "ipv4:127.0.0.1"}, path, request, "grpc");
 //
-// Without mTLS every call is allowed (there is no identity to check) and key lifecycle events are
-// still audited, with the peer address. The policy file is re-read when it changes (looked at
+// Without any source of identities (mTLS, tokens, forwarded identities) and without
+// `require_identity`, every call is allowed and key lifecycle events are still audited, with the
+// peer address. A call without an identity is refused (UNAUTHENTICATED) under `require_identity`,
+// mTLS or a policy; tokens alone leave them optional. Under `require_identity`, key lifecycle
+// calls are for the policy's admins only (none without a policy). The policy file is re-read when it changes (looked at
 // once per second at most); a policy that does not parse keeps the previous one and logs an
 // error. Audit lines carry identities, methods, key ids, codes and reasons: never key material or
 // messages. Thread-safety: every method may be called from any thread.
@@ -39,10 +43,12 @@
 namespace offload::auth {
 
 struct Peer {
-  std::string identity;  // verified client-certificate identity; empty if none
+  std::string identity;  // verified identity; empty if none
   std::string address;   // e.g. "ipv4:127.0.0.1:51234", for the audit trail
   // The client a trusted proxy forwarded (X-Forwarded-For, see TrustedProxies); empty if none.
   std::string forwarded_client;
+  // Where `identity` came from, for the audit trail: "certificate", "token", "forwarded".
+  const char* identity_source = "";
   // The name admission control counts calls under: the identity, else the forwarded client,
   // else the address's host (every connection from one host shares it).
   std::string ClientName() const;
@@ -56,22 +62,27 @@ std::vector<std::string> KeyIdsOf(const google::protobuf::Message& message);
 class Authorizer {
  public:
   struct Options {
-    bool mtls = false;
+    bool mtls = false;  // client certificates checked on the handshake
     std::string policy_file;
     std::string audit_file;
+    bool tokens = false;            // bearer tokens checked (TokenVerifier)
+    bool forwarded = false;         // identities forwarded by trusted proxies
+    bool require_identity = false;  // no anonymous calls; key lifecycle for admins only
   };
   struct Counts {
     uint64_t unauthenticated = 0;
     uint64_t permission_denied = 0;
     uint64_t handshake_refused = 0;
+    uint64_t forwarded_ignored = 0;
   };
 
-  // InvalidArgument if the policy file cannot be read or parsed, or is given without mTLS;
+  // InvalidArgument if the policy file cannot be read or parsed, or is given without a source of
+  // identities;
   // Unavailable if the audit file cannot be opened for appending.
   static absl::StatusOr<std::unique_ptr<Authorizer>> Create(Options options);
   ~Authorizer();
 
-  // OK, Unauthenticated (mTLS and no verified identity) or PermissionDenied; refusals are
+  // OK, Unauthenticated (no identity where one is required) or PermissionDenied; refusals are
   // audited and counted. `path` is "/offload.v1.AeadService/Open".
   absl::Status Authorize(const Peer& peer, absl::string_view path,
                          const google::protobuf::Message& request, absl::string_view transport);
@@ -82,11 +93,24 @@ class Authorizer {
                     const google::protobuf::Message& request, const absl::Status& status,
                     uint32_t version, absl::string_view transport);
 
+  // Audits and counts a call refused before Authorize for who it claims to be (a bad token, an
+  // unreadable forwarded identity): `status` is the refusal, its message the reason.
+  void AuditUnauthenticated(const Peer& peer, absl::string_view path, const absl::Status& status,
+                            absl::string_view transport);
+
+  // Counts a forwarded identity header from a peer that is not a trusted proxy (ignored: anyone
+  // can write it) and logs it, once per ten seconds at most.
+  void ForwardedIdentityIgnored(const Peer& peer, absl::string_view header);
+
   // Audits a TLS handshake refused for a bad client certificate (reason from the verifier).
   void AuditHandshakeRefused(absl::string_view transport, absl::string_view claimed_identity,
                              absl::string_view reason);
 
   bool mtls() const { return options_.mtls; }
+  // Whether Authorize has anything to do (else every call is allowed unread).
+  bool enforcing() const {
+    return options_.mtls || options_.tokens || options_.forwarded || options_.require_identity;
+  }
   Counts counts() const;
 
  private:
@@ -104,6 +128,8 @@ class Authorizer {
   std::atomic<uint64_t> unauthenticated_{0};
   std::atomic<uint64_t> permission_denied_{0};
   std::atomic<uint64_t> handshake_refused_{0};
+  std::atomic<uint64_t> forwarded_ignored_{0};
+  std::atomic<int64_t> forwarded_ignored_logged_ns_{0};
 };
 
 }  // namespace offload::auth

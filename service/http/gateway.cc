@@ -233,6 +233,8 @@ struct Gateway::Shared {
   auth::Authorizer* authorizer = nullptr;
   ops::Admission* admission = nullptr;
   auth::TrustedProxies trusted_proxies;
+  const auth::ForwardedIdentity* forwarded_identity = nullptr;
+  auth::TokenVerifier* tokens = nullptr;
   absl::flat_hash_map<const Method*, metrics::MethodMetrics*> method_metrics;
   std::atomic<bool> draining{false};
   CompressionOptions compression;
@@ -467,14 +469,90 @@ class Call final : public std::enable_shared_from_this<Call> {
     }
     batch_size_ = method_->batch ? BatchSize(*request_) : 0;
     peer_.identity = exchange_->peer_identity();
+    peer_.identity_source = peer_.identity.empty() ? "" : "certificate";
     peer_.address = exchange_->peer_address();
-    if (auth::Authorizer* authorizer = shared_->authorizer; authorizer != nullptr && !method_->open) {
+    if (method_->open) return Run();
+    if (absl::Status s = ForwardedIdentity(); !s.ok()) return Refuse(s);
+    if (shared_->tokens != nullptr) {
+      absl::StatusOr<absl::string_view> token = BearerToken();
+      if (!token.ok()) return Refuse(token.status());
+      if (!token->empty()) {
+        if (std::optional<std::string> identity = shared_->tokens->Remembered(*token)) {
+          SetTokenIdentity(*std::move(identity));
+        } else {
+          // The first use of a token: its signature is checked on a worker, admitted as a call
+          // of the peer's (so a flood of new tokens waits its turn like any other work).
+          if (absl::Status s = Admit(); !s.ok()) return Finish(s);
+          shared_->pool->Submit([self = shared_from_this(), token = std::string(*token)] {
+            absl::StatusOr<std::string> identity = self->shared_->tokens->Verify(token);
+            self->ticket_.Release();
+            if (!identity.ok()) return self->Refuse(identity.status());
+            self->SetTokenIdentity(*std::move(identity));
+            self->AuthorizeAndRun();
+          });
+          return;
+        }
+      }
+    }
+    AuthorizeAndRun();
+  }
+
+  void AuthorizeAndRun() {
+    if (auth::Authorizer* authorizer = shared_->authorizer; authorizer != nullptr) {
       if (absl::Status s = authorizer->Authorize(peer_, method_->path, *request_, TransportName());
           !s.ok()) {
         return Finish(s);
       }
     }
     Run();
+  }
+
+  // A refusal for who the caller claims to be: audited and counted as unauthenticated.
+  void Refuse(absl::Status status) {
+    if (shared_->authorizer != nullptr) {
+      shared_->authorizer->AuditUnauthenticated(peer_, method_->path, status, TransportName());
+    }
+    Finish(std::move(status));
+  }
+
+  // The token of `authorization: Bearer <token>`; empty without the header. Unauthenticated for
+  // another scheme or an empty token.
+  absl::StatusOr<absl::string_view> BearerToken() const {
+    std::optional<absl::string_view> header = exchange_->header("authorization");
+    if (!header.has_value()) return absl::string_view();
+    absl::string_view value = absl::StripAsciiWhitespace(*header);
+    constexpr absl::string_view kScheme = "bearer ";
+    if (value.size() <= kScheme.size() ||
+        !absl::EqualsIgnoreCase(value.substr(0, kScheme.size()), kScheme)) {
+      return absl::UnauthenticatedError("authorization: expected \"Bearer <token>\"");
+    }
+    return absl::StripLeadingAsciiWhitespace(value.substr(kScheme.size()));
+  }
+
+  void SetTokenIdentity(std::string identity) {
+    peer_.identity = std::move(identity);
+    peer_.identity_source = "token";
+  }
+
+  // The identity a trusted proxy forwarded, in place of the connection's (the proxy's own
+  // certificate, if any). From any other peer the header is ignored: anyone can write it.
+  absl::Status ForwardedIdentity() {
+    const auth::ForwardedIdentity* forwarded = shared_->forwarded_identity;
+    if (forwarded == nullptr) return absl::OkStatus();
+    std::optional<absl::string_view> value = exchange_->header(forwarded->header());
+    if (!value.has_value()) return absl::OkStatus();
+    const std::string host = peer_.Host();
+    if (!shared_->trusted_proxies.Contains(host)) {
+      if (shared_->authorizer != nullptr) {
+        shared_->authorizer->ForwardedIdentityIgnored(peer_, forwarded->header());
+      }
+      return absl::OkStatus();
+    }
+    absl::StatusOr<std::string> identity = forwarded->IdentityOf(*value);
+    if (!identity.ok()) return absl::UnauthenticatedError(identity.status().message());
+    peer_.identity = *std::move(identity);
+    peer_.identity_source = "forwarded";
+    return absl::OkStatus();
   }
 
   absl::Status Admit() {
@@ -857,6 +935,8 @@ Gateway::Gateway(const MethodTable* table, ops::WorkerPool* pool, metrics::Metri
   shared_->authorizer = options_.authorizer;
   shared_->admission = options_.admission;
   shared_->trusted_proxies = options_.trusted_proxies;
+  shared_->forwarded_identity = options_.forwarded_identity;
+  shared_->tokens = options_.tokens;
   shared_->compression = options_.compression;
   InitHealth(table_, shared_.get());
   if (metrics == nullptr) return;

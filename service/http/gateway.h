@@ -40,6 +40,8 @@
 #include "absl/time/time.h"
 #include "service/auth/authorizer.h"
 #include "service/auth/tls.h"
+#include "service/auth/forwarded_identity.h"
+#include "service/auth/tokens.h"
 #include "service/auth/trusted_proxies.h"
 #include "service/http/method_table.h"
 #include "service/http/protocol.h"
@@ -78,8 +80,12 @@ class Gateway final : public httpd::Handler {
     // Identity, grants and audit; overload protection. Not owned; may be null.
     auth::Authorizer* authorizer = nullptr;
     ops::Admission* admission = nullptr;
-    // Proxies whose X-Forwarded-For names the client that admission counts (empty: none).
+    // Proxies whose X-Forwarded-For names the client that admission counts (empty: none), and
+    // whose `forwarded_identity` header names the caller (null: no such header is read).
     auth::TrustedProxies trusted_proxies;
+    const auth::ForwardedIdentity* forwarded_identity = nullptr;
+    // Bearer tokens (`authorization: Bearer <JWT>`) name the caller when set. Not owned.
+    auth::TokenVerifier* tokens = nullptr;
     // The port's name in metrics (`port` label), logs (`<port>_started`) and audit: "http"
     // counts connections and bodies too; another ("grpc") only its defences and memory.
     std::string port = "http";

@@ -166,7 +166,7 @@ class CorsPolicy {
   static constexpr absl::string_view kAllowHeaders =
       "content-type, connect-protocol-version, connect-timeout-ms, connect-accept-encoding, "
       "connect-content-encoding, content-encoding, accept-encoding, grpc-timeout, "
-      "grpc-accept-encoding, grpc-encoding, x-grpc-web, x-user-agent, x-offload-key";
+      "grpc-accept-encoding, grpc-encoding, x-grpc-web, x-user-agent, x-offload-key, authorization";
   static constexpr absl::string_view kExposeHeaders =
       "grpc-status, grpc-message, grpc-status-details-bin, grpc-encoding, content-encoding, "
       "connect-content-encoding, content-length";

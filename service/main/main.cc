@@ -130,9 +130,33 @@ ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file.");
 ABSL_FLAG(std::string, tls_client_ca_file, "",
           "PEM CAs for client certificates: turns on mTLS (callers need a certificate; its URI "
           "SAN, DNS SAN or CN is their identity).");
+ABSL_FLAG(std::string, jwks_file, "",
+          "JWKS (JSON Web Key Set) of the public keys that sign bearer tokens (EdDSA Ed25519, "
+          "ES256, RS256); re-read when it changes. Set: `authorization: Bearer <JWT>` names the "
+          "caller on every port and protocol. Needs --token_issuer and --token_audience.");
+ABSL_FLAG(std::string, token_issuer, "", "The iss every bearer token must carry.");
+ABSL_FLAG(std::string, token_audience, "",
+          "The aud every bearer token must carry (a string, or one of a list).");
+ABSL_FLAG(std::string, token_identity_claim, "sub",
+          "The token claim that names the caller (matched by the policy's clients).");
+ABSL_FLAG(absl::Duration, token_clock_skew, absl::Seconds(60),
+          "Leeway for a token's exp and nbf against this machine's clock (0 to 10m).");
+ABSL_FLAG(int64_t, max_token_bytes, 8 << 10, "Longer bearer tokens are refused unread.");
+ABSL_FLAG(int64_t, token_memo_bytes, 4 << 20,
+          "Byte bound of the verified-token memo (a keyed hash of each token, its identity, "
+          "until its exp): a repeated token costs no signature check.");
+ABSL_FLAG(std::string, forwarded_identity_header, "",
+          "From --trusted_proxies only, the header that names the caller's client certificate: "
+          "x-forwarded-client-cert (Envoy XFCC), ssl-client-cert (nginx "
+          "$ssl_client_escaped_cert) or x-ssl-client-s-dn (nginx $ssl_client_s_dn). From "
+          "anyone else it is ignored (counted and logged).");
+ABSL_FLAG(bool, require_identity, false,
+          "Every call needs an identity (client certificate, bearer token or forwarded "
+          "identity): no anonymous calls; key lifecycle calls only for the policy's admins.");
 ABSL_FLAG(std::string, policy_file, "",
           "JSON grants: identity -> key ids and operations; admins (see service/auth/policy.h). "
-          "Re-read when it changes. Requires mTLS.");
+          "Re-read when it changes. Requires a source of identities (mTLS, --jwks_file or "
+          "--forwarded_identity_header).");
 ABSL_FLAG(std::string, audit_log_file, "",
           "Append-only JSON-lines audit trail (key lifecycle, refusals); empty: the main log.");
 ABSL_FLAG(int64_t, max_queued_items, 16384,
@@ -223,6 +247,15 @@ int main(int argc, char** argv) {
   config.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
   config.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
   config.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
+  config.jwks_file = absl::GetFlag(FLAGS_jwks_file);
+  config.token_issuer = absl::GetFlag(FLAGS_token_issuer);
+  config.token_audience = absl::GetFlag(FLAGS_token_audience);
+  config.token_identity_claim = absl::GetFlag(FLAGS_token_identity_claim);
+  config.token_clock_skew = absl::GetFlag(FLAGS_token_clock_skew);
+  config.max_token_bytes = absl::GetFlag(FLAGS_max_token_bytes);
+  config.token_memo_bytes = absl::GetFlag(FLAGS_token_memo_bytes);
+  config.forwarded_identity_header = absl::GetFlag(FLAGS_forwarded_identity_header);
+  config.require_identity = absl::GetFlag(FLAGS_require_identity);
   config.policy_file = absl::GetFlag(FLAGS_policy_file);
   config.audit_log_file = absl::GetFlag(FLAGS_audit_log_file);
   config.max_queued_items = absl::GetFlag(FLAGS_max_queued_items);

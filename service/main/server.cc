@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -15,6 +16,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "service/auth/authorizer.h"
+#include "service/auth/forwarded_identity.h"
+#include "service/auth/tokens.h"
 #include "service/auth/tls.h"
 #include "service/common/log.h"
 #include "service/common/status_macros.h"
@@ -59,9 +62,29 @@ absl::Status CheckConfig(const ServerConfig& config) {
   if (!config.tls_client_ca_file.empty() && config.tls_cert_file.empty()) {
     return absl::InvalidArgumentError("tls_client_ca_file: needs tls_cert_file and tls_key_file");
   }
-  if (!config.policy_file.empty() && config.tls_client_ca_file.empty()) {
+  if (!config.policy_file.empty() && config.tls_client_ca_file.empty() &&
+      config.jwks_file.empty() && config.forwarded_identity_header.empty()) {
     return absl::InvalidArgumentError(
-        "policy_file: needs mTLS (tls_client_ca_file), else callers have no identity");
+        "policy_file: needs a source of identities (tls_client_ca_file, jwks_file or "
+        "forwarded_identity_header), else callers have none");
+  }
+  if (config.jwks_file.empty() && (!config.token_issuer.empty() || !config.token_audience.empty())) {
+    return absl::InvalidArgumentError("token_issuer, token_audience: need jwks_file");
+  }
+  if (config.max_token_bytes < 256 || config.token_memo_bytes < 0) {
+    return absl::InvalidArgumentError(
+        "max_token_bytes: expected 256 or more; token_memo_bytes: expected >= 0");
+  }
+  if (!config.forwarded_identity_header.empty()) {
+    if (absl::StatusOr<auth::ForwardedIdentity> f =
+            auth::ForwardedIdentity::Parse(config.forwarded_identity_header);
+        !f.ok()) {
+      return f.status();
+    }
+    if (config.trusted_proxies.empty()) {
+      return absl::InvalidArgumentError(
+          "forwarded_identity_header: needs trusted_proxies (the proxies allowed to send it)");
+    }
   }
   if (config.max_queued_items < 0 || config.max_client_inflight < 0) {
     return absl::InvalidArgumentError("max_queued_items, max_client_inflight: expected >= 0");
@@ -200,7 +223,7 @@ void RegisterPulledMetrics(metrics::Metrics& m, memo::Memo& memo, ops::WorkerPoo
 }
 
 void RegisterGuardMetrics(metrics::Metrics& m, ops::Admission& admission,
-                          auth::Authorizer& authorizer) {
+                          auth::Authorizer& authorizer, auth::TokenVerifier* tokens) {
   using AdmissionRead = uint64_t ops::Admission::Counts::*;
   const std::pair<const char*, AdmissionRead> drops[] = {
       {"queue_full", &ops::Admission::Counts::queue_full},
@@ -228,6 +251,27 @@ void RegisterGuardMetrics(metrics::Metrics& m, ops::Admission& admission,
                      {{"reason", reason}},
                      [&authorizer, field = field] { return double(authorizer.counts().*field); });
   }
+  m.AddPullCounter("offload_forwarded_identity_ignored_total",
+                   "Forwarded identity headers from peers that are not trusted proxies (ignored)",
+                   {}, [&authorizer] { return double(authorizer.counts().forwarded_ignored); });
+  // Registered with or without --jwks_file (all 0 without), so that dashboards find them.
+  using TokenCounts = auth::TokenVerifier::Counts;
+  const auto token_counts = [tokens] { return tokens != nullptr ? tokens->counts() : TokenCounts{}; };
+  for (int i = 0; i < auth::TokenVerifier::kRefusals; ++i) {
+    m.AddPullCounter(
+        "offload_token_refused_total",
+        "Bearer tokens refused, by reason (each is also an unauthenticated call)",
+        {{"reason", auth::TokenVerifier::RefusalName(static_cast<auth::TokenVerifier::Refusal>(i))}},
+        [token_counts, i] { return double(token_counts().refused[i]); });
+  }
+  const char* const checks_help =
+      "Bearer tokens accepted from the memo (remembered) or checked by signature";
+  m.AddPullCounter("offload_token_checks_total", checks_help, {{"result", "remembered"}},
+                   [token_counts] { return double(token_counts().remembered); });
+  m.AddPullCounter("offload_token_checks_total", checks_help, {{"result", "signature_checked"}},
+                   [token_counts] { return double(token_counts().signature_checks); });
+  m.AddPullGauge("offload_token_memo_bytes", "Bytes held by the verified-token memo", {},
+                 [tokens] { return tokens != nullptr ? double(tokens->remembered_bytes()) : 0.0; });
 }
 
 // The server_started line: where it listens and its limits.
@@ -243,6 +287,9 @@ void LogStarted(const ServerConfig& config, int grpc_port, size_t workers) {
        {"tls", config.tls_cert_file.empty() ? "off"
                : (config.tls_client_ca_file.empty() ? "tls" : "mtls")},
        {"policy_file", config.policy_file},
+       {"identities", {{"tokens", !config.jwks_file.empty()},
+                       {"forwarded_identity_header", config.forwarded_identity_header},
+                       {"require_identity", config.require_identity}}},
        {"max_queued_items", config.max_queued_items},
        {"max_client_inflight", config.max_client_inflight},
        {"grpc_max_concurrent_streams", config.grpc_max_concurrent_streams},
@@ -350,10 +397,38 @@ absl::Status RunServer(const ServerConfig& config) {
         config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file});
     OFFLOAD_RETURN_IF_ERROR(tls->Load());
   }
-  OFFLOAD_ASSIGN_OR_RETURN(
-      std::unique_ptr<auth::Authorizer> authorizer,
-      auth::Authorizer::Create({!config.tls_client_ca_file.empty(), config.policy_file,
-                                config.audit_log_file}));
+  std::unique_ptr<auth::TokenVerifier> tokens;
+  if (!config.jwks_file.empty()) {
+    auth::TokenVerifier::Options token_options;
+    token_options.jwks_file = config.jwks_file;
+    token_options.issuer = config.token_issuer;
+    token_options.audience = config.token_audience;
+    token_options.identity_claim = config.token_identity_claim;
+    token_options.clock_skew = config.token_clock_skew;
+    token_options.max_token_bytes = static_cast<size_t>(config.max_token_bytes);
+    token_options.remembered_bytes = static_cast<size_t>(config.token_memo_bytes);
+    OFFLOAD_ASSIGN_OR_RETURN(tokens, auth::TokenVerifier::Create(std::move(token_options)));
+  }
+  std::optional<auth::ForwardedIdentity> forwarded_identity;
+  if (!config.forwarded_identity_header.empty()) {
+    OFFLOAD_ASSIGN_OR_RETURN(forwarded_identity,
+                             auth::ForwardedIdentity::Parse(config.forwarded_identity_header));
+  }
+  auth::Authorizer::Options auth_options;
+  auth_options.mtls = !config.tls_client_ca_file.empty();
+  auth_options.tokens = tokens != nullptr;
+  auth_options.forwarded = forwarded_identity.has_value();
+  auth_options.require_identity = config.require_identity;
+  auth_options.policy_file = config.policy_file;
+  auth_options.audit_file = config.audit_log_file;
+  OFFLOAD_ASSIGN_OR_RETURN(std::unique_ptr<auth::Authorizer> authorizer,
+                           auth::Authorizer::Create(std::move(auth_options)));
+  if (!config.require_identity && !auth_options.mtls && config.policy_file.empty() &&
+      (tokens != nullptr || forwarded_identity.has_value())) {
+    Log(LogLevel::kWarning, "identity_optional",
+        {{"advice", "tokens or forwarded identities without --require_identity or "
+                    "--policy_file: a call without an identity is still served"}});
+  }
   if (tls != nullptr && tls->mtls() && config.policy_file.empty()) {
     Log(LogLevel::kWarning, "no_policy",
         {{"advice", "mTLS without --policy_file: every client with a valid certificate may use "
@@ -366,7 +441,7 @@ absl::Status RunServer(const ServerConfig& config) {
   ops::Operations operations(key_manager.get(), &memo, &pool, backends,
                              ops::Operations::Options{config.max_batch_items});
   RegisterPulledMetrics(metrics, memo, pool, *key_manager);
-  RegisterGuardMetrics(metrics, admission, *authorizer);
+  RegisterGuardMetrics(metrics, admission, *authorizer, tokens.get());
   // One method table for every port and protocol: gRPC, gRPC-Web and Connect.
   http::MethodTable http_methods(&operations, key_manager.get());
   OFFLOAD_ASSIGN_OR_RETURN(auth::TrustedProxies trusted_proxies,
@@ -388,6 +463,9 @@ absl::Status RunServer(const ServerConfig& config) {
     http_options.http.http2 = config.http2;
     http_options.http.tcp_nodelay = config.http_tcp_nodelay;
     http_options.trusted_proxies = trusted_proxies;
+    http_options.forwarded_identity =
+        forwarded_identity.has_value() ? &*forwarded_identity : nullptr;
+    http_options.tokens = tokens.get();
     http_options.compression.level = config.http_compression_level;
     http_options.compression.min_bytes = config.http_compression_min_bytes;
     http_options.log_sample_rate = config.log_requests_sample_rate;

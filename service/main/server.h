@@ -65,7 +65,23 @@ struct ServerConfig {
   // mTLS: client certificates are checked against these CAs and callers need one (its URI SAN,
   // DNS SAN or CN is the caller's identity). Requires TLS.
   std::string tls_client_ca_file;
-  // Grants (see service/auth/policy.h): identity -> key ids and operations. Requires mTLS.
+  // Bearer tokens (service/auth/tokens.h): JWTs checked against the keys of this JWKS file
+  // (re-read when it changes), whose iss and aud must be these; the identity claim names the
+  // caller. Empty jwks_file: tokens are not read.
+  std::string jwks_file;
+  std::string token_issuer;
+  std::string token_audience;
+  std::string token_identity_claim = "sub";
+  absl::Duration token_clock_skew = absl::Seconds(60);
+  int64_t max_token_bytes = 8 << 10;
+  int64_t token_memo_bytes = 4 << 20;
+  // From trusted_proxies only: the header naming the caller (x-forwarded-client-cert,
+  // ssl-client-cert, x-ssl-client-s-dn; service/auth/forwarded_identity.h). Empty: none.
+  std::string forwarded_identity_header;
+  // No anonymous calls; key lifecycle calls only for the policy's admins.
+  bool require_identity = false;
+  // Grants (see service/auth/policy.h): identity -> key ids and operations. Requires a source of
+  // identities (mTLS, tokens or forwarded identities).
   std::string policy_file;
   // JSON-lines audit trail of key lifecycle events and refusals; empty: the main log (stderr).
   std::string audit_log_file;

@@ -1,0 +1,234 @@
+// TokenVerifier on EdDSA tokens signed here with libsodium (tests/e2e/test_tokens.py checks ES256,
+// RS256 and EdDSA tokens minted by PyJWT against a running server): claims, refusals by reason,
+// the memo, and a JWKS that changes.
+#include "service/auth/tokens.h"
+
+#include <sodium.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace offload::auth {
+namespace {
+
+using ::testing::HasSubstr;
+using Json = nlohmann::json;
+
+std::string B64(absl::string_view bytes) {
+  std::string out(sodium_base64_ENCODED_LEN(bytes.size(), sodium_base64_VARIANT_URLSAFE_NO_PADDING),
+                  '\0');
+  sodium_bin2base64(out.data(), out.size(), reinterpret_cast<const unsigned char*>(bytes.data()),
+                    bytes.size(), sodium_base64_VARIANT_URLSAFE_NO_PADDING);
+  out.resize(out.size() - 1);  // the terminating NUL
+  return out;
+}
+
+struct SigningKey {
+  std::string kid;
+  unsigned char pk[crypto_sign_PUBLICKEYBYTES];
+  unsigned char sk[crypto_sign_SECRETKEYBYTES];
+  explicit SigningKey(std::string id) : kid(std::move(id)) { crypto_sign_keypair(pk, sk); }
+  Json Jwk() const {
+    return {{"kty", "OKP"}, {"crv", "Ed25519"}, {"kid", kid},
+            {"x", B64(absl::string_view(reinterpret_cast<const char*>(pk), sizeof pk))}};
+  }
+  std::string Sign(const Json& header, const Json& claims) const {
+    const std::string input = B64(header.dump()) + "." + B64(claims.dump());
+    unsigned char sig[crypto_sign_BYTES];
+    crypto_sign_detached(sig, nullptr, reinterpret_cast<const unsigned char*>(input.data()),
+                         input.size(), sk);
+    return input + "." + B64(absl::string_view(reinterpret_cast<const char*>(sig), sizeof sig));
+  }
+};
+
+class TokensTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_GE(sodium_init(), 0);
+    jwks_ = absl::StrCat(::testing::TempDir(), "/jwks-", getpid(), "-",
+                         ::testing::UnitTest::GetInstance()->current_test_info()->name(), ".json");
+    WriteJwks({a_.Jwk(), b_.Jwk()});
+  }
+  void TearDown() override { std::remove(jwks_.c_str()); }
+
+  void WriteJwks(const std::vector<Json>& keys) {
+    std::ofstream(jwks_, std::ios::trunc) << Json{{"keys", keys}}.dump();
+  }
+  std::unique_ptr<TokenVerifier> Make(size_t remembered_bytes = 1 << 20) {
+    TokenVerifier::Options o;
+    o.jwks_file = jwks_;
+    o.issuer = "https://id.example";
+    o.audience = "offload";
+    o.remembered_bytes = remembered_bytes;
+    o.clock = [this] { return now_; };
+    absl::StatusOr<std::unique_ptr<TokenVerifier>> v = TokenVerifier::Create(o);
+    EXPECT_TRUE(v.ok()) << v.status();
+    return v.ok() ? *std::move(v) : nullptr;
+  }
+  Json Claims(absl::string_view sub = "app-a") const {
+    const int64_t now = absl::ToUnixSeconds(now_);
+    return {{"iss", "https://id.example"}, {"aud", "offload"}, {"sub", std::string(sub)},
+            {"iat", now}, {"exp", now + 600}};
+  }
+  std::string Token(const SigningKey& key, const Json& claims) const {
+    return key.Sign({{"alg", "EdDSA"}, {"typ", "JWT"}, {"kid", key.kid}}, claims);
+  }
+  // The refusal's reason, "" when accepted.
+  static std::string Reason(const absl::StatusOr<std::string>& r) {
+    if (r.ok()) return "";
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kUnauthenticated);
+    const std::string m(r.status().message());
+    return m.substr(6, m.find(':') - 6);  // "token <reason>: ..."
+  }
+
+  std::string jwks_;
+  absl::Time now_ = absl::FromUnixSeconds(1'800'000'000);
+  SigningKey a_{"a"}, b_{"b"};
+};
+
+TEST_F(TokensTest, AValidTokenNamesItsSubjectAndIsRememberedUntilExp) {
+  auto v = Make();
+  const std::string token = Token(a_, Claims());
+  EXPECT_FALSE(v->Remembered(token).has_value());
+  EXPECT_EQ(v->Verify(token).value(), "app-a");
+  EXPECT_EQ(v->Remembered(token).value_or(""), "app-a");
+  EXPECT_EQ(v->counts().signature_checks, 1u);
+  EXPECT_EQ(v->counts().remembered, 1u);
+  now_ += absl::Seconds(600 + 61);  // past exp and the 60 s skew
+  EXPECT_FALSE(v->Remembered(token).has_value());
+  EXPECT_EQ(Reason(v->Verify(token)), "expired");
+}
+
+TEST_F(TokensTest, AudienceMayBeAList) {
+  auto v = Make();
+  Json c = Claims();
+  c["aud"] = {"other", "offload"};
+  EXPECT_EQ(v->Verify(Token(a_, c)).value(), "app-a");
+}
+
+TEST_F(TokensTest, EachRefusalHasItsReason) {
+  auto v = Make();
+  const auto with = [&](const char* claim, Json value) {
+    Json c = Claims();
+    if (value.is_null()) {
+      c.erase(claim);
+    } else {
+      c[claim] = value;
+    }
+    return Token(a_, c);
+  };
+  const int64_t now = absl::ToUnixSeconds(now_);
+  EXPECT_EQ(Reason(v->Verify(with("exp", now - 61))), "expired");
+  EXPECT_EQ(Reason(v->Verify(with("exp", now - 30))), "");  // within the skew
+  EXPECT_EQ(Reason(v->Verify(with("exp", nullptr))), "malformed");
+  EXPECT_EQ(Reason(v->Verify(with("nbf", now + 120))), "not_yet_valid");
+  EXPECT_EQ(Reason(v->Verify(with("aud", "someone-else"))), "audience");
+  EXPECT_EQ(Reason(v->Verify(with("aud", nullptr))), "audience");
+  EXPECT_EQ(Reason(v->Verify(with("iss", "https://evil.example"))), "issuer");
+  EXPECT_EQ(Reason(v->Verify(with("sub", ""))), "identity");
+  EXPECT_EQ(Reason(v->Verify(with("sub", 7))), "identity");
+  EXPECT_EQ(Reason(v->Verify(with("sub", std::string(257, 'x')))), "identity");
+
+  EXPECT_EQ(Reason(v->Verify(a_.Sign({{"alg", "EdDSA"}, {"kid", "nope"}}, Claims()))),
+            "unknown_kid");
+  EXPECT_EQ(Reason(v->Verify(a_.Sign({{"alg", "EdDSA"}}, Claims()))), "unknown_kid");  // 2 keys
+  EXPECT_EQ(Reason(v->Verify(a_.Sign({{"alg", "ES256"}, {"kid", "a"}}, Claims()))), "algorithm");
+  EXPECT_EQ(Reason(v->Verify(a_.Sign({{"alg", "HS256"}, {"kid", "a"}}, Claims()))), "algorithm");
+  EXPECT_EQ(Reason(v->Verify(a_.Sign({{"alg", "EdDSA"}, {"kid", "a"}, {"crit", {"x"}}},
+                                     Claims()))),
+            "malformed");
+  // alg none: the header says none, the signature part is empty.
+  const std::string none = B64(Json{{"alg", "none"}, {"kid", "a"}}.dump()) + "." +
+                           B64(Claims().dump()) + ".";
+  EXPECT_EQ(Reason(v->Verify(none)), "algorithm");
+  // Signed by b, claiming a's kid; a bit flipped in a's signature.
+  EXPECT_EQ(Reason(v->Verify(b_.Sign({{"alg", "EdDSA"}, {"kid", "a"}}, Claims()))), "signature");
+  std::string flipped = Token(a_, Claims());
+  flipped[flipped.size() - 5] = flipped[flipped.size() - 5] == 'A' ? 'B' : 'A';
+  EXPECT_EQ(Reason(v->Verify(flipped)), "signature");
+  EXPECT_EQ(Reason(v->Verify("a.b")), "malformed");
+  EXPECT_EQ(Reason(v->Verify("a.b.c.d")), "malformed");
+  EXPECT_EQ(Reason(v->Verify("!!!.b.c")), "malformed");
+  EXPECT_EQ(Reason(v->Verify(std::string(9000, 'a'))), "too_large");
+  // Nothing refused was remembered.
+  EXPECT_EQ(v->counts().remembered, 0u);
+  EXPECT_EQ(v->counts().refused[static_cast<int>(TokenVerifier::Refusal::kSignature)], 2u);
+}
+
+TEST_F(TokensTest, ARemovedKeyIsRefusedOnceTheFileChanges) {
+  auto v = Make();
+  const std::string token = Token(b_, Claims("app-b"));
+  EXPECT_EQ(v->Verify(token).value(), "app-b");
+  EXPECT_TRUE(v->Remembered(token).has_value());
+  WriteJwks({a_.Jwk()});
+  // A file's fingerprint includes its size, which changed; looked at once per second.
+  now_ += absl::Seconds(2);
+  EXPECT_FALSE(v->Remembered(token).has_value());
+  EXPECT_EQ(Reason(v->Verify(token)), "unknown_kid");
+  // A JWKS that no longer parses keeps the keys it had.
+  std::ofstream(jwks_, std::ios::trunc) << "{not json";
+  now_ += absl::Seconds(2);
+  EXPECT_EQ(v->Verify(Token(a_, Claims())).value(), "app-a");
+}
+
+TEST_F(TokensTest, TheMemoStaysWithinItsBound) {
+  auto v = Make(/*remembered_bytes=*/10 * 140);
+  std::vector<std::string> tokens;
+  for (int i = 0; i < 50; ++i) {
+    tokens.push_back(Token(a_, Claims(absl::StrCat("client-", i))));
+    ASSERT_TRUE(v->Verify(tokens.back()).ok());
+    EXPECT_LE(v->remembered_bytes(), 10u * 140);
+  }
+  EXPECT_TRUE(v->Remembered(tokens.back()).has_value());   // newest kept
+  EXPECT_FALSE(v->Remembered(tokens.front()).has_value());  // oldest gone
+}
+
+TEST_F(TokensTest, BadKeySetsAreRefusedAtStart) {
+  const auto start = [&](const std::vector<Json>& keys) {
+    WriteJwks(keys);
+    TokenVerifier::Options o;
+    o.jwks_file = jwks_;
+    o.issuer = "i";
+    o.audience = "a";
+    return TokenVerifier::Create(o).status();
+  };
+  Json priv = a_.Jwk();
+  priv["d"] = "AAAA";
+  EXPECT_THAT(start({priv}).message(), HasSubstr("private"));
+  EXPECT_THAT(start({{{"kty", "oct"}, {"k", "c2VjcmV0"}}}).message(), HasSubstr("private"));
+  EXPECT_THAT(start({{{"kty", "OKP"}, {"crv", "X25519"}, {"x", "AAAA"}}}).message(),
+              HasSubstr("crv"));
+  Json wrong_alg = a_.Jwk();
+  wrong_alg["alg"] = "RS256";
+  EXPECT_THAT(start({wrong_alg}).message(), HasSubstr("EdDSA only"));
+  EXPECT_THAT(start({a_.Jwk(), a_.Jwk()}).message(), HasSubstr("twice"));
+  EXPECT_THAT(start({}).message(), HasSubstr("no signature key"));
+  Json enc = a_.Jwk();
+  enc["use"] = "enc";
+  EXPECT_THAT(start({enc}).message(), HasSubstr("no signature key"));
+  // A small RSA key (1024 bits), generated by cjose's own test vectors' shape: n of 128 bytes.
+  const std::string n(128, '\xc5');
+  EXPECT_THAT(start({{{"kty", "RSA"}, {"kid", "r"}, {"e", "AQAB"}, {"n", B64(n)}}}).message(),
+              HasSubstr("1024 bits"));
+  WriteJwks({a_.Jwk()});
+  TokenVerifier::Options o;
+  o.jwks_file = jwks_;
+  EXPECT_THAT(TokenVerifier::Create(o).status().message(), HasSubstr("token_issuer"));
+}
+
+TEST_F(TokensTest, ATokenWithoutKidUsesTheOnlyKey) {
+  WriteJwks({a_.Jwk()});
+  auto v = Make();
+  EXPECT_EQ(v->Verify(a_.Sign({{"alg", "EdDSA"}}, Claims())).value(), "app-a");
+}
+
+}  // namespace
+}  // namespace offload::auth
