@@ -18,6 +18,9 @@ packages=(
   libcjose-dev libjansson-dev
   # the embedded client (client/embedded): nanopb generator (protoc-gen-nanopb) and runtime
   nanopb libnanopb-dev
+  # the embedded client's TLS transport (client/embedded/transport_mbedtls.c): mbedTLS, as
+  # ESP-IDF ships it
+  libmbedtls-dev
   # tests and benchmarks (h2load drives the HTTP and gRPC benchmarks of tests/bench: http_edge.py,
   # http_compression.py, run_all.py's fixed-body rows)
   libgtest-dev libgmock-dev libbenchmark-dev nghttp2-client
