@@ -12,10 +12,15 @@
 //      signature (invalid results are never remembered);
 //   4. deletes the two keys.
 // The query string names the service: ?server=http://127.0.0.1:8080 (the default). The server
-// must allow this page's origin: offload_server --http_cors_origins=<origin>.
+// must allow this page's origin: offload_server --http_cors_origins=<origin>. A server that wants
+// callers to prove who they are (--jwks_file, --require_identity) gets a bearer token on every
+// call: the page takes it from its URL fragment, #token=<JWT> (a fragment is never sent to any
+// server, so the token stays out of request lines and access logs), and an interceptor adds
+// `authorization: Bearer <JWT>` to both transports. A real app gets the token from its identity
+// provider's SDK and refreshes it before it expires (docs/mobile.md).
 // Machine-readable outcome: <body data-status="running" | "done" | "error: ...">, and
 // window.offloadResults (the Results below).
-import { Code, ConnectError, createClient, type CallOptions, type Client, type Transport } from "@connectrpc/connect";
+import { Code, ConnectError, createClient, type CallOptions, type Client, type Interceptor, type Transport } from "@connectrpc/connect";
 import { createConnectTransport, createGrpcWebTransport } from "@connectrpc/connect-web";
 
 import { AeadService } from "./gen/offload/v1/aead_pb.js";
@@ -64,6 +69,7 @@ interface StepRecord {
 interface Results {
   server: string;
   origin: string;
+  bearerToken: boolean;  // whether calls carry a token (never the token itself)
   status: string;
   keys: { x25519?: string; aead?: string };
   setup: { ok: boolean; error?: string; lines: string[] };
@@ -152,12 +158,23 @@ function renderCell(td: HTMLTableCellElement, step: string, lane: LaneId, cell: 
   td.append(result, memo);
 }
 
+// Adds the bearer token to every call, whichever the transport.
+function bearer(token: string): Interceptor {
+  return (next) => async (req) => {
+    req.header.set("authorization", `Bearer ${token}`);
+    return next(req);
+  };
+}
+
 async function main(): Promise<void> {
   const params = new URLSearchParams(location.search);
+  const token = new URLSearchParams(location.hash.slice(1)).get("token") ?? "";
+  const interceptors = token ? [bearer(token)] : [];
   const server = (params.get("server") ?? "http://127.0.0.1:8080").replace(/\/+$/, "");
   const results: Results = {
     server,
     origin: location.origin,
+    bearerToken: token !== "",
     status: "running",
     keys: {},
     setup: { ok: false, lines: [] },
@@ -166,18 +183,19 @@ async function main(): Promise<void> {
   };
   $("server").textContent = server;
   $("origin").textContent = location.origin;
+  $("identity").textContent = token ? "a bearer token (from #token=)" : "none (anonymous calls)";
   setStatus(results, "running");
 
   const lanes: Lane[] = [
     {
       id: "connect",
       label: "Connect",
-      api: makeApi(createConnectTransport({ baseUrl: server, useBinaryFormat: true })),
+      api: makeApi(createConnectTransport({ baseUrl: server, useBinaryFormat: true, interceptors })),
     },
     {
       id: "grpc-web",
       label: "gRPC-Web",
-      api: makeApi(createGrpcWebTransport({ baseUrl: server, useBinaryFormat: true })),
+      api: makeApi(createGrpcWebTransport({ baseUrl: server, useBinaryFormat: true, interceptors })),
     },
   ];
   const problems: string[] = [];

@@ -7,6 +7,9 @@
 //      A screenshot is written (OFFLOAD_WEB_SCREENSHOT, else OFFLOAD_WEB_OUT/screenshot.png).
 //   2. A not in the list: the browser refuses every call, the page shows errors, and the server
 //      ran no RPC at all (the preflight was refused, so no POST was sent).
+//   3. A server that requires identities (--jwks_file, --require_identity, a policy): the page
+//      given a bearer token (#token=, an EdDSA JWT made here with node:crypto) completes; the page
+//      without one is refused `unauthenticated` (no key is made, every call refused).
 // Environment:
 //   OFFLOAD_SERVER          offload_server binary (default ../../../build/bin/offload_server)
 //   OFFLOAD_PROTOC          protoc (default: protoc on PATH); OFFLOAD_PROTO_DIR: proto/ folder
@@ -17,7 +20,8 @@
 import { after, before, describe, it } from "node:test";
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
-import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
+import { generateKeyPairSync, sign } from "node:crypto";
+import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -152,14 +156,14 @@ async function keyIds(server) {
 }
 
 // Opens the page against `server` and waits for its outcome. Returns the page and its results.
-async function runPage(server, label) {
+async function runPage(server, label, fragment = "") {
   const page = await context.newPage();
   page.on("console", (m) => note(`[${label}] console.${m.type()}: ${m.text()}`));
   page.on("pageerror", (e) => note(`[${label}] page error: ${e.message}`));
   page.on("requestfailed", (r) => note(`[${label}] request failed: ${r.method()} ${r.url()} ${r.failure()?.errorText}`));
   const url = `${site.url}/?server=${encodeURIComponent(server.http)}`;
-  note(`[${label}] open ${url}`);
-  await page.goto(url, { waitUntil: "load", timeout: PAGE_MS });
+  note(`[${label}] open ${url}${fragment ? " (with a fragment)" : ""}`);
+  await page.goto(url + fragment, { waitUntil: "load", timeout: PAGE_MS });
   await page.waitForFunction(
     () => document.body.dataset.status === "done" || (document.body.dataset.status ?? "").startsWith("error"),
     null,
@@ -352,6 +356,58 @@ describe("examples/web in headless Chromium", () => {
       });
     } finally {
       stopped = await server.stop();
+    }
+    assert.equal(stopped.code, 0, "offload_server's exit code after SIGTERM");
+  });
+
+  it("sends a bearer token where the server requires identities", async () => {
+    // The issuer's key, its JWKS, and a token for the identity the policy names.
+    const dir = mkdtempSync(join(tmpdir(), "offload-web-auth-"));
+    const { publicKey, privateKey } = generateKeyPairSync("ed25519");
+    const jwks = join(dir, "jwks.json");
+    writeFileSync(jwks, JSON.stringify({ keys: [{ ...publicKey.export({ format: "jwk" }), kid: "web-1" }] }));
+    const policy = join(dir, "policy.json");
+    writeFileSync(policy, JSON.stringify({
+      admins: ["web-demo"],
+      grants: [{ client: "web-demo", keys: ["web-*"], operations: ["*"] }],
+    }));
+    const b64 = (x) => Buffer.from(x).toString("base64url");
+    const now = Math.floor(Date.now() / 1000);
+    const input = `${b64(JSON.stringify({ alg: "EdDSA", typ: "JWT", kid: "web-1" }))}.` +
+      b64(JSON.stringify({ iss: "https://id.web.test", aud: "crypto-offload", sub: "web-demo", exp: now + 600 }));
+    const token = `${input}.${b64(sign(null, Buffer.from(input), privateKey))}`;
+    const server = await startServer([
+      `--http_cors_origins=${site.url}`, `--jwks_file=${jwks}`, "--token_issuer=https://id.web.test",
+      "--token_audience=crypto-offload", `--policy_file=${policy}`, "--require_identity",
+    ]);
+    let stopped;
+    try {
+      await explained(server, async () => {
+        const anonymous = await runPage(server, "no token");
+        assert.match(anonymous.status, /^error: setup: .*unauthenticated/i, `the page says: ${anonymous.status}`);
+        assert.equal(anonymous.results.bearerToken, false);
+        await anonymous.page.close();
+        // Setup stopped at CreateKey; the verifies (which need no key) were tried and refused too.
+        assert.deepEqual(await requestCounts(server), {
+          "KeyService/CreateKey UNAUTHENTICATED": 1,
+          "Ed25519Service/Verify UNAUTHENTICATED": 4,
+        });
+
+        const { page, status, results } = await runPage(server, "token", `#token=${token}`);
+        assert.equal(status, "done", `the page says: ${status}`);
+        assert.equal(results.bearerToken, true);
+        assert.ok(results.setup.ok && results.cleanup.ok);
+        for (const step of results.steps) {
+          for (const lane of LANES) assert.ok(step.cells[lane].ok, `${step.id} over ${lane}: ${step.cells[lane].error}`);
+        }
+        assert.equal(await page.locator("#identity").innerText(), "a bearer token (from #token=)");
+        assert.ok(!(await page.content()).includes(token), "the page shows the token");
+        await page.close();
+      });
+      assert.ok(!server.log().includes(token.split(".")[1]), "the server logged the token");
+    } finally {
+      stopped = await server.stop();
+      rmSync(dir, { recursive: true, force: true });
     }
     assert.equal(stopped.code, 0, "offload_server's exit code after SIGTERM");
   });
