@@ -229,7 +229,7 @@ absl::StatusOr<std::unique_ptr<TokenVerifier>> TokenVerifier::Create(Options opt
   absl::MutexLock lock(&v->keys_mu_);
   v->keys_ = *std::move(keys);
   v->keys_stamp_ = stamp;
-  v->keys_look_ = v->Now();
+  v->next_look_ns_.store(absl::ToUnixNanos(v->Now()) + 1'000'000'000);
   return v;
 }
 
@@ -248,38 +248,42 @@ TokenVerifier::Digest TokenVerifier::DigestOf(absl::string_view token) const {
   return d;
 }
 
-std::shared_ptr<const KeySet> TokenVerifier::CurrentKeys() {
-  std::shared_ptr<const KeySet> keys;
+void TokenVerifier::MaybeReload() {
+  const int64_t now = absl::ToUnixNanos(Now());
+  int64_t next = next_look_ns_.load(std::memory_order_relaxed);
+  // One caller per second looks at the file; the others go on with the keys they have.
+  if (now < next || !next_look_ns_.compare_exchange_strong(next, now + 1'000'000'000)) return;
+  const int64_t stamp = FileFingerprint(options_.jwks_file);
+  uint64_t generation = 0;
   {
     absl::MutexLock lock(&keys_mu_);
-    const absl::Time now = Now();
-    if (now - keys_look_ < absl::Seconds(1)) return keys_;
-    keys_look_ = now;
-    const int64_t stamp = FileFingerprint(options_.jwks_file);
-    if (stamp == keys_stamp_) return keys_;
+    if (stamp == keys_stamp_) return;
     keys_stamp_ = stamp;
     absl::StatusOr<std::shared_ptr<const KeySet>> read = ReadKeys(options_.jwks_file);
     if (!read.ok()) {
       Log(LogLevel::kError, "jwks_reload_failed",
           {{"error", std::string(read.status().message())}, {"kept", "previous keys"}});
-      return keys_;
+      return;
     }
     auto fresh = std::const_pointer_cast<KeySet>(*std::move(read));
-    fresh->generation = keys_->generation + 1;
-    keys_ = std::move(fresh);
-    keys = keys_;
+    generation = fresh->generation = keys_->generation + 1;
     std::vector<std::string> kids;
-    for (const Key& k : keys_->keys) kids.push_back(k.kid);
-    Log(LogLevel::kInfo, "jwks_reloaded",
-        {{"jwks_file", options_.jwks_file}, {"kids", kids}});
+    for (const Key& k : fresh->keys) kids.push_back(k.kid);
+    keys_ = std::move(fresh);
+    Log(LogLevel::kInfo, "jwks_reloaded", {{"jwks_file", options_.jwks_file}, {"kids", kids}});
   }
   // Tokens checked against the previous keys are checked again.
   absl::MutexLock lock(&memo_mu_);
   memo_.clear();
   lru_.clear();
   memo_bytes_ = 0;
-  memo_generation_ = keys->generation;
-  return keys;
+  memo_generation_ = generation;
+}
+
+std::shared_ptr<const KeySet> TokenVerifier::CurrentKeys() {
+  MaybeReload();
+  absl::MutexLock lock(&keys_mu_);
+  return keys_;
 }
 
 absl::Status TokenVerifier::Refuse(Refusal refusal, absl::string_view detail) {
@@ -289,7 +293,7 @@ absl::Status TokenVerifier::Refuse(Refusal refusal, absl::string_view detail) {
 
 std::optional<std::string> TokenVerifier::Remembered(absl::string_view token) {
   if (token.size() > options_.max_token_bytes) return std::nullopt;
-  CurrentKeys();  // a changed JWKS forgets what was remembered
+  MaybeReload();  // a changed JWKS forgets what was remembered
   const Digest digest = DigestOf(token);
   const absl::Time now = Now();
   absl::MutexLock lock(&memo_mu_);

@@ -112,7 +112,9 @@ class TokenVerifier final {
   explicit TokenVerifier(Options options);
   absl::Time Now() const;
   Digest DigestOf(absl::string_view token) const;
-  // The key set, re-read when the file changed (looked at once per second at most).
+  // Re-reads the key set if the file changed (looked at once per second at most; between looks
+  // a relaxed atomic load and no lock), forgetting every remembered token when it did.
+  void MaybeReload();
   std::shared_ptr<const internal::KeySet> CurrentKeys();
   absl::Status Refuse(Refusal refusal, absl::string_view detail);
   void Remember(const Digest& digest, std::string identity, absl::Time not_after,
@@ -126,7 +128,7 @@ class TokenVerifier final {
   absl::Mutex keys_mu_;
   std::shared_ptr<const internal::KeySet> keys_ ABSL_GUARDED_BY(keys_mu_);
   int64_t keys_stamp_ ABSL_GUARDED_BY(keys_mu_) = 0;
-  absl::Time keys_look_ ABSL_GUARDED_BY(keys_mu_) = absl::InfinitePast();
+  std::atomic<int64_t> next_look_ns_{0};  // no look at the file before this (unix ns)
 
   mutable absl::Mutex memo_mu_;
   absl::flat_hash_map<Digest, Entry> memo_ ABSL_GUARDED_BY(memo_mu_);
