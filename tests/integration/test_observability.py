@@ -527,12 +527,12 @@ class ObservabilityTest(harness.ServerTestCase):
                       % (cache, expected, hits, misses, shown[cache]))
                 self.assertAlmostEqual(shown[cache], expected, delta=0.05)
 
-    def panel_counts_by_reason(self, title, instance):
-        """The panel's per-second rates integrated over the run (rate -> increase), by reason,
-        evaluated at the instant of `instance`'s last scrape: there increase() extrapolates
-        neither past the last sample nor (from a first sample of 0) before the first one, so it
-        is the exact count."""
-        [(_, target)] = [(ti, t) for ti, t in self.targets() if ti == title]
+    def panel_counts_by_reason(self, title, instance, ref="A"):
+        """The panel's per-second rates (query `ref`) integrated over the run (rate -> increase),
+        by reason, evaluated at the instant of `instance`'s last scrape: there increase()
+        extrapolates neither past the last sample nor (from a first sample of 0) before the first
+        one, so it is the exact count."""
+        [(_, target)] = [(ti, t) for ti, t in self.targets() if ti == title and t["refId"] == ref]
         expr = grafana_substitute(target["expr"].replace("rate(", "increase("), self.window)
         [last] = self.prom.query('timestamp(up{instance="%s"})' % instance)
         data = self.prom.api("query", query=expr, time=last["value"][1])
@@ -550,6 +550,10 @@ class ObservabilityTest(harness.ServerTestCase):
         print("  %s: %s (traffic: %s, %d handshakes)"
               % (REFUSALS_PANEL, shown, self.refusals, handshakes))
         self.assertEqual(shown, dict(self.refusals, handshake_refused=handshakes))
+        # Query B: refused bearer tokens by reason; this server takes none, so every reason is 0.
+        tokens = self.panel_counts_by_reason(REFUSALS_PANEL, self.tls_metrics_address, ref="B")
+        self.assertIn("expired", tokens)
+        self.assertEqual(set(tokens.values()), {0.0}, tokens)
 
     def test_queries_name_exported_metrics(self):
         exported = {name for name, _ in self.samples}
