@@ -4,7 +4,8 @@ Run by ctest (label `deploy`) with Debian's /usr/bin/python3; each class is one 
   NginxTest       nginx -t on deploy/nginx/nginx.conf and deploy/k8s/nginx.conf rendered to
                   loopback, then the compose config run by a real nginx in front of three gRPC and
                   three HTTP backends: one key -> one replica, keys spread, keyless calls spread,
-                  and when a replica stops only its keys move.
+                  and when a replica stops only its keys move. The Kubernetes config run in front
+                  of TLS backends: it passes the authorization header and checks their certificate.
   ComposeTest     `docker-compose config` (Debian's docker-compose 1.29) accepts docker-compose.yml,
                   and the resolved file has what the deployment relies on.
   DockerfileTest  deploy/docker/Dockerfile builds the targets scripts/serve.sh (and the README)
@@ -27,6 +28,7 @@ import tempfile
 import threading
 import time
 import unittest
+import urllib.error
 import urllib.request
 from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -69,9 +71,39 @@ def wait_port(port, deadline_s=10):
 # nginx
 
 
-def render_nginx(conf, grpc_upstreams, http_upstreams, grpc_listen, http_listen, tmp):
-    """The config with its upstreams, listeners and writable paths on loopback / in `tmp`.
-    Every replacement must happen exactly as often as the config is known to need it."""
+# Where deploy/k8s/nginx.yaml mounts ca.crt of the offload-tls Secret: the CA the Kubernetes router
+# checks the replicas' certificates against (grpcs:// and https:// upstreams).
+K8S_UPSTREAM_CA = "/etc/nginx/offload-tls/ca.crt"
+
+
+def make_certs(tmp, names):
+    """A throwaway CA, `tmp`/ca.crt, and per name a server certificate for that DNS name signed by
+    it: [(key PEM path, certificate PEM path)], made with the openssl command."""
+    def openssl(*args):
+        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=30)
+
+    ca_key, ca = os.path.join(tmp, "ca.key"), os.path.join(tmp, "ca.crt")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+    openssl("req", "-x509", *ec, "-keyout", ca_key, "-out", ca, "-days", "1",
+            "-subj", "/CN=offload test CA", "-addext", "basicConstraints=critical,CA:TRUE",
+            "-addext", "keyUsage=critical,keyCertSign")
+    out = []
+    for i, name in enumerate(names):
+        key, csr, crt, ext = (os.path.join(tmp, f"server-{i}.{x}") for x in ("key", "csr", "crt", "ext"))
+        with open(ext, "w") as f:
+            f.write(f"subjectAltName=DNS:{name}\nextendedKeyUsage=serverAuth\n")
+        openssl("req", *ec, "-keyout", key, "-out", csr, "-subj", f"/CN={name}")
+        openssl("x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial",
+                "-days", "1", "-extfile", ext, "-out", crt)
+        out.append((key, crt))
+    return out
+
+
+def render_nginx(conf, grpc_upstreams, http_upstreams, grpc_listen, http_listen, tmp,
+                 upstream_ca=None):
+    """The config with its upstreams, listeners and writable paths on loopback / in `tmp`, and
+    the Kubernetes config's upstream CA at `upstream_ca`. Every replacement must happen exactly as
+    often as the config is known to need it."""
     def sub(pattern, repl, text, count_wanted):
         text, n = re.subn(pattern, repl, text)
         if n != count_wanted:
@@ -82,6 +114,8 @@ def render_nginx(conf, grpc_upstreams, http_upstreams, grpc_listen, http_listen,
         conf = sub(r"server offload-headless:50051", f"server 127.0.0.1:{grpc_upstreams[0]}", conf, 1)
         conf = sub(r"server offload-headless:8080", f"server 127.0.0.1:{http_upstreams[0]}", conf, 1)
         conf = conf.replace("/tmp/", tmp + "/")
+        conf = sub(r"_ssl_trusted_certificate " + re.escape(K8S_UPSTREAM_CA) + ";",
+                   f"_ssl_trusted_certificate {upstream_ca};", conf, 2)
     else:                                     # deploy/nginx/nginx.conf: offload-1..3
         for i in range(3):
             conf = sub(rf"server offload-{i + 1}:50051", f"server 127.0.0.1:{grpc_upstreams[i]}", conf, 1)
@@ -95,24 +129,28 @@ def render_nginx(conf, grpc_upstreams, http_upstreams, grpc_listen, http_listen,
 
 
 def normalized(conf):
-    """Directives without comments, paths and upstream servers: what both configs must share."""
+    """Directives without comments, paths, upstream servers and upstream TLS: what both configs
+    must share. The Kubernetes router talks TLS to the replicas (grpcs://, https:// and the
+    grpc_ssl_* / proxy_ssl_* lines that check their certificate); compose's replicas are plain."""
     out = []
     for line in conf.splitlines():
         line = line.split("#", 1)[0].strip()
-        if not line or re.match(r"(pid |\w+_temp_path |server offload-)", line):
+        if not line or re.match(r"(pid |\w+_temp_path |server offload-|grpc_ssl_|proxy_ssl_)", line):
             continue
-        out.append(line)
+        out.append(re.sub(r"^(grpc_pass grpc|proxy_pass http)s://", r"\1://", line))
     return out
 
 
 class HttpBackend:
-    def __init__(self, name):
+    """Answers its name, or at /auth the request's Authorization header; TLS with `tls` (key
+    path, certificate path)."""
+    def __init__(self, name, tls=None):
         class Handler(BaseHTTPRequestHandler):
             def _answer(self):
                 length = int(self.headers.get("Content-Length") or 0)
                 if length:
                     self.rfile.read(length)
-                body = name.encode()
+                body = (self.headers.get("Authorization", "") if self.path == "/auth" else name).encode()
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -124,6 +162,11 @@ class HttpBackend:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if tls:
+            import ssl
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(tls[1], tls[0])
+            self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
@@ -134,14 +177,28 @@ class HttpBackend:
 
 
 class GrpcBackend:
-    def __init__(self, name):
+    """offload.test.Echo/Who answers its name, /Auth the call's authorization metadata; TLS with
+    `tls` (key path, certificate path)."""
+    def __init__(self, name, tls=None):
         import grpc
+
+        def auth(request, context):
+            return dict(context.invocation_metadata()).get("authorization", "").encode()
+
         handler = grpc.method_handlers_generic_handler(
             "offload.test.Echo",
-            {"Who": grpc.unary_unary_rpc_method_handler(lambda request, context: name.encode())})
+            {"Who": grpc.unary_unary_rpc_method_handler(lambda request, context: name.encode()),
+             "Auth": grpc.unary_unary_rpc_method_handler(auth)})
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         self.server.add_generic_rpc_handlers((handler,))
-        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        if tls:
+            pem = []
+            for path in tls:
+                with open(path, "rb") as f:
+                    pem.append(f.read())
+            self.port = self.server.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials([tuple(pem)]))
+        else:
+            self.port = self.server.add_insecure_port("127.0.0.1:0")
         self.server.start()
 
     def stop(self):
@@ -172,13 +229,21 @@ class NginxTest(unittest.TestCase):
                 pass
         shutil.rmtree(self.tmp, ignore_errors=True)
 
-    def check_config(self, rel, *ports):
-        conf = render_nginx(read(rel), *ports, self.tmp)
-        path = os.path.join(self.tmp, os.path.basename(rel).replace(".conf", "") + "-test.conf")
+    def check_config(self, rel, *ports, tmp=None, upstream_ca=None):
+        """nginx -t on `rel` rendered into `tmp` (default the test's folder); the Kubernetes
+        config's upstream CA is `upstream_ca`, by default a throwaway one. Returns the command
+        that runs it."""
+        tmp = tmp or self.tmp
+        conf = read(rel)
+        if K8S_UPSTREAM_CA in conf and upstream_ca is None:
+            make_certs(tmp, [])
+            upstream_ca = os.path.join(tmp, "ca.crt")
+        conf = render_nginx(conf, *ports, tmp, upstream_ca)
+        path = os.path.join(tmp, os.path.basename(rel).replace(".conf", "") + "-test.conf")
         with open(path, "w") as f:
             f.write(conf)
-        args = [self.nginx, "-p", self.tmp + "/", "-c", path, "-e", "stderr"]
-        pid = "" if re.search(r"^pid ", conf, re.M) else f"pid {self.tmp}/nginx.pid;"
+        args = [self.nginx, "-p", tmp + "/", "-c", path, "-e", "stderr"]
+        pid = "" if re.search(r"^pid ", conf, re.M) else f"pid {tmp}/nginx.pid;"
         r = subprocess.run(args + (["-g", pid] if pid else []) + ["-t"], capture_output=True,
                            text=True, timeout=30)
         self.assertEqual(r.returncode, 0, f"nginx -t {rel}:\n{r.stderr}")
@@ -187,9 +252,13 @@ class NginxTest(unittest.TestCase):
 
     def test_configs_and_key_routing(self):
         import grpc
-        # The Kubernetes router is the compose one with other upstreams and paths.
+        # The Kubernetes router is the compose one with other upstreams and paths, and TLS to the
+        # replicas (what normalized() leaves out).
         self.assertEqual(normalized(read("deploy/nginx/nginx.conf")), normalized(read("deploy/k8s/nginx.conf")),
                          "deploy/k8s/nginx.conf drifted from deploy/nginx/nginx.conf")
+        for directive in ("grpc_pass grpcs://", "proxy_pass https://", "grpc_ssl_verify on;",
+                          "proxy_ssl_verify on;"):
+            self.assertIn(directive, read("deploy/k8s/nginx.conf"))
         names = ["replica-1", "replica-2", "replica-3"]
         grpc_backends = [GrpcBackend(n) for n in names]
         http_backends = [HttpBackend(n) for n in names]
@@ -248,6 +317,50 @@ class NginxTest(unittest.TestCase):
                     self.assertNotEqual(now, gone, f"{proto}: key {k} still routed to the stopped replica")
                     if placement[k] != gone:
                         self.assertEqual(now, placement[k], f"{proto}: key {k} moved without cause")
+
+    def test_k8s_router_tls_to_replicas(self):
+        # deploy/k8s/nginx.conf run by a real nginx in front of TLS backends: calls pass with their
+        # authorization header (token callers work through the router); a backend whose
+        # certificate does not carry the configured name is refused (nginx checks it).
+        import grpc
+        conf = read("deploy/k8s/nginx.conf")
+        names = set(re.findall(r"^\s*(?:grpc|proxy)_ssl_name (\S+);", conf, re.M))
+        self.assertEqual(len(names), 1, f"want one grpc_ssl_name / proxy_ssl_name, got {names}")
+        (good, wrong) = make_certs(self.tmp, [names.pop(), "not-the-replica.invalid"])
+        ca = os.path.join(self.tmp, "ca.crt")
+        token = "Bearer eyJhbGciOiJFZERTQSJ9.e30.c2ln"
+        for cert, want_ok in ((good, True), (wrong, False)):
+            with self.subTest(certificate="right name" if want_ok else "wrong name"):
+                tmp = tempfile.mkdtemp(prefix="k8s-", dir=self.tmp)
+                os.chmod(tmp, 0o755)
+                gb, hb = GrpcBackend("replica", tls=cert), HttpBackend("replica", tls=cert)
+                self.backends += [gb, hb]
+                grpc_listen, http_listen = free_port(), free_port()
+                args = self.check_config("deploy/k8s/nginx.conf", [gb.port], [hb.port], grpc_listen,
+                                         http_listen, tmp=tmp, upstream_ca=ca)
+                log = open(os.path.join(tmp, "nginx.log"), "w")
+                self.addCleanup(log.close)
+                self.procs.append(subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log))
+                wait_port(grpc_listen)
+                wait_port(http_listen)
+                channel = grpc.insecure_channel(f"127.0.0.1:{grpc_listen}")
+                self.addCleanup(channel.close)
+                auth = channel.unary_unary("/offload.test.Echo/Auth")
+                req = urllib.request.Request(f"http://127.0.0.1:{http_listen}/auth", data=b"{}",
+                                             method="POST", headers={"Authorization": token})
+                if want_ok:
+                    self.assertEqual(auth(b"", metadata=[("authorization", token)], timeout=10).decode(), token)
+                    with urllib.request.urlopen(req, timeout=10) as resp:
+                        self.assertEqual(resp.read().decode(), token)
+                else:
+                    with self.assertRaises(grpc.RpcError) as e:
+                        auth(b"", metadata=[("authorization", token)], timeout=10)
+                    self.assertEqual(e.exception.code(), grpc.StatusCode.UNAVAILABLE)
+                    with self.assertRaises(urllib.error.HTTPError) as e:
+                        urllib.request.urlopen(req, timeout=10)
+                    self.assertEqual(e.exception.code, 502)
+                    with open(os.path.join(tmp, "nginx.log")) as f:
+                        self.assertIn("upstream SSL certificate does not match", f.read())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -584,11 +697,19 @@ class K8sTest(unittest.TestCase):
             edit("scaling.yaml", "  maxUnavailable: 1", "  maxUnavailable: [1]")         # wrong type
             edit("servicemonitor.yaml", "port: metrics", "port: metricz")                # dangling port
             edit("offload.flags", "--drain_timeout=20s", "--drain_timeout=40s")          # grace too short
+            edit("offload.flags", "\n--require_identity\n", "\n#--require_identity\n")      # anonymous calls
+            edit("offload.yaml", "              scheme: HTTPS\n", "")                      # plain HTTP probe
+            edit("offload.yaml", "            name: offload-auth\n",                      # policy not mounted
+                 "            name: offload-auth\n            items: [{key: jwks.json, path: jwks.json}]\n")
+            edit("nginx.conf", "grpc_pass grpcs://", "grpc_pass grpc://")                # cleartext upstream
             r = self.run_validator(tmp)
             out = r.stdout + r.stderr
             self.assertNotEqual(r.returncode, 0, out)
             for want in ("'\"readinesProbe\"' does not exist", "PodDisruptionBudget/offload: schema",
-                         "port metricz not on the selected Service", "terminationGracePeriodSeconds 30"):
+                         "port metricz not on the selected Service", "terminationGracePeriodSeconds 30",
+                         "--require_identity is not on", "startup probe scheme is HTTP, want HTTPS",
+                         "--policy_file: /etc/offload/auth/policy.json: volume auth projects no policy.json",
+                         "grpc_pass grpc://, want grpcs://"):
                 self.assertIn(want, out)
 
 

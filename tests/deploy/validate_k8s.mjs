@@ -10,6 +10,11 @@
 //     ServiceMonitor select pods or Services that exist, named ports exist, ConfigMap references
 //     resolve, the HPA targets the Deployment, the security settings the issue asks for are on,
 //     and terminationGracePeriodSeconds covers the preStop sleep plus the server's --drain_timeout.
+//  5. Identity is on: the server's flag file turns on TLS (certificate, key, client CA),
+//     --require_identity, bearer tokens (--jwks_file, issuer, audience) and --policy_file, and no
+//     forwarded identity; every file those flags (and the router's upstream CA) name is in a
+//     mounted ConfigMap key or a documented, non-optional Secret key; the probes are HTTPS GETs
+//     (the kubelet's gRPC probe does not speak TLS); the router talks TLS to the replicas.
 // Usage: node validate_k8s.mjs <repository root>
 import { execFileSync } from "node:child_process";
 import fs from "node:fs";
@@ -209,10 +214,59 @@ for (const d of deployments) {
     }
   }
 }
+// 5. Identity. The Secrets are created outside kustomize (deploy/README.md); these are the keys
+// the README tells to put in them, so a file path naming any other key is a mistake.
+const documentedSecretKeys = {
+  "offload-tls": ["tls.crt", "tls.key", "ca.crt"],
+};
+// Where `file` comes from in container `c` of Deployment `d`: "" if it is a key of a mounted,
+// rendered ConfigMap or a documented key of a non-optional Secret, else why not.
+function unmountedFile(d, c, file) {
+  const mounts = (c.volumeMounts ?? []).filter((m) => file.startsWith(m.mountPath.replace(/\/?$/, "/")));
+  if (!mounts.length) return `${file} is under no volumeMount`;
+  const m = mounts.sort((a, b) => b.mountPath.length - a.mountPath.length)[0];
+  if (m.subPath) return `${file}: volumeMount ${m.name} uses subPath (no updates reach it)`;
+  const rel = file.slice(m.mountPath.replace(/\/?$/, "/").length);
+  const v = (d.spec.template.spec.volumes ?? []).find((x) => x.name === m.name);
+  if (!v) return `${file}: volumeMount ${m.name} names no volume`;
+  const src = v.configMap ?? v.secret;
+  if (!src) return `${file}: volume ${v.name} is neither a ConfigMap nor a Secret`;
+  let key = rel;
+  if (src.items) {
+    const item = src.items.find((i) => i.path === rel);
+    if (!item) return `${file}: volume ${v.name} projects no ${rel}`;
+    key = item.key;
+  }
+  if (src.optional) return `${file}: volume ${v.name} is optional`;
+  if (v.configMap) {
+    const cm = configMaps.get(v.configMap.name);
+    if (!cm) return `${file}: ConfigMap ${v.configMap.name} not rendered`;
+    if (!(key in (cm.data ?? {}))) return `${file}: ConfigMap ${v.configMap.name} has no key ${key}`;
+  } else {
+    const keys = documentedSecretKeys[v.secret.secretName];
+    if (!keys) return `${file}: Secret ${v.secret.secretName} is not one the README documents`;
+    if (!keys.includes(key)) return `${file}: Secret ${v.secret.secretName} has no documented key ${key} (${keys.join(", ")})`;
+  }
+  return "";
+}
+// absl flag file lines -> {name: value}; a bare boolean flag is "true", absl's `--noname` sets
+// name to "false"; the last one wins.
+function parseFlags(text) {
+  const flags = {};
+  for (const line of text.split("\n").map((l) => l.trim())) {
+    const m = /^--([A-Za-z0-9_]+)(?:=(.*))?$/.exec(line);
+    if (!m) continue;
+    if (m[2] === undefined && m[1].startsWith("no")) flags[m[1].slice(2)] = "false";
+    flags[m[1]] = m[2] ?? "true";
+  }
+  return flags;
+}
+const absltrue = (v) => ["true", "1", "yes", "t", "y"].includes(String(v).toLowerCase());
+
 if (server) {
   const spec = server.spec.template.spec;
   const c = spec.containers[0];
-  if (!c.startupProbe?.grpc) fail("Deployment/offload: no gRPC health startup probe");
+  if (!c.startupProbe) fail("Deployment/offload: no startup probe");
   if (c.readinessProbe?.httpGet?.path !== "/readyz") fail("Deployment/offload: readiness is not GET /readyz");
   const env = Object.fromEntries((c.env ?? []).map((e) => [e.name, e]));
   if (!env.OFFLOAD_KEK?.valueFrom?.secretKeyRef) fail("Deployment/offload: OFFLOAD_KEK is not from a Secret");
@@ -232,7 +286,56 @@ if (server) {
       fail(`Deployment/offload: terminationGracePeriodSeconds ${spec.terminationGracePeriodSeconds} <= preStop ${sleep[1]} s + drain ${drain[1]} s`);
     }
     if (process.env.OFFLOAD_FLAGS_OUT) fs.writeFileSync(process.env.OFFLOAD_FLAGS_OUT, flagsText);
+
+    const flags = parseFlags(flagsText);
+    const fileFlags = ["tls_cert_file", "tls_key_file", "tls_client_ca_file", "jwks_file", "policy_file"];
+    for (const f of fileFlags) {
+      if (!flags[f]) {
+        fail(`offload.flags: no --${f} (TLS, mTLS, bearer tokens and grants are on in this deploy)`);
+        continue;
+      }
+      const why = unmountedFile(server, c, flags[f]);
+      if (why) fail(`Deployment/offload: --${f}: ${why}`);
+    }
+    if (!absltrue(flags.require_identity)) fail("offload.flags: --require_identity is not on");
+    for (const f of ["token_issuer", "token_audience"]) {
+      if (!flags[f]) fail(`offload.flags: no --${f} (--jwks_file needs it)`);
+    }
+    // Client pods reach the replicas directly and could send the header themselves.
+    for (const f of ["trusted_proxies", "forwarded_identity_header"]) {
+      if (flags[f]) fail(`offload.flags: --${f} is set; identities from headers are not for this deploy`);
+    }
+    // The ports serve TLS only: the kubelet's gRPC probe cannot reach them, HTTP GETs need HTTPS.
+    for (const [what, probe] of [["startup", c.startupProbe], ["readiness", c.readinessProbe], ["liveness", c.livenessProbe]]) {
+      if (!probe) continue;
+      if (!probe.httpGet) fail(`Deployment/offload: ${what} probe is not an HTTP GET (the kubelet's gRPC and TCP probes do not speak TLS)`);
+      else if (probe.httpGet.scheme !== "HTTPS") fail(`Deployment/offload: ${what} probe scheme is ${probe.httpGet.scheme ?? "HTTP"}, want HTTPS`);
+      else if (!["/readyz", "/healthz"].includes(probe.httpGet.path)) fail(`Deployment/offload: ${what} probe path ${probe.httpGet.path} needs an identity`);
+    }
   }
+}
+
+// The router: TLS to the replicas, checked against a CA file mounted into its pod.
+const router = deployments.find((d) => d.metadata.name === "offload-nginx");
+if (router) {
+  const c = router.spec.template.spec.containers[0];
+  const confVolume = (router.spec.template.spec.volumes ?? []).find((v) => v.configMap && configMaps.get(v.configMap.name)?.data?.["nginx.conf"]);
+  const conf = confVolume ? configMaps.get(confVolume.configMap.name).data["nginx.conf"].replace(/#.*$/gm, "") : "";
+  if (!conf) fail("Deployment/offload-nginx: no nginx.conf from a rendered ConfigMap");
+  for (const [pass, scheme, prefix] of [["grpc_pass", "grpcs", "grpc"], ["proxy_pass", "https", "proxy"]]) {
+    const passes = [...conf.matchAll(new RegExp(`\\b${pass}\\s+(\\w+)://`, "g"))].map((m) => m[1]);
+    if (!passes.length || passes.some((s) => s !== scheme)) fail(`offload-nginx nginx.conf: ${pass} ${passes.join(", ")}://, want ${scheme}:// (the replicas serve TLS only)`);
+    if (!new RegExp(`\\b${prefix}_ssl_verify\\s+on;`).test(conf)) fail(`offload-nginx nginx.conf: no ${prefix}_ssl_verify on`);
+    if (!new RegExp(`\\b${prefix}_ssl_name\\s+\\S+;`).test(conf)) fail(`offload-nginx nginx.conf: no ${prefix}_ssl_name`);
+    const ca = new RegExp(`\\b${prefix}_ssl_trusted_certificate\\s+(\\S+);`).exec(conf);
+    if (!ca) fail(`offload-nginx nginx.conf: no ${prefix}_ssl_trusted_certificate`);
+    else {
+      const why = unmountedFile(router, c, ca[1]);
+      if (why) fail(`Deployment/offload-nginx: ${prefix}_ssl_trusted_certificate: ${why}`);
+    }
+  }
+} else {
+  fail("no Deployment offload-nginx");
 }
 
 const kinds = [...new Set(objects.map((e) => e.obj.kind))].sort().join(", ");
