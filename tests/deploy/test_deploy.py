@@ -5,7 +5,8 @@ Run by ctest (label `deploy`) with Debian's /usr/bin/python3; each class is one 
                   loopback, then the compose config run by a real nginx in front of three gRPC and
                   three HTTP backends: one key -> one replica, keys spread, keyless calls spread,
                   and when a replica stops only its keys move. The Kubernetes config run in front
-                  of TLS backends: it passes the authorization header and checks their certificate.
+                  of TLS backends, its clients speaking TLS to it (plaintext refused): it passes
+                  the authorization header and checks the backends' certificate.
   ComposeTest     `docker-compose config` (Debian's docker-compose 1.29) accepts docker-compose.yml,
                   and the resolved file has what the deployment relies on.
   DockerfileTest  deploy/docker/Dockerfile builds the targets scripts/serve.sh (and the README)
@@ -16,6 +17,7 @@ Run by ctest (label `deploy`) with Debian's /usr/bin/python3; each class is one 
 No Docker engine or Kubernetes cluster is used: neither can run here.
 """
 
+import http.client
 import os
 import re
 import shlex
@@ -74,6 +76,12 @@ def wait_port(port, deadline_s=10):
 # Where deploy/k8s/nginx.yaml mounts ca.crt of the offload-tls Secret: the CA the Kubernetes router
 # checks the replicas' certificates against (grpcs:// and https:// upstreams).
 K8S_UPSTREAM_CA = "/etc/nginx/offload-tls/ca.crt"
+# Where it mounts the router's own certificate and key (the kubernetes.io/tls Secret
+# offload-router-tls), which it presents to clients on both ports; and a name that certificate
+# carries (deploy/README.md).
+K8S_ROUTER_CERT = "/etc/nginx/router-tls/tls.crt"
+K8S_ROUTER_KEY = "/etc/nginx/router-tls/tls.key"
+K8S_ROUTER_NAME = "offload-nginx.crypto-offload.svc"
 
 
 def make_certs(tmp, names):
@@ -100,10 +108,11 @@ def make_certs(tmp, names):
 
 
 def render_nginx(conf, grpc_upstreams, http_upstreams, grpc_listen, http_listen, tmp,
-                 upstream_ca=None):
+                 upstream_ca=None, router_cert=None):
     """The config with its upstreams, listeners and writable paths on loopback / in `tmp`, and
-    the Kubernetes config's upstream CA at `upstream_ca`. Every replacement must happen exactly as
-    often as the config is known to need it."""
+    the Kubernetes config's upstream CA at `upstream_ca` and its own certificate at `router_cert`
+    (key PEM path, certificate PEM path). Every replacement must happen exactly as often as the
+    config is known to need it."""
     def sub(pattern, repl, text, count_wanted):
         text, n = re.subn(pattern, repl, text)
         if n != count_wanted:
@@ -116,6 +125,11 @@ def render_nginx(conf, grpc_upstreams, http_upstreams, grpc_listen, http_listen,
         conf = conf.replace("/tmp/", tmp + "/")
         conf = sub(r"_ssl_trusted_certificate " + re.escape(K8S_UPSTREAM_CA) + ";",
                    f"_ssl_trusted_certificate {upstream_ca};", conf, 2)
+        conf = sub(r"\bssl_certificate " + re.escape(K8S_ROUTER_CERT) + ";",
+                   f"ssl_certificate {router_cert[1]};", conf, 1)
+        conf = sub(r"\bssl_certificate_key " + re.escape(K8S_ROUTER_KEY) + ";",
+                   f"ssl_certificate_key {router_cert[0]};", conf, 1)
+        tls = " ssl"                          # the Kubernetes router: TLS to clients
     else:                                     # deploy/nginx/nginx.conf: offload-1..3
         for i in range(3):
             conf = sub(rf"server offload-{i + 1}:50051", f"server 127.0.0.1:{grpc_upstreams[i]}", conf, 1)
@@ -123,33 +137,43 @@ def render_nginx(conf, grpc_upstreams, http_upstreams, grpc_listen, http_listen,
         paths = "".join(f"\n    {k}_temp_path {tmp}/{k};"
                         for k in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
         conf = sub(r"\nhttp \{", "\nhttp {" + paths, conf, 1)
-    conf = sub(r"listen 50051 http2;", f"listen 127.0.0.1:{grpc_listen} http2;", conf, 1)
-    conf = sub(r"listen 8080;", f"listen 127.0.0.1:{http_listen};", conf, 1)
+        tls = ""
+    conf = sub(rf"listen 50051{tls} http2;", f"listen 127.0.0.1:{grpc_listen}{tls} http2;", conf, 1)
+    conf = sub(rf"listen 8080{tls};", f"listen 127.0.0.1:{http_listen}{tls};", conf, 1)
     return conf
 
 
 def normalized(conf):
-    """Directives without comments, paths, upstream servers and upstream TLS: what both configs
-    must share. The Kubernetes router talks TLS to the replicas (grpcs://, https:// and the
-    grpc_ssl_* / proxy_ssl_* lines that check their certificate); compose's replicas are plain."""
+    """Directives without comments, paths, upstream servers and TLS: what both configs must share.
+    The Kubernetes router talks TLS to the replicas (grpcs://, https:// and the grpc_ssl_* /
+    proxy_ssl_* lines that check their certificate) and to its clients (`ssl` on the listen lines,
+    the ssl_* lines of its certificate); compose's router and replicas are plain."""
     out = []
     for line in conf.splitlines():
         line = line.split("#", 1)[0].strip()
-        if not line or re.match(r"(pid |\w+_temp_path |server offload-|grpc_ssl_|proxy_ssl_)", line):
+        if not line or re.match(r"(pid |\w+_temp_path |server offload-|grpc_ssl_|proxy_ssl_|ssl_)", line):
             continue
+        line = re.sub(r"^(listen \S+) ssl\b", r"\1", line)
         out.append(re.sub(r"^(grpc_pass grpc|proxy_pass http)s://", r"\1://", line))
     return out
 
 
 class HttpBackend:
     """Answers its name, or at /auth the request's Authorization header; TLS with `tls` (key
-    path, certificate path)."""
+    path, certificate path). `calls`: how many /auth requests arrived."""
     def __init__(self, name, tls=None):
+        self.calls = 0
+        lock = threading.Lock()
+        backend = self
+
         class Handler(BaseHTTPRequestHandler):
             def _answer(self):
                 length = int(self.headers.get("Content-Length") or 0)
                 if length:
                     self.rfile.read(length)
+                if self.path == "/auth":
+                    with lock:
+                        backend.calls += 1
                 body = (self.headers.get("Authorization", "") if self.path == "/auth" else name).encode()
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(body)))
@@ -178,11 +202,15 @@ class HttpBackend:
 
 class GrpcBackend:
     """offload.test.Echo/Who answers its name, /Auth the call's authorization metadata; TLS with
-    `tls` (key path, certificate path)."""
+    `tls` (key path, certificate path). `calls`: how many /Auth calls arrived."""
     def __init__(self, name, tls=None):
         import grpc
+        self.calls = 0
+        lock = threading.Lock()
 
         def auth(request, context):
+            with lock:
+                self.calls += 1
             return dict(context.invocation_metadata()).get("authorization", "").encode()
 
         handler = grpc.method_handlers_generic_handler(
@@ -229,16 +257,18 @@ class NginxTest(unittest.TestCase):
                 pass
         shutil.rmtree(self.tmp, ignore_errors=True)
 
-    def check_config(self, rel, *ports, tmp=None, upstream_ca=None):
+    def check_config(self, rel, *ports, tmp=None, upstream_ca=None, router_cert=None):
         """nginx -t on `rel` rendered into `tmp` (default the test's folder); the Kubernetes
-        config's upstream CA is `upstream_ca`, by default a throwaway one. Returns the command
-        that runs it."""
+        config's upstream CA is `upstream_ca` and its own certificate `router_cert` (key path,
+        certificate path), by default a throwaway CA and a certificate it signed for the router.
+        Returns the command that runs it."""
         tmp = tmp or self.tmp
         conf = read(rel)
-        if K8S_UPSTREAM_CA in conf and upstream_ca is None:
-            make_certs(tmp, [])
+        if K8S_UPSTREAM_CA in conf and (upstream_ca is None or router_cert is None):
+            self.assertTrue(upstream_ca is None and router_cert is None, "give both or neither")
+            (router_cert,) = make_certs(tmp, [K8S_ROUTER_NAME])
             upstream_ca = os.path.join(tmp, "ca.crt")
-        conf = render_nginx(conf, *ports, tmp, upstream_ca)
+        conf = render_nginx(conf, *ports, tmp, upstream_ca, router_cert)
         path = os.path.join(tmp, os.path.basename(rel).replace(".conf", "") + "-test.conf")
         with open(path, "w") as f:
             f.write(conf)
@@ -253,11 +283,12 @@ class NginxTest(unittest.TestCase):
     def test_configs_and_key_routing(self):
         import grpc
         # The Kubernetes router is the compose one with other upstreams and paths, and TLS to the
-        # replicas (what normalized() leaves out).
+        # replicas and to its clients (what normalized() leaves out).
         self.assertEqual(normalized(read("deploy/nginx/nginx.conf")), normalized(read("deploy/k8s/nginx.conf")),
                          "deploy/k8s/nginx.conf drifted from deploy/nginx/nginx.conf")
         for directive in ("grpc_pass grpcs://", "proxy_pass https://", "grpc_ssl_verify on;",
-                          "proxy_ssl_verify on;"):
+                          "proxy_ssl_verify on;", "listen 50051 ssl http2;", "listen 8080 ssl;",
+                          f"ssl_certificate {K8S_ROUTER_CERT};", f"ssl_certificate_key {K8S_ROUTER_KEY};"):
             self.assertIn(directive, read("deploy/k8s/nginx.conf"))
         names = ["replica-1", "replica-2", "replica-3"]
         grpc_backends = [GrpcBackend(n) for n in names]
@@ -319,16 +350,44 @@ class NginxTest(unittest.TestCase):
                         self.assertEqual(now, placement[k], f"{proto}: key {k} moved without cause")
 
     def test_k8s_router_tls_to_replicas(self):
-        # deploy/k8s/nginx.conf run by a real nginx in front of TLS backends: calls pass with their
-        # authorization header (token callers work through the router); a backend whose
-        # certificate does not carry the configured name is refused (nginx checks it).
+        # deploy/k8s/nginx.conf run by a real nginx in front of TLS backends, its clients speaking
+        # TLS to it and checking its certificate against the throwaway CA: calls pass with their
+        # authorization header (token callers work through the router, and the token is never in
+        # clear on either hop); gRPC gets h2 by ALPN on the gRPC port, Connect / gRPC-Web HTTP/1.1
+        # on the HTTP port; plaintext to either port is refused; a backend whose certificate does
+        # not carry the configured name is refused (nginx checks it).
         import grpc
+        import ssl
         conf = read("deploy/k8s/nginx.conf")
         names = set(re.findall(r"^\s*(?:grpc|proxy)_ssl_name (\S+);", conf, re.M))
         self.assertEqual(len(names), 1, f"want one grpc_ssl_name / proxy_ssl_name, got {names}")
-        (good, wrong) = make_certs(self.tmp, [names.pop(), "not-the-replica.invalid"])
+        (good, wrong, router) = make_certs(self.tmp, [names.pop(), "not-the-replica.invalid", K8S_ROUTER_NAME])
         ca = os.path.join(self.tmp, "ca.crt")
+        with open(ca, "rb") as f:
+            ca_pem = f.read()
+        client_tls = ssl.create_default_context(cafile=ca)   # verifies the chain and the name
         token = "Bearer eyJhbGciOiJFZERTQSJ9.e30.c2ln"
+
+        def tls_session(port, alpn):
+            """A verified TLS connection to the router as K8S_ROUTER_NAME: the ALPN protocol."""
+            ctx = ssl.create_default_context(cafile=ca)
+            ctx.set_alpn_protocols(alpn)
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+                with ctx.wrap_socket(raw, server_hostname=K8S_ROUTER_NAME) as conn:
+                    return conn.selected_alpn_protocol()
+
+        def https_post(port, path, headers):
+            """POST over TLS to the router, verified as K8S_ROUTER_NAME: (status, body)."""
+            conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=client_tls)
+            raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+            conn.sock = client_tls.wrap_socket(raw, server_hostname=K8S_ROUTER_NAME)
+            try:
+                conn.request("POST", path, body=b"{}", headers=headers)
+                resp = conn.getresponse()
+                return resp.status, resp.read().decode()
+            finally:
+                conn.close()
+
         for cert, want_ok in ((good, True), (wrong, False)):
             with self.subTest(certificate="right name" if want_ok else "wrong name"):
                 tmp = tempfile.mkdtemp(prefix="k8s-", dir=self.tmp)
@@ -337,30 +396,50 @@ class NginxTest(unittest.TestCase):
                 self.backends += [gb, hb]
                 grpc_listen, http_listen = free_port(), free_port()
                 args = self.check_config("deploy/k8s/nginx.conf", [gb.port], [hb.port], grpc_listen,
-                                         http_listen, tmp=tmp, upstream_ca=ca)
+                                         http_listen, tmp=tmp, upstream_ca=ca, router_cert=router)
                 log = open(os.path.join(tmp, "nginx.log"), "w")
                 self.addCleanup(log.close)
                 self.procs.append(subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log))
                 wait_port(grpc_listen)
                 wait_port(http_listen)
-                channel = grpc.insecure_channel(f"127.0.0.1:{grpc_listen}")
+                channel = grpc.secure_channel(
+                    f"127.0.0.1:{grpc_listen}", grpc.ssl_channel_credentials(root_certificates=ca_pem),
+                    options=[("grpc.ssl_target_name_override", K8S_ROUTER_NAME)])
                 self.addCleanup(channel.close)
                 auth = channel.unary_unary("/offload.test.Echo/Auth")
-                req = urllib.request.Request(f"http://127.0.0.1:{http_listen}/auth", data=b"{}",
-                                             method="POST", headers={"Authorization": token})
+                headers = {"Authorization": token, "Content-Type": "application/json"}
                 if want_ok:
                     self.assertEqual(auth(b"", metadata=[("authorization", token)], timeout=10).decode(), token)
-                    with urllib.request.urlopen(req, timeout=10) as resp:
-                        self.assertEqual(resp.read().decode(), token)
+                    self.assertEqual(https_post(http_listen, "/auth", headers), (200, token))
+                    # Protocols: h2 by ALPN for gRPC; HTTP/1.1 on the Connect / gRPC-Web port.
+                    self.assertEqual(tls_session(grpc_listen, ["h2"]), "h2")
+                    self.assertEqual(tls_session(http_listen, ["h2", "http/1.1"]), "http/1.1")
+                    # Plaintext is refused on both ports: nothing reaches a backend.
+                    plain = grpc.insecure_channel(f"127.0.0.1:{grpc_listen}")
+                    self.addCleanup(plain.close)
+                    with self.assertRaises(grpc.RpcError) as e:
+                        plain.unary_unary("/offload.test.Echo/Auth")(
+                            b"", metadata=[("authorization", token)], timeout=10)
+                    self.assertEqual(e.exception.code(), grpc.StatusCode.UNAVAILABLE)
+                    req = urllib.request.Request(f"http://127.0.0.1:{http_listen}/auth", data=b"{}",
+                                                 method="POST", headers=headers)
+                    with self.assertRaises(urllib.error.HTTPError) as e:
+                        urllib.request.urlopen(req, timeout=10)
+                    self.assertEqual(e.exception.code, 400)
+                    self.assertIn("plain HTTP request was sent to HTTPS port", e.exception.read().decode())
+                    # A client that does not trust the router's CA does not get through.
+                    with self.assertRaises(ssl.SSLCertVerificationError):
+                        with socket.create_connection(("127.0.0.1", http_listen), timeout=10) as raw:
+                            ssl.create_default_context().wrap_socket(raw, server_hostname=K8S_ROUTER_NAME)
                 else:
                     with self.assertRaises(grpc.RpcError) as e:
                         auth(b"", metadata=[("authorization", token)], timeout=10)
                     self.assertEqual(e.exception.code(), grpc.StatusCode.UNAVAILABLE)
-                    with self.assertRaises(urllib.error.HTTPError) as e:
-                        urllib.request.urlopen(req, timeout=10)
-                    self.assertEqual(e.exception.code, 502)
+                    self.assertEqual(https_post(http_listen, "/auth", headers)[0], 502)
                     with open(os.path.join(tmp, "nginx.log")) as f:
                         self.assertIn("upstream SSL certificate does not match", f.read())
+                self.assertEqual(gb.calls + hb.calls, 2 if want_ok else 0,
+                                 "backend calls: one gRPC and one HTTPS call over TLS, nothing else")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -702,6 +781,11 @@ class K8sTest(unittest.TestCase):
             edit("offload.yaml", "            name: offload-auth\n",                      # policy not mounted
                  "            name: offload-auth\n            items: [{key: jwks.json, path: jwks.json}]\n")
             edit("nginx.conf", "grpc_pass grpcs://", "grpc_pass grpc://")                # cleartext upstream
+            edit("nginx.conf", "listen 8080 ssl;", "listen 8080;")                      # cleartext to clients
+            edit("nginx.conf", "listen 50051 ssl http2;", "listen 50051 ssl;")           # no ALPN h2
+            edit("nginx.yaml", "            secretName: offload-router-tls\n",           # router cert optional
+                 "            secretName: offload-router-tls\n            optional: true\n")
+            edit("nginx.yaml", "              scheme: HTTPS\n", "")                      # plain HTTP probe
             r = self.run_validator(tmp)
             out = r.stdout + r.stderr
             self.assertNotEqual(r.returncode, 0, out)
@@ -709,7 +793,10 @@ class K8sTest(unittest.TestCase):
                          "port metricz not on the selected Service", "terminationGracePeriodSeconds 30",
                          "--require_identity is not on", "startup probe scheme is HTTP, want HTTPS",
                          "--policy_file: /etc/offload/auth/policy.json: volume auth projects no policy.json",
-                         "grpc_pass grpc://, want grpcs://"):
+                         "grpc_pass grpc://, want grpcs://",
+                         "listen 8080 is not ssl", "listen 50051 ssl has no http2",
+                         "ssl_certificate: /etc/nginx/router-tls/tls.crt: volume router-tls is optional",
+                         "offload-nginx: readiness probe scheme is HTTP, want HTTPS"):
                 self.assertIn(want, out)
 
 

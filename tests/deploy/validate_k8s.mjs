@@ -15,6 +15,9 @@
 //     forwarded identity; every file those flags (and the router's upstream CA) name is in a
 //     mounted ConfigMap key or a documented, non-optional Secret key; the probes are HTTPS GETs
 //     (the kubelet's gRPC probe does not speak TLS); the router talks TLS to the replicas.
+//  6. The router serves TLS only: every port it listens on is `ssl` (the gRPC one also `http2`,
+//     for ALPN h2), its certificate and key come from its own mounted, non-optional Secret
+//     (offload-router-tls, not the replicas' offload-tls) and its probes are HTTPS GETs.
 // Usage: node validate_k8s.mjs <repository root>
 import { execFileSync } from "node:child_process";
 import fs from "node:fs";
@@ -218,7 +221,14 @@ for (const d of deployments) {
 // the README tells to put in them, so a file path naming any other key is a mistake.
 const documentedSecretKeys = {
   "offload-tls": ["tls.crt", "tls.key", "ca.crt"],
+  "offload-router-tls": ["tls.crt", "tls.key"],   // kubernetes.io/tls
 };
+// The volume that `file` of container `c` of Deployment `d` is read from (the deepest mount).
+function volumeOf(d, c, file) {
+  const m = (c.volumeMounts ?? []).filter((x) => file.startsWith(x.mountPath.replace(/\/?$/, "/")))
+    .sort((a, b) => b.mountPath.length - a.mountPath.length)[0];
+  return m && (d.spec.template.spec.volumes ?? []).find((v) => v.name === m.name);
+}
 // Where `file` comes from in container `c` of Deployment `d`: "" if it is a key of a mounted,
 // rendered ConfigMap or a documented key of a non-optional Secret, else why not.
 function unmountedFile(d, c, file) {
@@ -333,6 +343,34 @@ if (router) {
       const why = unmountedFile(router, c, ca[1]);
       if (why) fail(`Deployment/offload-nginx: ${prefix}_ssl_trusted_certificate: ${why}`);
     }
+  }
+
+  // 6. TLS to clients: bearer tokens must not cross the pod network in clear.
+  const listens = [...conf.matchAll(/(?:^|[\s{;])listen\s+([^;]+);/g)].map((m) => m[1].trim().split(/\s+/));
+  for (const p of c.ports ?? []) {
+    const l = listens.find((x) => x[0].split(":").pop() === String(p.containerPort));
+    if (!l) fail(`offload-nginx nginx.conf: no listen on container port ${p.name ?? ""} ${p.containerPort}`);
+    else if (p.name === "grpc" && !l.includes("http2")) fail(`offload-nginx nginx.conf: listen ${l.join(" ")} has no http2 (gRPC clients need ALPN h2)`);
+  }
+  for (const l of listens) {
+    if (!l.includes("ssl")) fail(`offload-nginx nginx.conf: listen ${l.join(" ")} is not ssl (tokens would reach the router in clear)`);
+  }
+  for (const directive of ["ssl_certificate", "ssl_certificate_key"]) {
+    const m = new RegExp(`(?:^|[\\s{;])${directive}\\s+(\\S+);`).exec(conf);
+    if (!m) {
+      fail(`offload-nginx nginx.conf: no ${directive} (the router's own certificate for its clients)`);
+      continue;
+    }
+    const why = unmountedFile(router, c, m[1]);
+    if (why) fail(`Deployment/offload-nginx: ${directive}: ${why}`);
+    else if (volumeOf(router, c, m[1])?.secret?.secretName === "offload-tls") {
+      fail(`Deployment/offload-nginx: ${directive} ${m[1]} is from offload-tls: the replicas' key stays out of the router (offload-router-tls)`);
+    }
+  }
+  for (const [what, probe] of [["startup", c.startupProbe], ["readiness", c.readinessProbe], ["liveness", c.livenessProbe]]) {
+    if (!probe) continue;
+    if (!probe.httpGet) fail(`Deployment/offload-nginx: ${what} probe is not an HTTP GET`);
+    else if (probe.httpGet.scheme !== "HTTPS") fail(`Deployment/offload-nginx: ${what} probe scheme is ${probe.httpGet.scheme ?? "HTTP"}, want HTTPS (the router serves TLS only)`);
   }
 } else {
   fail("no Deployment offload-nginx");
