@@ -3,7 +3,8 @@
 
 Code size: `size` (Berkeley format) of the client's object files compiled at -Os: the client
 (offload_client.c) and the nanopb messages generated from proto/. Listed apart: the POSIX test
-transport (a device brings its own) and Debian's nanopb runtime archive as shipped.
+transport with the HTTP/1.1 framing and socket code it shares with the TLS transport (internal/;
+a device brings its own transport) and Debian's nanopb runtime archive as shipped.
 
 Stack: every frame size from GCC's -fstack-usage, the call graph from -fcallgraph-info (both in the
 .ci files next to the objects), summed along the deepest path from each public entry point. Calls
@@ -165,7 +166,7 @@ def main():
     print("== embedded client: code size, gcc -Os (max message %s bytes) ==" % a.max_message)
     lib = print_sizes("offload_embedded (client + generated nanopb messages):",
                       size_table(a.size, client_objs))
-    print_sizes("POSIX test transport (a device supplies its own):",
+    print_sizes("POSIX test transport + internal/ (a device supplies its own):",
                 size_table(a.size, transport_objs))
     npb = print_sizes("nanopb runtime, Debian's libprotobuf-nanopb.a as shipped (not -Os):",
                       size_table(a.size, [a.nanopb_archive]))

@@ -1,6 +1,7 @@
 /* embedded_unit_test.c - the embedded client without a server: what it encodes, how it reads
- * answers and Connect errors, its buffer limits, and the POSIX transport's HTTP/1.1 framing
- * against a canned peer on loopback. */
+ * answers and Connect errors, its buffer limits, the bearer token, the HTTP/1.1 framing the
+ * transports share (internal/http1.h), and the POSIX transport against a canned peer on
+ * loopback. */
 #define _POSIX_C_SOURCE 200809L
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -13,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "internal/http1.h"
 #include "offload_client.h"
 #include "transport_posix.h"
 
@@ -36,6 +38,7 @@ static int checks;
 typedef struct fake {
   int calls;
   char path[64];
+  const char* bearer_token;
   uint8_t req[OFFLOAD_CLIENT_BUF_SIZE];
   size_t req_len;
   int rc;
@@ -44,14 +47,15 @@ typedef struct fake {
   size_t body_len;
 } fake_t;
 
-static int fake_transport(void* ctx, const char* path, const uint8_t* req, size_t req_len,
-                          uint8_t* resp, size_t resp_cap, size_t* resp_len, int* http_status) {
+static int fake_transport(void* ctx, const offload_transport_request_t* request, uint8_t* resp,
+                          size_t resp_cap, size_t* resp_len, int* http_status) {
   fake_t* f = (fake_t*)ctx;
   size_t n = f->body_len < resp_cap ? f->body_len : resp_cap;
   ++f->calls;
-  snprintf(f->path, sizeof f->path, "%s", path);
-  memcpy(f->req, req, req_len);
-  f->req_len = req_len;
+  snprintf(f->path, sizeof f->path, "%s", request->path);
+  f->bearer_token = request->bearer_token;
+  memcpy(f->req, request->body, request->body_len);
+  f->req_len = request->body_len;
   if (f->rc != OFFLOAD_TRANSPORT_OK && f->rc != OFFLOAD_TRANSPORT_OVERFLOW) return f->rc;
   memcpy(resp, f->body, n);
   *resp_len = n;
@@ -139,10 +143,179 @@ static void test_derive(void) {
   is = pb_istream_from_buffer(fake.req, fake.req_len);
   CHECK(pb_decode(&is, offload_v1_DeriveRequest_fields, &req) && strlen(req.key_id) == 64,
         "64-character key id sent whole");
-  /* Transport failure. */
-  fake.rc = -1;
+  /* Transport failure: the transport's own code is kept. */
+  fake.rc = -7;
   CHECK_STATUS(offload_derive(&client, "dev1", peer, false, shared, NULL), OFFLOAD_ERR_TRANSPORT);
   CHECK(client.last_http_status == 0, "no status after a transport failure");
+  CHECK(client.last_transport_error == -7, "transport error %d", client.last_transport_error);
+  answer(&fake, 200, offload_v1_DeriveResponse_fields, &resp);
+  CHECK_STATUS(offload_derive(&client, "dev1", peer, false, shared, NULL), OFFLOAD_OK);
+  CHECK(client.last_transport_error == 0, "cleared by the next call");
+}
+
+/* A token of `len` characters of `c`, in a static buffer. */
+static const char* token_of(size_t len, char c) {
+  static char t[OFFLOAD_TOKEN_MAX_LEN + 2];
+  memset(t, c, len);
+  t[len] = '\0';
+  return t;
+}
+
+static void test_token(void) {
+  static const char jwt[] = "eyJhbGciOiJFZERTQSJ9.eyJzdWIiOiJkZXZpY2UtMSJ9.c2ln-_";
+  static char longest[OFFLOAD_TOKEN_MAX_LEN + 1];
+  uint8_t peer[32] = {3}, shared[32];
+  offload_v1_DeriveResponse resp = offload_v1_DeriveResponse_init_zero;
+  resp.shared_key.size = 32;
+  answer(&fake, 200, offload_v1_DeriveResponse_fields, &resp);
+  CHECK(fake.bearer_token == NULL, "no token before one is set");
+  CHECK_STATUS(offload_client_set_token(&client, jwt), OFFLOAD_OK);
+  CHECK_STATUS(offload_derive(&client, "dev1", peer, false, shared, NULL), OFFLOAD_OK);
+  CHECK(fake.bearer_token == jwt, "every call carries the caller's token (not a copy)");
+  CHECK(offload_token_length(jwt) == sizeof jwt - 1, "a JWT is token68");
+  CHECK(offload_token_length("abc+/~==") == 8, "padding at the end");
+
+  /* Refused: the previous token stays, the reason is in last_error_message. */
+  CHECK_STATUS(offload_client_set_token(&client, token_of(OFFLOAD_TOKEN_MAX_LEN + 1, 'a')),
+               OFFLOAD_ERR_ARGUMENT);
+  CHECK(strstr(client.last_error_message, "at most 2048") != NULL, "'%s'",
+        client.last_error_message);
+  CHECK_STATUS(offload_client_set_token(&client, ""), OFFLOAD_ERR_ARGUMENT);
+  CHECK(strstr(client.last_error_message, "got none") != NULL, "'%s'", client.last_error_message);
+  CHECK_STATUS(offload_client_set_token(&client, "abc\r\nX-Evil: 1"), OFFLOAD_ERR_ARGUMENT);
+  CHECK(strstr(client.last_error_message, "token68") != NULL, "'%s'", client.last_error_message);
+  CHECK_STATUS(offload_client_set_token(&client, "a b"), OFFLOAD_ERR_ARGUMENT);
+  CHECK_STATUS(offload_client_set_token(&client, "ab=c"), OFFLOAD_ERR_ARGUMENT);
+  CHECK_STATUS(offload_client_set_token(&client, "Bearer abc"), OFFLOAD_ERR_ARGUMENT);
+  CHECK_STATUS(offload_derive(&client, "dev1", peer, false, shared, NULL), OFFLOAD_OK);
+  CHECK(fake.bearer_token == jwt, "a refused token leaves the previous one");
+  CHECK(client.last_error_message[0] == '\0', "the next call clears the message");
+
+  /* The longest token, then none. */
+  memcpy(longest, token_of(OFFLOAD_TOKEN_MAX_LEN, 'Z'), OFFLOAD_TOKEN_MAX_LEN + 1);
+  CHECK_STATUS(offload_client_set_token(&client, longest), OFFLOAD_OK);
+  CHECK_STATUS(offload_derive(&client, "dev1", peer, false, shared, NULL), OFFLOAD_OK);
+  CHECK(fake.bearer_token == longest, "a %d-character token", OFFLOAD_TOKEN_MAX_LEN);
+  CHECK_STATUS(offload_client_set_token(&client, NULL), OFFLOAD_OK);
+  CHECK_STATUS(offload_derive(&client, "dev1", peer, false, shared, NULL), OFFLOAD_OK);
+  CHECK(fake.bearer_token == NULL, "NULL stops sending it");
+  CHECK_STATUS(offload_client_set_token(NULL, jwt), OFFLOAD_ERR_ARGUMENT);
+}
+
+/* --- the HTTP/1.1 framing the transports share, without a network ------------------------- */
+/* The parts of a request, joined. */
+static size_t join(const offload_http1_part_t* parts, int count, char* out, size_t cap) {
+  size_t n = 0;
+  int i;
+  for (i = 0; i < count; ++i) {
+    if (n + parts[i].len >= cap) return 0;
+    memcpy(out + n, parts[i].data, parts[i].len);
+    n += parts[i].len;
+  }
+  out[n] = '\0';
+  return n;
+}
+
+static void test_http1_request(void) {
+  static char head[256], joined[4096];
+  const uint8_t body[3] = {'x', 'y', 'z'};
+  offload_http1_part_t parts[OFFLOAD_HTTP1_MAX_PARTS];
+  offload_transport_request_t r = {"/offload.v1.X25519Service/Derive", NULL, body, sizeof body};
+  int count = offload_http1_request(head, sizeof head, "localhost", 8443, true, &r, parts);
+  CHECK(count == 2 && join(parts, count, joined, sizeof joined) > 0 &&
+            strcmp(joined,
+                   "POST /offload.v1.X25519Service/Derive HTTP/1.1\r\nHost: localhost:8443\r\n"
+                   "Content-Type: application/proto\r\nConnect-Protocol-Version: 1\r\n"
+                   "Accept-Encoding: identity\r\nContent-Length: 3\r\n\r\nxyz") == 0,
+        "keep-alive request without a token: %d parts, '%s'", count, joined);
+  r.bearer_token = "abc.def";
+  count = offload_http1_request(head, sizeof head, "127.0.0.1", 80, false, &r, parts);
+  CHECK(count == 2 && join(parts, count, joined, sizeof joined) > 0 &&
+            strstr(joined, "\r\nConnection: close\r\n") != NULL &&
+            strstr(joined, "\r\nAuthorization: Bearer abc.def\r\n\r\nxyz") != NULL,
+        "a short token goes into the head: %d parts, '%s'", count, joined);
+  /* A token longer than the head's room: sent from the caller's memory, not copied. */
+  r.bearer_token = token_of(OFFLOAD_TOKEN_MAX_LEN, 'T');
+  count = offload_http1_request(head, sizeof head, "127.0.0.1", 80, false, &r, parts);
+  CHECK(count == 4 && parts[1].data == r.bearer_token && parts[1].len == OFFLOAD_TOKEN_MAX_LEN &&
+            join(parts, count, joined, sizeof joined) > 0 &&
+            strstr(joined, "\r\nAuthorization: Bearer TTTT") != NULL &&
+            strstr(joined, "TTTT\r\n\r\nxyz") != NULL,
+        "a long token is a part of its own: %d parts", count);
+  /* Refused: what would break the head. */
+  r.bearer_token = "abc\r\nX: y";
+  CHECK(offload_http1_request(head, sizeof head, "h", 80, false, &r, parts) ==
+            OFFLOAD_HTTP1_ERR_ARGUMENT,
+        "a token with CR LF");
+  r.bearer_token = NULL;
+  r.path = "/a b";
+  CHECK(offload_http1_request(head, sizeof head, "h", 80, false, &r, parts) ==
+            OFFLOAD_HTTP1_ERR_ARGUMENT,
+        "a path with a space");
+  r.path = "/offload.v1.X25519Service/Derive";
+  CHECK(offload_http1_request(head, 64, "h", 80, false, &r, parts) == OFFLOAD_HTTP1_ERR_ARGUMENT,
+        "a head over its buffer");
+}
+
+/* Feeds `response` to a reader `step` bytes at a time (then the end of the stream when
+ * `close_after`); returns the reader's last answer. */
+static int feed(offload_http1_reader_t* r, char* head, size_t head_cap, uint8_t* body,
+                size_t body_cap, const char* response, size_t step, int close_after) {
+  size_t at = 0, len = strlen(response);
+  int rc = OFFLOAD_HTTP1_MORE;
+  offload_http1_reader_init(r, head, head_cap, body, body_cap);
+  while (rc == OFFLOAD_HTTP1_MORE && at < len) {
+    size_t room, n;
+    uint8_t* dst = offload_http1_reader_space(r, &room);
+    n = len - at < step ? len - at : step;
+    if (n > room) n = room;
+    memcpy(dst, response + at, n);
+    at += n;
+    rc = offload_http1_reader_received(r, n);
+  }
+  if (rc == OFFLOAD_HTTP1_MORE && close_after) rc = offload_http1_reader_received(r, 0);
+  return rc;
+}
+
+static void test_http1_reader(void) {
+  static const char ok[] = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello";
+  char head[128];
+  uint8_t body[16];
+  offload_http1_reader_t r;
+  size_t step;
+  int rc;
+  for (step = 1; step <= sizeof ok; step += 6) {
+    rc = feed(&r, head, sizeof head, body, sizeof body, ok, step, 0);
+    CHECK(rc == OFFLOAD_TRANSPORT_OK && r.status == 200 && r.body_len == 5 &&
+              memcmp(body, "hello", 5) == 0 && offload_http1_reader_reusable(&r),
+          "keep-alive answer read %zu bytes at a time: rc %d", step, rc);
+  }
+  rc = feed(&r, head, sizeof head, body, sizeof body,
+            "HTTP/1.1 401 Unauthorized\r\nconnection: Close\r\ncontent-length: 2\r\n\r\n{}", 7,
+            0);
+  CHECK(rc == OFFLOAD_TRANSPORT_OK && r.status == 401 && !offload_http1_reader_reusable(&r),
+        "Connection: close ends the connection: rc %d", rc);
+  rc = feed(&r, head, sizeof head, body, sizeof body,
+            "HTTP/1.0 200 OK\r\nContent-Length: 1\r\n\r\nx", 100, 0);
+  CHECK(rc == OFFLOAD_TRANSPORT_OK && !offload_http1_reader_reusable(&r), "HTTP/1.0: rc %d", rc);
+  rc = feed(&r, head, sizeof head, body, sizeof body,
+            "HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nxJUNK", 100, 0);
+  CHECK(rc == OFFLOAD_TRANSPORT_OK && r.body_len == 1 && !offload_http1_reader_reusable(&r),
+        "bytes past the body: rc %d", rc);
+  rc = feed(&r, head, sizeof head, body, sizeof body, "HTTP/1.1 200 OK\r\n\r\nto-the-end", 4, 1);
+  CHECK(rc == OFFLOAD_TRANSPORT_OK && r.body_len == 10 && !offload_http1_reader_reusable(&r),
+        "a body to the end of the stream: rc %d", rc);
+  rc = feed(&r, head, sizeof head, body, 4, ok, 100, 0);
+  CHECK(rc == OFFLOAD_TRANSPORT_OVERFLOW && r.body_len == 4 && !offload_http1_reader_reusable(&r),
+        "over the body's capacity: rc %d", rc);
+  rc = feed(&r, head, sizeof head, body, sizeof body,
+            "HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n", 100, 0);
+  CHECK(rc == OFFLOAD_TRANSPORT_OK && r.body_len == 0 && offload_http1_reader_reusable(&r),
+        "an empty body: rc %d", rc);
+  rc = feed(&r, head, sizeof head, body, sizeof body, "HTTP/1.1 200 OK\r\nContent-Len", 100, 1);
+  CHECK(rc == OFFLOAD_HTTP1_ERR_RESPONSE, "closed inside the head: rc %d", rc);
+  rc = feed(&r, head, 24, body, sizeof body, ok, 100, 0);
+  CHECK(rc == OFFLOAD_HTTP1_ERR_RESPONSE, "a head over its buffer: rc %d", rc);
 }
 
 static void test_connect_errors(void) {
@@ -321,7 +494,10 @@ static void test_small_buffer(void) {
 
 /* --- the POSIX transport against a canned HTTP peer ----------------------------------------- */
 /* Serves one connection per canned answer, in order; each request's head must carry the
- * Connect headers and a body of the length it announces, else the peer answers 599. */
+ * Connect headers and a body of the length it announces, else the peer answers 599. The answer
+ * kEchoAuthorization is a 200 whose body is the request's Authorization value ("" if none). */
+static const char kEchoAuthorization[] = "echo the Authorization header";
+
 static void serve(int lfd, const char* const* answers, int count) {
   int k;
   for (k = 0; k < count; ++k) {
@@ -350,7 +526,18 @@ static void serve(int lfd, const char* const* answers, int count) {
         }
       }
     }
-    if (ok) {
+    if (ok && answers[k] == kEchoAuthorization) {
+      const char* v = strstr(in, "\r\nAuthorization: ");
+      size_t v_len = 0;
+      char head[64];
+      if (v != NULL) {
+        v += 17;
+        v_len = (size_t)(strstr(v, "\r\n") - v);
+      }
+      snprintf(head, sizeof head, "HTTP/1.1 200 OK\r\nContent-Length: %zu\r\n\r\n", v_len);
+      (void)!send(fd, head, strlen(head), 0);
+      (void)!send(fd, v, v_len, 0);
+    } else if (ok) {
       (void)!send(fd, answers[k], strlen(answers[k]), 0);
     } else {
       static const char bad[] = "HTTP/1.1 599 Bad Request Seen\r\nContent-Length: 0\r\n\r\n";
@@ -369,6 +556,9 @@ static void test_posix_transport(void) {
       "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
       "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",
       "garbage\r\n\r\n",
+      kEchoAuthorization,
+      kEchoAuthorization,
+      kEchoAuthorization,
   };
   const int count = (int)(sizeof answers / sizeof answers[0]);
   struct sockaddr_in sa;
@@ -377,10 +567,12 @@ static void test_posix_transport(void) {
   pid_t pid;
   offload_posix_transport_t t;
   uint8_t resp[16]; /* room for the 9-byte read below; other calls offer 8 */
+  static uint8_t echo[OFFLOAD_TOKEN_MAX_LEN + 16];
+  const char* longest = token_of(OFFLOAD_TOKEN_MAX_LEN, 'L');
   const size_t cap = 8;
   size_t resp_len = 0;
   const uint8_t req[3] = {1, 2, 3};
-  const char* path = "/offload.v1.X25519Service/Derive";
+  offload_transport_request_t request = {"/offload.v1.X25519Service/Derive", NULL, req, sizeof req};
 
   memset(&sa, 0, sizeof sa);
   sa.sin_family = AF_INET;
@@ -399,25 +591,38 @@ static void test_posix_transport(void) {
   CHECK(offload_posix_transport_init(&t, "localhost", 1) == OFFLOAD_POSIX_ERR_ARGUMENT, "numeric");
   CHECK(offload_posix_transport_init(&t, "127.0.0.1", ntohs(sa.sin_port)) == 0, "init");
 
-  rc = offload_posix_transport(&t, path, req, sizeof req, resp, cap, &resp_len, &status);
+  rc = offload_posix_transport(&t, &request, resp, cap, &resp_len, &status);
   CHECK(rc == OFFLOAD_TRANSPORT_OK && status == 200 && resp_len == 5 &&
             memcmp(resp, "hello", 5) == 0,
         "Content-Length body: rc %d status %d len %zu", rc, status, resp_len);
-  rc = offload_posix_transport(&t, path, req, sizeof req, resp, cap, &resp_len, &status);
+  rc = offload_posix_transport(&t, &request, resp, cap, &resp_len, &status);
   CHECK(rc == OFFLOAD_TRANSPORT_OK && status == 404 && resp_len == 2, "lower-case header: rc %d "
         "status %d len %zu", rc, status, resp_len);
-  rc = offload_posix_transport(&t, path, req, sizeof req, resp, 9, &resp_len, &status);
+  rc = offload_posix_transport(&t, &request, resp, 9, &resp_len, &status);
   CHECK(rc == OFFLOAD_TRANSPORT_OVERFLOW || (rc == OFFLOAD_TRANSPORT_OK && resp_len == 9),
         "body to EOF: rc %d len %zu", rc, resp_len);
-  rc = offload_posix_transport(&t, path, req, sizeof req, resp, cap, &resp_len, &status);
+  rc = offload_posix_transport(&t, &request, resp, cap, &resp_len, &status);
   CHECK(rc == OFFLOAD_TRANSPORT_OVERFLOW && status == 200 && resp_len == cap,
         "body over capacity: rc %d len %zu", rc, resp_len);
-  rc = offload_posix_transport(&t, path, req, sizeof req, resp, cap, &resp_len, &status);
+  rc = offload_posix_transport(&t, &request, resp, cap, &resp_len, &status);
   CHECK(rc == OFFLOAD_POSIX_ERR_RESPONSE, "chunked refused: rc %d", rc);
-  rc = offload_posix_transport(&t, path, req, sizeof req, resp, cap, &resp_len, &status);
+  rc = offload_posix_transport(&t, &request, resp, cap, &resp_len, &status);
   CHECK(rc == OFFLOAD_POSIX_ERR_RESPONSE, "truncated body: rc %d", rc);
-  rc = offload_posix_transport(&t, path, req, sizeof req, resp, cap, &resp_len, &status);
+  rc = offload_posix_transport(&t, &request, resp, cap, &resp_len, &status);
   CHECK(rc == OFFLOAD_POSIX_ERR_RESPONSE, "not HTTP: rc %d", rc);
+  /* The bearer token reaches the peer whole: none, a short one, the longest. */
+  rc = offload_posix_transport(&t, &request, echo, sizeof echo, &resp_len, &status);
+  CHECK(rc == OFFLOAD_TRANSPORT_OK && status == 200 && resp_len == 0, "no Authorization header");
+  request.bearer_token = "abc.def-_";
+  rc = offload_posix_transport(&t, &request, echo, sizeof echo, &resp_len, &status);
+  CHECK(rc == OFFLOAD_TRANSPORT_OK && resp_len == 16 && memcmp(echo, "Bearer abc.def-_", 16) == 0,
+        "Authorization: rc %d, '%.*s'", rc, (int)resp_len, (const char*)echo);
+  request.bearer_token = longest;
+  rc = offload_posix_transport(&t, &request, echo, sizeof echo, &resp_len, &status);
+  CHECK(rc == OFFLOAD_TRANSPORT_OK && resp_len == 7 + OFFLOAD_TOKEN_MAX_LEN &&
+            memcmp(echo, "Bearer ", 7) == 0 &&
+            memcmp(echo + 7, longest, OFFLOAD_TOKEN_MAX_LEN) == 0,
+        "the longest token: rc %d, %zu bytes", rc, resp_len);
   CHECK(waitpid(pid, &wstatus, 0) == pid && WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0,
         "peer exit");
 }
@@ -428,6 +633,9 @@ int main(void) {
   test_connect_errors();
   test_box_and_verify();
   test_small_buffer();
+  test_token();
+  test_http1_request();
+  test_http1_reader();
   test_posix_transport();
   printf("embedded_unit_test: %d checks, %d failures (client struct %zu bytes, buffer %zu)\n",
          checks, failures, sizeof(offload_client_t), (size_t)OFFLOAD_CLIENT_BUF_SIZE);

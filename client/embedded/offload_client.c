@@ -20,8 +20,7 @@ static const char* const kConnectCodes[] = {
     "internal",           "unavailable",    "data_loss",         "unauthenticated"};
 #define CONNECT_CODE_COUNT (sizeof(kConnectCodes) / sizeof(kConnectCodes[0]))
 
-/* Zeroes `len` bytes in a way the compiler may not drop. */
-static void wipe(void* p, size_t len) {
+void offload_wipe(void* p, size_t len) {
   volatile uint8_t* v = (volatile uint8_t*)p;
   while (len--) *v++ = 0;
 }
@@ -163,20 +162,67 @@ offload_status_t offload_client_init(offload_client_t* client, offload_transport
   return OFFLOAD_OK;
 }
 
+static bool is_token68_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+         c == '-' || c == '.' || c == '_' || c == '~' || c == '+' || c == '/';
+}
+
+size_t offload_token_length(const char* token) {
+  size_t n = 0;
+  if (token == NULL) return 0;
+  while (n <= OFFLOAD_TOKEN_MAX_LEN && is_token68_char(token[n])) ++n;
+  if (n == 0) return 0;
+  while (n <= OFFLOAD_TOKEN_MAX_LEN && token[n] == '=') ++n;
+  return (n <= OFFLOAD_TOKEN_MAX_LEN && token[n] == '\0') ? n : 0;
+}
+
+/* Copies the NUL-terminated `text` into last_error_message, truncated. */
+static void set_error_message(offload_client_t* client, const char* text) {
+  size_t n = 0;
+  while (n + 1 < sizeof client->last_error_message && text[n] != '\0') {
+    client->last_error_message[n] = text[n];
+    ++n;
+  }
+  client->last_error_message[n] = '\0';
+}
+
+#define OFFLOAD_STR_(x) #x
+#define OFFLOAD_STR(x) OFFLOAD_STR_(x)
+
+offload_status_t offload_client_set_token(offload_client_t* client, const char* token) {
+  if (client == NULL) return OFFLOAD_ERR_ARGUMENT;
+  if (token != NULL && offload_token_length(token) == 0) {
+    const char* why = "bearer token: expected token68 (letters, digits, \"-._~+/\", then \"=\"), "
+                      "got another character";
+    size_t n = 0;
+    while (n <= OFFLOAD_TOKEN_MAX_LEN && token[n] != '\0') ++n;
+    if (n == 0) why = "bearer token: expected 1 or more characters, got none";
+    if (n > OFFLOAD_TOKEN_MAX_LEN) {
+      why = "bearer token: expected at most " OFFLOAD_STR(OFFLOAD_TOKEN_MAX_LEN) " characters, "
+            "got more";
+    }
+    set_error_message(client, why);
+    return OFFLOAD_ERR_ARGUMENT;
+  }
+  client->token = token;
+  return OFFLOAD_OK;
+}
+
 /* Starts a call: checks the client and clears what the last call left. */
 static offload_status_t begin(offload_client_t* client) {
   if (client == NULL || client->transport == NULL || client->buf == NULL) {
     return OFFLOAD_ERR_ARGUMENT;
   }
   client->last_http_status = 0;
+  client->last_transport_error = 0;
   client->last_error_message[0] = '\0';
   return OFFLOAD_OK;
 }
 
 /* Ends a call: wipes the message structs and the wire buffer, returns `status`. */
 static offload_status_t finish(offload_client_t* client, offload_status_t status) {
-  wipe(&client->msg, sizeof client->msg);
-  wipe(client->buf, client->buf_len);
+  offload_wipe(&client->msg, sizeof client->msg);
+  offload_wipe(client->buf, client->buf_len);
   return status;
 }
 
@@ -204,6 +250,7 @@ static offload_status_t call(offload_client_t* client, const char* path,
   uint8_t* resp_buf;
   size_t resp_cap;
   int rc;
+  offload_transport_request_t request;
   pb_ostream_t os;
   pb_istream_t is;
 
@@ -216,9 +263,16 @@ static offload_status_t call(offload_client_t* client, const char* path,
 
   resp_buf = client->buf + req_len;
   resp_cap = client->buf_len - req_len;
-  rc = client->transport(client->transport_ctx, path, client->buf, req_len, resp_buf, resp_cap,
-                         &resp_len, &http_status);
-  if (rc != OFFLOAD_TRANSPORT_OK && rc != OFFLOAD_TRANSPORT_OVERFLOW) return OFFLOAD_ERR_TRANSPORT;
+  request.path = path;
+  request.bearer_token = client->token;
+  request.body = client->buf;
+  request.body_len = req_len;
+  rc = client->transport(client->transport_ctx, &request, resp_buf, resp_cap, &resp_len,
+                         &http_status);
+  if (rc != OFFLOAD_TRANSPORT_OK && rc != OFFLOAD_TRANSPORT_OVERFLOW) {
+    client->last_transport_error = rc;
+    return OFFLOAD_ERR_TRANSPORT;
+  }
   if (resp_len > resp_cap) return OFFLOAD_ERR_TRANSPORT; /* a transport bug; trust nothing */
   client->last_http_status = http_status;
   if (http_status != 200) {

@@ -11,6 +11,7 @@
  *   static offload_posix_transport_t http;               // or an esp_http_client transport
  *   offload_posix_transport_init(&http, "127.0.0.1", 8080);
  *   offload_client_init(&client, offload_posix_transport, &http, wire, sizeof wire);
+ *   offload_client_set_token(&client, token);           // optional: `Authorization: Bearer`
  *   uint8_t shared[32]; bool memo_hit;
  *   offload_status_t s = offload_derive(&client, "dev1", peer_pk, true, shared, &memo_hit);
  *   if (s != OFFLOAD_OK) log("derive: %s (%s)", offload_status_name(s), client.last_error_message);
@@ -92,27 +93,43 @@ typedef enum offload_status {
   OFFLOAD_ERR_UNAUTHENTICATED = 116
 } offload_status_t;
 
+/* Longest bearer token offload_client_set_token() takes, in characters. A JWT signed with Ed25519
+ * or ES256 carrying a few claims is 200-500 characters, an RS256 one about 700; the server refuses
+ * tokens over its --max_token_bytes (8 KiB by default). */
+#define OFFLOAD_TOKEN_MAX_LEN 2048
+
+/* What a transport sends: one Connect unary POST. */
+typedef struct offload_transport_request {
+  const char* path;         /* "/offload.v1.X25519Service/Derive" */
+  const char* bearer_token; /* NULL, or sent as `Authorization: Bearer <bearer_token>`: 1 to
+                               OFFLOAD_TOKEN_MAX_LEN characters of token68, see
+                               offload_token_length() */
+  const uint8_t* body;      /* the encoded request message */
+  size_t body_len;
+} offload_transport_request_t;
+
 /* Return values of a transport callback. */
 #define OFFLOAD_TRANSPORT_OK 0
 /* The body was longer than `resp_cap`: the first `resp_cap` bytes are in `resp`, `*resp_len` is
  * `resp_cap` and `*http_status` is set. */
 #define OFFLOAD_TRANSPORT_OVERFLOW 1
-/* Any other value: nothing usable was received. */
+/* Any other value: nothing usable was received. The client keeps it in last_transport_error. */
 
-/* One Connect unary call: an HTTP POST of `req` (`req_len` bytes) to `path`, for example
- * "/offload.v1.X25519Service/Derive", on the server's HTTP (Connect) port. The transport sends
+/* One Connect unary call: an HTTP POST of `request->body` to `request->path` on the server's
+ * HTTP (Connect) port. The transport sends
  *   Content-Type: application/proto
  *   Connect-Protocol-Version: 1
- *   Content-Length: <req_len>
+ *   Content-Length: <body_len>
+ *   Authorization: Bearer <bearer_token>      (only when `bearer_token` is not NULL)
  * and, when the server routes by key, may add X-Offload-Key. It stores the response body in
  * `resp` (at most `resp_cap` bytes), its length in `*resp_len` and the HTTP status code in
  * `*http_status`, whatever that status is: a Connect error is a 4xx/5xx with a JSON body
  * {"code":"not_found","message":"..."} that the client reads. Returns OFFLOAD_TRANSPORT_OK,
  * OFFLOAD_TRANSPORT_OVERFLOW, or any other value for a failure. Must not call back into the
  * client. `ctx` is the pointer given to offload_client_init(). */
-typedef int (*offload_transport_fn)(void* ctx, const char* path, const uint8_t* req,
-                                    size_t req_len, uint8_t* resp, size_t resp_cap,
-                                    size_t* resp_len, int* http_status);
+typedef int (*offload_transport_fn)(void* ctx, const offload_transport_request_t* request,
+                                    uint8_t* resp, size_t resp_cap, size_t* resp_len,
+                                    int* http_status);
 
 /* Longest Connect error message kept (truncated, NUL-terminated). */
 #define OFFLOAD_ERROR_MESSAGE_CAP 128
@@ -122,9 +139,13 @@ typedef struct offload_client {
   void* transport_ctx;
   uint8_t* buf;
   size_t buf_len;
-  /* After each call: the HTTP status (0 if the transport failed) and, for a Connect error, its
-   * message (else ""). The message never contains secrets (the server's rule). */
+  const char* token; /* the caller's bearer token (offload_client_set_token), or NULL */
+  /* After each call: the HTTP status (0 if the transport failed), the transport's own return
+   * value after OFFLOAD_ERR_TRANSPORT (else 0), and for a Connect error its message (else "").
+   * The message never contains secrets (the server's rule). offload_client_set_token() also
+   * leaves its reason for a refused token in last_error_message. */
   int last_http_status;
+  int last_transport_error;
   char last_error_message[OFFLOAD_ERROR_MESSAGE_CAP];
   /* The decoded messages of the call in progress; wiped before each call returns. */
   union {
@@ -151,6 +172,25 @@ typedef struct offload_client {
  * Returns OFFLOAD_ERR_ARGUMENT for a NULL pointer or a `buf_len` under 64. */
 offload_status_t offload_client_init(offload_client_t* client, offload_transport_fn transport,
                                      void* ctx, uint8_t* buf, size_t buf_len);
+
+/* Sends `Authorization: Bearer <token>` with every later call of `client`; NULL stops it. The
+ * client keeps the pointer, not a copy (no heap): `token` must stay alive and unchanged until it
+ * is replaced or the client is no longer used. A device keeps it in a static buffer and sets the
+ * new token between calls when it refreshes it (before its `exp`).
+ * Returns OFFLOAD_ERR_ARGUMENT for a token that is empty, over OFFLOAD_TOKEN_MAX_LEN characters
+ * or not token68 (see offload_token_length()), with the reason in last_error_message; the
+ * previous token then stays. Not while a call runs on `client`. */
+offload_status_t offload_client_set_token(offload_client_t* client, const char* token);
+
+/* The length of `token` when it is a bearer token the client sends: 1 to OFFLOAD_TOKEN_MAX_LEN
+ * characters of token68 (RFC 7235: letters, digits, "-._~+/", then any number of "="), which a
+ * JWT is; else 0. Reads at most OFFLOAD_TOKEN_MAX_LEN + 1 characters. Transports use it to
+ * check what they are given: no CR or LF reaches a header. */
+size_t offload_token_length(const char* token);
+
+/* Zeroes `len` bytes at `p` in a way the compiler may not drop: the client's buffers after each
+ * call, and a transport's scratch that held the request head (and so the token). */
+void offload_wipe(void* p, size_t len);
 
 /* X25519Service/Derive: the shared key of the managed X25519 key `key_id` (current version) and
  * `peer_public_key`. `box_output` false gives the raw X25519 secret, true the NaCl box key
