@@ -19,15 +19,18 @@ namespace {
 
 constexpr size_t kMaxValueBytes = 16 << 10;
 
-// `text` cut at each `sep` that is neither inside double quotes nor escaped by a backslash.
-std::vector<absl::string_view> SplitUnquoted(absl::string_view text, char sep) {
+// `text` cut at each `sep` that is neither inside double quotes nor escaped by a backslash;
+// nullopt if a quote is left open or a backslash ends the text. Refusing those matters: a proxy
+// that appends its element to a client-supplied header would otherwise have its element swallowed
+// by the client's open quote, and the client's URI= read as the identity.
+std::optional<std::vector<absl::string_view>> SplitUnquoted(absl::string_view text, char sep) {
   std::vector<absl::string_view> out;
   bool quoted = false;
   size_t start = 0;
   for (size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
     if (c == '\\') {
-      ++i;
+      if (++i == text.size()) return std::nullopt;
     } else if (c == '"') {
       quoted = !quoted;
     } else if (c == sep && !quoted) {
@@ -35,6 +38,7 @@ std::vector<absl::string_view> SplitUnquoted(absl::string_view text, char sep) {
       start = i + 1;
     }
   }
+  if (quoted) return std::nullopt;
   out.push_back(text.substr(start));
   return out;
 }
@@ -54,7 +58,9 @@ std::string Unquote(absl::string_view v) {
 // The CN of a distinguished name in RFC 2253 / RFC 4514 form ("CN=app-a,O=Example"); empty if
 // it has none.
 std::string CommonNameOf(absl::string_view dn) {
-  for (absl::string_view rdn : SplitUnquoted(dn, ',')) {
+  const std::optional<std::vector<absl::string_view>> rdns = SplitUnquoted(dn, ',');
+  if (!rdns.has_value()) return "";
+  for (absl::string_view rdn : *rdns) {
     rdn = absl::StripAsciiWhitespace(rdn);
     if (rdn.size() > 3 && absl::EqualsIgnoreCase(rdn.substr(0, 3), "CN=")) {
       return Unquote(rdn.substr(3));
@@ -84,9 +90,15 @@ std::optional<std::string> PercentDecode(absl::string_view in) {
 
 absl::StatusOr<std::string> IdentityOfXfcc(absl::string_view value) {
   // Each proxy appends its element: the last one is what the nearest (trusted) proxy saw.
-  const std::vector<absl::string_view> elements = SplitUnquoted(value, ',');
+  const std::optional<std::vector<absl::string_view>> elements = SplitUnquoted(value, ',');
+  const std::optional<std::vector<absl::string_view>> pairs =
+      elements.has_value() ? SplitUnquoted(elements->back(), ';') : std::nullopt;
+  if (!pairs.has_value()) {
+    return absl::InvalidArgumentError(
+        "x-forwarded-client-cert: an open quote or a dangling escape");
+  }
   std::string uri, dns, subject;
-  for (absl::string_view pair : SplitUnquoted(elements.back(), ';')) {
+  for (absl::string_view pair : *pairs) {
     const size_t eq = pair.find('=');
     if (eq == absl::string_view::npos) continue;
     const absl::string_view key = absl::StripAsciiWhitespace(pair.substr(0, eq));

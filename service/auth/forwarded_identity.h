@@ -8,7 +8,10 @@
 //
 // Headers:
 //   x-forwarded-client-cert  Envoy's XFCC: the last element (the nearest proxy's) - its URI,
-//                            else DNS, else the CN of Subject
+//                            else DNS, else the CN of Subject. Run Envoy with
+//                            forward_client_cert_details SANITIZE_SET, so that nothing the
+//                            client wrote is passed on; a value with an open quote or a dangling
+//                            backslash is refused either way
 //   ssl-client-cert          nginx's $ssl_client_escaped_cert: the URL-encoded PEM certificate
 //   x-ssl-client-s-dn        nginx's $ssl_client_s_dn: the CN of an RFC 2253 subject
 // Thread-safety: const after Parse; any thread.
@@ -16,6 +19,7 @@
 #define SERVICE_AUTH_FORWARDED_IDENTITY_H_
 
 #include <string>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"

@@ -21,6 +21,12 @@ TEST(ForwardedIdentityTest, EnvoyXfccNamesUriThenDnsThenSubjectCnOfTheLastElemen
   // Two proxies: the last element is the nearest one's.
   EXPECT_EQ(IdentityOr(f, "URI=spiffe://far;Hash=1,Hash=2;Subject=\"O=a,CN=near\""), "near");
   EXPECT_EQ(IdentityOr(f, "Hash=ab12").substr(0, 6), "error:");
+  // A client's open quote must not swallow the proxy's own element (APPEND_FORWARD).
+  EXPECT_EQ(IdentityOr(f, "URI=spiffe://offload/admin;x=\",By=p;URI=spiffe://offload/app-b")
+                .substr(0, 6),
+            "error:");
+  EXPECT_EQ(IdentityOr(f, "URI=spiffe://offload/admin\\").substr(0, 6), "error:");
+  EXPECT_EQ(IdentityOr(f, "URI=a,,URI=b"), "b");
 }
 
 TEST(ForwardedIdentityTest, NginxHeaders) {

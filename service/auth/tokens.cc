@@ -52,7 +52,7 @@ constexpr size_t kMaxJwksBytes = 1 << 20;
 constexpr size_t kMaxIdentityBytes = 256;
 // What one remembered token is charged besides its identity: the map slot, the list node, the
 // entry.
-constexpr size_t kEntryOverheadBytes = 128;
+constexpr size_t kEntryOverheadBytes = 160;
 
 const char* AlgorithmOf(Key::Kind kind) {
   switch (kind) {
@@ -82,15 +82,26 @@ std::optional<Json> JsonObject(absl::string_view text) {
   return j;
 }
 
+struct JwsRelease {
+  void operator()(cjose_jws_t* jws) const { cjose_jws_release(jws); }
+};
+
 std::string CjoseError(const cjose_err& err) {
   return err.message != nullptr ? err.message : "unknown cjose error";
 }
 
-// One entry of the JWKS's "keys"; nullopt for a key meant for something else (use != sig).
+// A string member of `j`, or "" when it is missing or not a string.
+std::string StringMember(const Json& j, const char* name) {
+  const auto it = j.find(name);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+// One entry of the JWKS's "keys"; nullopt (and a warning) for a key this service cannot use or
+// that is meant for something else (use != sig). Private or symmetric material is an error: a
+// JWKS for token checks lists public keys only, and one that does not may be a leaked secret.
 absl::StatusOr<std::optional<Key>> ParseKey(const Json& j, size_t index) {
   const std::string where = absl::StrCat("jwks_file: keys[", index, "]");
   if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(where, ": expected an object"));
-  if (j.contains("use") && j["use"] != "sig") return std::nullopt;
   for (const char* private_member : {"d", "p", "q", "dp", "dq", "qi", "k"}) {
     if (j.contains(private_member)) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -105,13 +116,17 @@ absl::StatusOr<std::optional<Key>> ParseKey(const Json& j, size_t index) {
     }
     key.kid = j["kid"].get<std::string>();
   }
-  const std::string kty = j.value("kty", "");
-  const std::string crv = j.value("crv", "");
+  const auto skip = [&](absl::string_view why) -> std::optional<Key> {
+    Log(LogLevel::kWarning, "jwks_key_skipped",
+        {{"key", absl::StrCat("keys[", index, "]")}, {"kid", key.kid}, {"reason", std::string(why)}});
+    return std::nullopt;
+  };
+  if (j.contains("use") && StringMember(j, "use") != "sig") return skip("use is not sig");
+  const std::string kty = StringMember(j, "kty");
+  const std::string crv = StringMember(j, "crv");
   if (kty == "OKP" && crv == "Ed25519") {
     key.kind = Key::Kind::kEd25519;
-    std::optional<std::string> x =
-        j.contains("x") && j["x"].is_string() ? Base64UrlDecode(j["x"].get<std::string>())
-                                              : std::nullopt;
+    std::optional<std::string> x = Base64UrlDecode(StringMember(j, "x"));
     if (!x.has_value() || x->size() != key.ed25519.size()) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": x: expected 32 bytes of Ed25519 public key in base64url"));
@@ -122,13 +137,12 @@ absl::StatusOr<std::optional<Key>> ParseKey(const Json& j, size_t index) {
   } else if (kty == "RSA") {
     key.kind = Key::Kind::kRsa;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": expected kty OKP (crv Ed25519), EC (crv P-256) or RSA, got kty \"", kty,
-        "\"", crv.empty() ? "" : absl::StrCat(" crv \"", crv, "\"")));
+    return skip(absl::StrCat("kty \"", kty, "\"", crv.empty() ? "" : absl::StrCat(" crv \"", crv, "\""),
+                             ": only OKP Ed25519, EC P-256 and RSA keys are used"));
   }
-  if (j.contains("alg") && j["alg"] != AlgorithmOf(key.kind)) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": alg: a ", kty, " key verifies ",
-                                                   AlgorithmOf(key.kind), " only"));
+  if (j.contains("alg") && StringMember(j, "alg") != AlgorithmOf(key.kind)) {
+    return skip(absl::StrCat("alg is not ", AlgorithmOf(key.kind), ", the only algorithm used with a ",
+                             kty, " key"));
   }
   if (key.kind != Key::Kind::kEd25519) {
     const std::string text = j.dump();
@@ -147,7 +161,7 @@ absl::StatusOr<std::optional<Key>> ParseKey(const Json& j, size_t index) {
   return key;
 }
 
-absl::StatusOr<std::shared_ptr<const KeySet>> ReadKeys(const std::string& path) {
+absl::StatusOr<std::shared_ptr<const KeySet>> ReadKeysOrThrow(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::InvalidArgumentError(absl::StrCat("jwks_file: cannot read ", path));
   std::string text(kMaxJwksBytes + 1, '\0');
@@ -176,16 +190,27 @@ absl::StatusOr<std::shared_ptr<const KeySet>> ReadKeys(const std::string& path) 
   }
   if (set->keys.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("jwks_file: ", path, " lists no signature key"));
+        absl::StrCat("jwks_file: ", path, " lists no signature key this service can use"));
   }
   return set;
 }
 
-// A JSON number claim in seconds since the epoch.
+absl::StatusOr<std::shared_ptr<const KeySet>> ReadKeys(const std::string& path) {
+  try {
+    return ReadKeysOrThrow(path);
+  } catch (const std::exception& e) {  // nlohmann's type errors: no exception leaves this file
+    return absl::InvalidArgumentError(absl::StrCat("jwks_file: ", path, ": ", e.what()));
+  }
+}
+
+// A JSON number claim in seconds since the epoch, from 1970 to the end of 9999 (anything else,
+// huge or negative numbers included, is no time at all).
 std::optional<absl::Time> TimeClaim(const Json& claims, const char* name) {
   auto it = claims.find(name);
   if (it == claims.end() || !it->is_number()) return std::nullopt;
-  return absl::FromUnixMicros(static_cast<int64_t>(it->get<double>() * 1e6));
+  const double seconds = it->get<double>();
+  if (!(seconds >= 0 && seconds <= 253402300799.0)) return std::nullopt;  // NaN fails too
+  return absl::UnixEpoch() + absl::Seconds(seconds);
 }
 
 }  // namespace
@@ -226,10 +251,14 @@ absl::StatusOr<std::unique_ptr<TokenVerifier>> TokenVerifier::Create(Options opt
   absl::StatusOr<std::shared_ptr<const KeySet>> keys = ReadKeys(options.jwks_file);
   if (!keys.ok()) return keys.status();
   std::unique_ptr<TokenVerifier> v(new TokenVerifier(std::move(options)));
-  absl::MutexLock lock(&v->keys_mu_);
-  v->keys_ = *std::move(keys);
-  v->keys_stamp_ = stamp;
-  v->next_look_ns_.store(absl::ToUnixNanos(v->Now()) + 1'000'000'000);
+  {
+    absl::MutexLock lock(&v->keys_mu_);
+    v->keys_ = *std::move(keys);
+    v->keys_stamp_ = stamp;
+  }
+  if (v->options_.watch_interval > absl::ZeroDuration()) {
+    v->watcher_ = std::thread([p = v.get()] { p->Watch(); });
+  }
   return v;
 }
 
@@ -237,7 +266,14 @@ TokenVerifier::TokenVerifier(Options options) : options_(std::move(options)) {
   randombytes_buf(hash_key_.data(), hash_key_.size());
 }
 
-TokenVerifier::~TokenVerifier() { sodium_memzero(hash_key_.data(), hash_key_.size()); }
+TokenVerifier::~TokenVerifier() {
+  {
+    absl::MutexLock lock(&watch_mu_);
+    stopping_ = true;
+  }
+  if (watcher_.joinable()) watcher_.join();
+  sodium_memzero(hash_key_.data(), hash_key_.size());
+}
 
 absl::Time TokenVerifier::Now() const { return options_.clock ? options_.clock() : absl::Now(); }
 
@@ -248,11 +284,18 @@ TokenVerifier::Digest TokenVerifier::DigestOf(absl::string_view token) const {
   return d;
 }
 
-void TokenVerifier::MaybeReload() {
-  const int64_t now = absl::ToUnixNanos(Now());
-  int64_t next = next_look_ns_.load(std::memory_order_relaxed);
-  // One caller per second looks at the file; the others go on with the keys they have.
-  if (now < next || !next_look_ns_.compare_exchange_strong(next, now + 1'000'000'000)) return;
+void TokenVerifier::Watch() {
+  for (;;) {
+    {
+      absl::MutexLock lock(&watch_mu_);
+      const auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(watch_mu_) { return stopping_; };
+      if (watch_mu_.AwaitWithTimeout(absl::Condition(&stop), options_.watch_interval)) return;
+    }
+    CheckFile();
+  }
+}
+
+void TokenVerifier::CheckFile() {
   const int64_t stamp = FileFingerprint(options_.jwks_file);
   uint64_t generation = 0;
   {
@@ -270,6 +313,8 @@ void TokenVerifier::MaybeReload() {
     std::vector<std::string> kids;
     for (const Key& k : fresh->keys) kids.push_back(k.kid);
     keys_ = std::move(fresh);
+    // From here a remembered token of an older generation is not taken (Remembered).
+    keys_generation_.store(generation, std::memory_order_release);
     Log(LogLevel::kInfo, "jwks_reloaded", {{"jwks_file", options_.jwks_file}, {"kids", kids}});
   }
   // Tokens checked against the previous keys are checked again.
@@ -281,7 +326,6 @@ void TokenVerifier::MaybeReload() {
 }
 
 std::shared_ptr<const KeySet> TokenVerifier::CurrentKeys() {
-  MaybeReload();
   absl::MutexLock lock(&keys_mu_);
   return keys_;
 }
@@ -293,14 +337,14 @@ absl::Status TokenVerifier::Refuse(Refusal refusal, absl::string_view detail) {
 
 std::optional<std::string> TokenVerifier::Remembered(absl::string_view token) {
   if (token.size() > options_.max_token_bytes) return std::nullopt;
-  MaybeReload();  // a changed JWKS forgets what was remembered
   const Digest digest = DigestOf(token);
   const absl::Time now = Now();
+  const uint64_t generation = keys_generation_.load(std::memory_order_acquire);
   absl::MutexLock lock(&memo_mu_);
   auto it = memo_.find(digest);
   if (it == memo_.end()) return std::nullopt;
-  if (now > it->second.not_after) {
-    EraseLocked(it);  // Verify then refuses it as expired, audited
+  if (now > it->second.not_after || it->second.generation != generation) {
+    EraseLocked(it);  // Verify then refuses it (expired, or its key gone), audited
     return std::nullopt;
   }
   lru_.splice(lru_.begin(), lru_, it->second.lru);
@@ -329,25 +373,29 @@ void TokenVerifier::Remember(const Digest& digest, std::string identity, absl::T
   memo_bytes_ += bytes;
 }
 
-absl::StatusOr<std::string> TokenVerifier::Verify(absl::string_view token) {
+struct TokenVerifier::Parsed {
+  std::shared_ptr<const KeySet> keys;
+  const Key* key = nullptr;
+  size_t dot1 = 0, dot2 = 0;  // header.claims.signature
+};
+
+absl::StatusOr<TokenVerifier::Parsed> TokenVerifier::Parse(absl::string_view token) {
   if (token.size() > options_.max_token_bytes) {
     return Refuse(Refusal::kTooLarge, absl::StrCat(token.size(), " bytes; at most ",
                                                    options_.max_token_bytes));
   }
-  std::shared_ptr<const KeySet> keys = CurrentKeys();
-  // header.claims.signature, each base64url.
-  const size_t dot1 = token.find('.');
-  const size_t dot2 = dot1 == absl::string_view::npos ? dot1 : token.find('.', dot1 + 1);
-  if (dot2 == absl::string_view::npos || token.find('.', dot2 + 1) != absl::string_view::npos) {
+  Parsed p;
+  p.keys = CurrentKeys();
+  p.dot1 = token.find('.');
+  p.dot2 = p.dot1 == absl::string_view::npos ? p.dot1 : token.find('.', p.dot1 + 1);
+  if (p.dot2 == absl::string_view::npos || token.find('.', p.dot2 + 1) != absl::string_view::npos) {
     return Refuse(Refusal::kMalformed, "expected a JWS in compact form (three parts)");
   }
-  std::optional<std::string> header_text = Base64UrlDecode(token.substr(0, dot1));
+  std::optional<std::string> header_text = Base64UrlDecode(token.substr(0, p.dot1));
   std::optional<Json> header =
       header_text.has_value() ? JsonObject(*header_text) : std::optional<Json>();
   if (!header.has_value()) return Refuse(Refusal::kMalformed, "header is not a JSON object");
-  const auto alg_it = header->find("alg");
-  const std::string alg = alg_it != header->end() && alg_it->is_string() ? alg_it->get<std::string>()
-                                                                         : std::string();
+  const std::string alg = StringMember(*header, "alg");
   if (alg != "EdDSA" && alg != "ES256" && alg != "RS256") {
     return Refuse(Refusal::kAlgorithm,
                   absl::StrCat("alg \"", alg.substr(0, 16), "\"; expected EdDSA, ES256 or RS256"));
@@ -355,30 +403,44 @@ absl::StatusOr<std::string> TokenVerifier::Verify(absl::string_view token) {
   if (header->contains("crit")) {
     return Refuse(Refusal::kMalformed, "crit header parameters are not understood");
   }
-  const Key* key = nullptr;
   if (const auto kid = header->find("kid"); kid != header->end()) {
     if (!kid->is_string()) return Refuse(Refusal::kMalformed, "kid is not a string");
-    key = keys->Find(kid->get<std::string>());
-    if (key == nullptr) return Refuse(Refusal::kUnknownKid, "no key of that kid in the JWKS");
-  } else if (keys->keys.size() == 1) {
-    key = &keys->keys.front();
+    p.key = p.keys->Find(kid->get<std::string>());
+    if (p.key == nullptr) return Refuse(Refusal::kUnknownKid, "no key of that kid in the JWKS");
+  } else if (p.keys->keys.size() == 1) {
+    p.key = &p.keys->keys.front();
   } else {
     return Refuse(Refusal::kUnknownKid, "no kid, and the JWKS holds several keys");
   }
-  if (alg != AlgorithmOf(key->kind)) {
+  if (alg != AlgorithmOf(p.key->kind)) {
     return Refuse(Refusal::kAlgorithm,
-                  absl::StrCat("alg ", alg, " with a key for ", AlgorithmOf(key->kind)));
+                  absl::StrCat("alg ", alg, " with a key for ", AlgorithmOf(p.key->kind)));
+  }
+  return p;
+}
+
+absl::Status TokenVerifier::Precheck(absl::string_view token) { return Parse(token).status(); }
+
+absl::StatusOr<std::string> TokenVerifier::Verify(absl::string_view token) {
+  absl::StatusOr<Parsed> parsed = Parse(token);
+  if (!parsed.ok()) return parsed.status();
+  const Key& key = *parsed->key;
+  const size_t dot1 = parsed->dot1, dot2 = parsed->dot2;
+  std::optional<std::string> signature = Base64UrlDecode(token.substr(dot2 + 1));
+  // One encoding per signature (RFC 7518 3.4, RFC 8037 3.1): no padded or trailing variants of
+  // a valid token.
+  if (!signature.has_value() ||
+      (key.kind != Key::Kind::kRsa && signature->size() != crypto_sign_BYTES)) {
+    return Refuse(Refusal::kSignature, "not a signature of this algorithm's size");
   }
 
   signature_checks_.fetch_add(1, std::memory_order_relaxed);
   std::string claims_text;
-  if (key->kind == Key::Kind::kEd25519) {
+  if (key.kind == Key::Kind::kEd25519) {
     // cjose does not know EdDSA: the signature over "header.claims" by libsodium.
-    std::optional<std::string> signature = Base64UrlDecode(token.substr(dot2 + 1));
-    if (!signature.has_value() || signature->size() != crypto_sign_BYTES ||
-        crypto_sign_verify_detached(reinterpret_cast<const unsigned char*>(signature->data()),
+    if (crypto_sign_verify_detached(reinterpret_cast<const unsigned char*>(signature->data()),
                                     reinterpret_cast<const unsigned char*>(token.data()), dot2,
-                                    key->ed25519.data()) != 0) {
+                                    key.ed25519.data()) != 0) {
       return Refuse(Refusal::kSignature, "does not verify");
     }
     std::optional<std::string> claims = Base64UrlDecode(token.substr(dot1 + 1, dot2 - dot1 - 1));
@@ -386,13 +448,12 @@ absl::StatusOr<std::string> TokenVerifier::Verify(absl::string_view token) {
     claims_text = *std::move(claims);
   } else {
     cjose_err err{};
-    std::unique_ptr<cjose_jws_t, void (*)(cjose_jws_t*)> jws(
-        cjose_jws_import(token.data(), token.size(), &err), cjose_jws_release);
+    std::unique_ptr<cjose_jws_t, JwsRelease> jws(cjose_jws_import(token.data(), token.size(), &err));
     if (jws == nullptr) return Refuse(Refusal::kMalformed, "not a JWS cjose can read");
-    if (!cjose_jws_verify(jws.get(), key->jwk.get(), &err)) {
+    if (!cjose_jws_verify(jws.get(), key.jwk.get(), &err)) {
       return Refuse(Refusal::kSignature, "does not verify");
     }
-    uint8_t* plaintext = nullptr;
+    uint8_t* plaintext = nullptr;  // owned by the jws
     size_t plaintext_len = 0;
     if (!cjose_jws_get_plaintext(jws.get(), &plaintext, &plaintext_len, &err)) {
       return Refuse(Refusal::kMalformed, "claims are not readable");
@@ -404,15 +465,14 @@ absl::StatusOr<std::string> TokenVerifier::Verify(absl::string_view token) {
   if (!claims.has_value()) return Refuse(Refusal::kMalformed, "claims are not a JSON object");
   const absl::Time now = Now();
   const std::optional<absl::Time> exp = TimeClaim(*claims, "exp");
-  if (!exp.has_value()) return Refuse(Refusal::kMalformed, "exp missing or not a number");
+  if (!exp.has_value()) return Refuse(Refusal::kMalformed, "exp missing or not a time");
   if (now > *exp + options_.clock_skew) return Refuse(Refusal::kExpired, "exp has passed");
   if (claims->contains("nbf")) {
     const std::optional<absl::Time> nbf = TimeClaim(*claims, "nbf");
-    if (!nbf.has_value()) return Refuse(Refusal::kMalformed, "nbf is not a number");
+    if (!nbf.has_value()) return Refuse(Refusal::kMalformed, "nbf is not a time");
     if (now + options_.clock_skew < *nbf) return Refuse(Refusal::kNotYetValid, "nbf is ahead");
   }
-  const auto iss = claims->find("iss");
-  if (iss == claims->end() || !iss->is_string() || *iss != options_.issuer) {
+  if (StringMember(*claims, "iss") != options_.issuer) {
     return Refuse(Refusal::kIssuer, "iss is not the configured issuer");
   }
   bool audience = false;
@@ -424,15 +484,14 @@ absl::StatusOr<std::string> TokenVerifier::Verify(absl::string_view token) {
     }
   }
   if (!audience) return Refuse(Refusal::kAudience, "aud does not name this service");
-  const auto id = claims->find(options_.identity_claim);
-  if (id == claims->end() || !id->is_string() || id->get_ref<const std::string&>().empty() ||
-      id->get_ref<const std::string&>().size() > kMaxIdentityBytes) {
+  const std::string id = StringMember(*claims, options_.identity_claim.c_str());
+  if (id.empty() || id.size() > kMaxIdentityBytes) {
     return Refuse(Refusal::kIdentity,
                   absl::StrCat(options_.identity_claim, ": expected a string of 1 to ",
                                kMaxIdentityBytes, " bytes"));
   }
-  std::string identity = id->get<std::string>();
-  Remember(DigestOf(token), identity, *exp + options_.clock_skew, keys->generation);
+  std::string identity = absl::StrCat(options_.identity_prefix, id);
+  Remember(DigestOf(token), identity, *exp + options_.clock_skew, parsed->keys->generation);
   return identity;
 }
 

@@ -18,9 +18,13 @@
 // checked by cjose (Debian's libcjose, which does not know EdDSA), Ed25519 ones by libsodium.
 //
 // A verified token is remembered under a keyed hash of the token (a per-process random key), with
-// its identity, until its `exp`, in at most `remembered_bytes` (least recently used first out):
-// a repeated token costs a hash and a lookup. When the JWKS file changes, everything remembered is
-// forgotten, so a token whose key was removed is refused within a second of the change.
+// its identity, until its `exp`, in about `remembered_bytes` (each entry is charged 160 bytes
+// plus its identity; least recently used first out): a repeated token costs a hash and a lookup.
+// A thread of its own looks at the JWKS file every `watch_interval`; when it changed, the keys
+// are read again and everything remembered is forgotten, so a token whose key was removed is
+// refused within about a second. A key the service cannot use (another curve, PS256, ...) is
+// skipped with a warning; a file with private or symmetric key material, or with no usable key,
+// is refused (at start: an error; later: the previous keys stay).
 // Refusals are Unauthenticated("token <reason>: <detail>") and never quote the token.
 // Thread-safety: every method may be called from any thread.
 #ifndef SERVICE_AUTH_TOKENS_H_
@@ -35,6 +39,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -56,14 +61,20 @@ class TokenVerifier final {
     std::string issuer;
     std::string audience;
     std::string identity_claim = "sub";
+    // Prepended to every token identity ("jwt:" makes them unlike any certificate identity, so a
+    // policy can tell them apart); empty: the claim's value as it is.
+    std::string identity_prefix;
     absl::Duration clock_skew = absl::Seconds(60);
     size_t max_token_bytes = 8 << 10;
     size_t remembered_bytes = 4 << 20;
     std::function<absl::Time()> clock;  // tests move time; default absl::Now
+    // How often the watcher thread looks at the file; zero: no thread (tests call CheckFile).
+    absl::Duration watch_interval = absl::Seconds(1);
   };
   // Why a token was refused; each is counted.
   enum class Refusal {
-    kMalformed,    // not three base64url parts, header or claims not JSON objects, crit, no exp
+    kMalformed,    // not three base64url parts, header or claims not JSON objects, crit, exp
+                   // missing, exp or nbf not a time in 1970-9999
     kTooLarge,     // over max_token_bytes
     kAlgorithm,    // alg none, HMAC, unknown, or not the algorithm of the selected key
     kUnknownKid,   // no key of that kid in the JWKS (or no kid, and the JWKS has several keys)
@@ -74,7 +85,7 @@ class TokenVerifier final {
     kAudience,     // aud missing or not naming the configured audience
     kIdentity,     // the identity claim missing, not a string, empty or over 256 bytes
   };
-  static constexpr int kRefusals = 10;
+  static constexpr int kRefusals = static_cast<int>(Refusal::kIdentity) + 1;
   static const char* RefusalName(Refusal refusal);
 
   struct Counts {
@@ -90,12 +101,20 @@ class TokenVerifier final {
   ~TokenVerifier();
 
   // The identity of `token` if it is remembered as verified and not expired; nullopt otherwise
-  // (Verify it). A keyed hash and a lookup: may run on a transport thread.
+  // (Verify it). A keyed hash and a lookup, no file access: may run on a transport thread.
   std::optional<std::string> Remembered(absl::string_view token);
+
+  // What can be refused without a signature check: size, form, header, algorithm, kid and key
+  // type. OK, or Unauthenticated (counted). Cheap: may run on a transport thread.
+  absl::Status Precheck(absl::string_view token);
 
   // The whole check; a valid token is remembered. Its identity, or Unauthenticated (counted by
   // reason). Runs a signature check: for a worker thread.
   absl::StatusOr<std::string> Verify(absl::string_view token);
+
+  // Looks at the JWKS file now and re-reads it if it changed (the watcher thread does this every
+  // watch_interval).
+  void CheckFile();
 
   Counts counts() const;
   size_t remembered_bytes() const;
@@ -109,12 +128,14 @@ class TokenVerifier final {
     std::list<Digest>::iterator lru;
   };
 
+  // A token's parts, its header read and its key chosen (no signature checked yet).
+  struct Parsed;
+
   explicit TokenVerifier(Options options);
   absl::Time Now() const;
   Digest DigestOf(absl::string_view token) const;
-  // Re-reads the key set if the file changed (looked at once per second at most; between looks
-  // a relaxed atomic load and no lock), forgetting every remembered token when it did.
-  void MaybeReload();
+  absl::StatusOr<Parsed> Parse(absl::string_view token);
+  void Watch();
   std::shared_ptr<const internal::KeySet> CurrentKeys();
   absl::Status Refuse(Refusal refusal, absl::string_view detail);
   void Remember(const Digest& digest, std::string identity, absl::Time not_after,
@@ -128,7 +149,12 @@ class TokenVerifier final {
   absl::Mutex keys_mu_;
   std::shared_ptr<const internal::KeySet> keys_ ABSL_GUARDED_BY(keys_mu_);
   int64_t keys_stamp_ ABSL_GUARDED_BY(keys_mu_) = 0;
-  std::atomic<int64_t> next_look_ns_{0};  // no look at the file before this (unix ns)
+  // The generation of keys_, for a lookup that races with a reload.
+  std::atomic<uint64_t> keys_generation_{0};
+
+  absl::Mutex watch_mu_;
+  bool stopping_ ABSL_GUARDED_BY(watch_mu_) = false;
+  std::thread watcher_;
 
   mutable absl::Mutex memo_mu_;
   absl::flat_hash_map<Digest, Entry> memo_ ABSL_GUARDED_BY(memo_mu_);

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -69,6 +70,7 @@ class TokensTest : public ::testing::Test {
     o.audience = "offload";
     o.remembered_bytes = remembered_bytes;
     o.clock = [this] { return now_; };
+    o.watch_interval = absl::ZeroDuration();  // the test calls CheckFile
     absl::StatusOr<std::unique_ptr<TokenVerifier>> v = TokenVerifier::Create(o);
     EXPECT_TRUE(v.ok()) << v.status();
     return v.ok() ? *std::move(v) : nullptr;
@@ -169,14 +171,75 @@ TEST_F(TokensTest, ARemovedKeyIsRefusedOnceTheFileChanges) {
   EXPECT_EQ(v->Verify(token).value(), "app-b");
   EXPECT_TRUE(v->Remembered(token).has_value());
   WriteJwks({a_.Jwk()});
-  // A file's fingerprint includes its size, which changed; looked at once per second.
-  now_ += absl::Seconds(2);
+  v->CheckFile();  // the watcher thread's look (a file's fingerprint includes its size)
   EXPECT_FALSE(v->Remembered(token).has_value());
   EXPECT_EQ(Reason(v->Verify(token)), "unknown_kid");
-  // A JWKS that no longer parses keeps the keys it had.
-  std::ofstream(jwks_, std::ios::trunc) << "{not json";
-  now_ += absl::Seconds(2);
-  EXPECT_EQ(v->Verify(Token(a_, Claims())).value(), "app-a");
+  // A JWKS that no longer parses, or whose members have the wrong types, keeps the keys it had.
+  for (const char* bad : {"{not json", R"({"keys":[{"kty":1}]})", R"({"keys":[{"kty":"OKP","crv":[]}]})",
+                          R"({"keys":{"kty":"OKP"}})"}) {
+    std::ofstream(jwks_, std::ios::trunc) << bad;
+    v->CheckFile();
+    EXPECT_EQ(v->Verify(Token(a_, Claims())).value(), "app-a") << bad;
+  }
+}
+
+TEST_F(TokensTest, TheWatcherThreadNoticesAChangedFile) {
+  TokenVerifier::Options o;
+  o.jwks_file = jwks_;
+  o.issuer = "https://id.example";
+  o.audience = "offload";
+  o.clock = [this] { return now_; };
+  o.watch_interval = absl::Milliseconds(20);
+  auto v = TokenVerifier::Create(o).value();
+  const std::string token = Token(b_, Claims("app-b"));
+  ASSERT_TRUE(v->Verify(token).ok());
+  WriteJwks({a_.Jwk()});
+  // An answer, not a time: the watcher runs on its own; wait (up to 10 s) until it has looked.
+  for (int i = 0; i < 1000 && v->Remembered(token).has_value(); ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_FALSE(v->Remembered(token).has_value());
+  EXPECT_EQ(Reason(v->Verify(token)), "unknown_kid");
+}
+
+TEST_F(TokensTest, TimesOutsideTheCalendarAreMalformed) {
+  auto v = Make();
+  for (Json bad : {Json(1e300), Json(-1), Json(18446744073709551615.0), Json("1800000600"),
+                   Json(true), Json(nullptr)}) {
+    Json c = Claims();
+    c["exp"] = bad;
+    EXPECT_EQ(Reason(v->Verify(Token(a_, c))), "malformed") << bad.dump();
+    c = Claims();
+    if (bad.is_null()) continue;  // nbf: null is "present and not a time", tested below
+    c["nbf"] = bad;
+    EXPECT_EQ(Reason(v->Verify(Token(a_, c))), "malformed") << "nbf " << bad.dump();
+  }
+  Json c = Claims();
+  c["nbf"] = nullptr;
+  EXPECT_EQ(Reason(v->Verify(Token(a_, c))), "malformed");
+}
+
+TEST_F(TokensTest, AnIdentityPrefixSetsTokenIdentitiesApart) {
+  TokenVerifier::Options o;
+  o.jwks_file = jwks_;
+  o.issuer = "https://id.example";
+  o.audience = "offload";
+  o.identity_prefix = "jwt:";
+  o.clock = [this] { return now_; };
+  o.watch_interval = absl::ZeroDuration();
+  auto v = TokenVerifier::Create(o).value();
+  const std::string token = Token(a_, Claims("ops-admin"));
+  EXPECT_EQ(v->Verify(token).value(), "jwt:ops-admin");
+  EXPECT_EQ(v->Remembered(token).value_or(""), "jwt:ops-admin");
+}
+
+TEST_F(TokensTest, PrecheckRefusesWithoutASignatureCheck) {
+  auto v = Make();
+  EXPECT_TRUE(v->Precheck(Token(a_, Claims())).ok());
+  EXPECT_EQ(v->Precheck(a_.Sign({{"alg", "HS256"}, {"kid", "a"}}, Claims())).code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(v->Precheck(a_.Sign({{"alg", "EdDSA"}, {"kid", "zz"}}, Claims())).code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(v->Precheck("x.y").code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(v->counts().signature_checks, 0u);
 }
 
 TEST_F(TokensTest, TheMemoStaysWithinItsBound) {
@@ -198,17 +261,23 @@ TEST_F(TokensTest, BadKeySetsAreRefusedAtStart) {
     o.jwks_file = jwks_;
     o.issuer = "i";
     o.audience = "a";
+    o.watch_interval = absl::ZeroDuration();
     return TokenVerifier::Create(o).status();
   };
   Json priv = a_.Jwk();
   priv["d"] = "AAAA";
   EXPECT_THAT(start({priv}).message(), HasSubstr("private"));
   EXPECT_THAT(start({{{"kty", "oct"}, {"k", "c2VjcmV0"}}}).message(), HasSubstr("private"));
-  EXPECT_THAT(start({{{"kty", "OKP"}, {"crv", "X25519"}, {"x", "AAAA"}}}).message(),
-              HasSubstr("crv"));
+  // Keys the service cannot use are skipped (a warning), so an issuer's JWKS that also lists,
+  // say, an X25519 or a PS256 key still works; a JWKS of only such keys is refused.
+  const Json x25519 = {{"kty", "OKP"}, {"crv", "X25519"}, {"x", "AAAA"}};
   Json wrong_alg = a_.Jwk();
   wrong_alg["alg"] = "RS256";
-  EXPECT_THAT(start({wrong_alg}).message(), HasSubstr("EdDSA only"));
+  EXPECT_THAT(start({x25519}).message(), HasSubstr("no signature key"));
+  EXPECT_THAT(start({wrong_alg}).message(), HasSubstr("no signature key"));
+  EXPECT_TRUE(start({x25519, wrong_alg, b_.Jwk()}).ok());
+  EXPECT_THAT(start({{{"kty", 7}}}).message(), HasSubstr("no signature key"));
+  EXPECT_THAT(start({{{"kty", "OKP"}, {"crv", "Ed25519"}, {"x", 5}}}).message(), HasSubstr("x:"));
   EXPECT_THAT(start({a_.Jwk(), a_.Jwk()}).message(), HasSubstr("twice"));
   EXPECT_THAT(start({}).message(), HasSubstr("no signature key"));
   Json enc = a_.Jwk();

@@ -480,39 +480,61 @@ class Call final : public std::enable_shared_from_this<Call> {
         if (std::optional<std::string> identity = shared_->tokens->Remembered(*token)) {
           SetTokenIdentity(*std::move(identity));
         } else {
-          // The first use of a token: its signature is checked on a worker, admitted as a call
-          // of the peer's (so a flood of new tokens waits its turn like any other work).
+          // What needs no signature check is refused here; the signature of a token's first use
+          // is checked on a worker, admitted as a call of the peer's (so a flood of new tokens
+          // waits its turn like any other work) and skipped, as any call is, when its client is
+          // gone or its deadline passed while it waited.
+          if (absl::Status s = shared_->tokens->Precheck(*token); !s.ok()) return Refuse(s);
           if (absl::Status s = Admit(); !s.ok()) return Finish(s);
           shared_->pool->Submit([self = shared_from_this(), token = std::string(*token)] {
-            absl::StatusOr<std::string> identity = self->shared_->tokens->Verify(token);
-            self->ticket_.Release();
-            if (!identity.ok()) return self->Refuse(identity.status());
-            self->SetTokenIdentity(*std::move(identity));
-            self->AuthorizeAndRun();
+            self->VerifyTokenOnWorker(token);
           });
           return;
         }
       }
     }
-    AuthorizeAndRun();
+    AuthorizeAndRun(/*on_worker=*/false);
   }
 
-  void AuthorizeAndRun() {
+  void VerifyTokenOnWorker(const std::string& token) {
+    if (absl::Now() > deadline_) {
+      if (shared_->admission != nullptr) shared_->admission->CountDeadlineDrop();
+      return Finish(absl::DeadlineExceededError("deadline passed while queued"));
+    }
+    if (exchange_->abandoned()) {
+      if (shared_->admission != nullptr) shared_->admission->CountClientGoneDrop();
+      return Finish(absl::CancelledError("client went away"));
+    }
+    absl::StatusOr<std::string> identity = shared_->tokens->Verify(token);
+    ticket_.Release();  // Run admits the call itself, under the identity's name
+    if (!identity.ok()) return Refuse(identity.status());
+    SetTokenIdentity(*std::move(identity));
+    AuthorizeAndRun(/*on_worker=*/true);
+  }
+
+  void AuthorizeAndRun(bool on_worker) {
     if (auth::Authorizer* authorizer = shared_->authorizer; authorizer != nullptr) {
       if (absl::Status s = authorizer->Authorize(peer_, method_->path, *request_, TransportName());
           !s.ok()) {
         return Finish(s);
       }
     }
-    Run();
+    Run(on_worker);
   }
 
-  // A refusal for who the caller claims to be: audited and counted as unauthenticated.
+  // A refusal for who the caller claims to be: audited and counted as unauthenticated. With
+  // tokens on, the answer says how to authenticate (RFC 6750's WWW-Authenticate).
   void Refuse(absl::Status status) {
     if (shared_->authorizer != nullptr) {
       shared_->authorizer->AuditUnauthenticated(peer_, method_->path, status, TransportName());
     }
-    Finish(std::move(status));
+    HeaderList extra;
+    if (shared_->tokens != nullptr) {
+      extra.emplace_back("www-authenticate", exchange_->header("authorization").has_value()
+                                                 ? "Bearer error=\"invalid_token\""
+                                                 : "Bearer");
+    }
+    Finish(std::move(status), /*http_status=*/0, std::move(extra));
   }
 
   // The token of `authorization: Bearer <token>`; empty without the header. Unauthenticated for
@@ -540,9 +562,16 @@ class Call final : public std::enable_shared_from_this<Call> {
     const auth::ForwardedIdentity* forwarded = shared_->forwarded_identity;
     if (forwarded == nullptr) return absl::OkStatus();
     std::optional<absl::string_view> value = exchange_->header(forwarded->header());
-    if (!value.has_value()) return absl::OkStatus();
     const std::string host = peer_.Host();
-    if (!shared_->trusted_proxies.Contains(host)) {
+    const bool trusted = shared_->trusted_proxies.Contains(host);
+    if (trusted) {
+      // The connection's own certificate is the proxy's, never its caller's: a caller the proxy
+      // names no certificate for has no identity (else it would hold the proxy's grants).
+      peer_.identity.clear();
+      peer_.identity_source = "";
+    }
+    if (!value.has_value()) return absl::OkStatus();
+    if (!trusted) {
       if (shared_->authorizer != nullptr) {
         shared_->authorizer->ForwardedIdentityIgnored(peer_, forwarded->header());
       }
@@ -583,7 +612,9 @@ class Call final : public std::enable_shared_from_this<Call> {
     return [self = shared_from_this()](absl::Status status) { self->Finish(std::move(status)); };
   }
 
-  void Run() {
+  // The call, once its caller is known and allowed: a memo hit answered at once, else a task
+  // for the workers (run here when this is already a worker: the token check's).
+  void Run(bool on_worker = false) {
     if (absl::Now() > deadline_) {
       // Dropped unrun, as one that expires in the workers' queue is (a batch is counted by
       // Finish).
@@ -616,6 +647,7 @@ class Call final : public std::enable_shared_from_this<Call> {
       }
     }
     if (absl::Status s = Admit(); !s.ok()) return Finish(s);
+    if (on_worker) return RunOnWorker(std::move(probe));
     shared_->pool->Submit([self = shared_from_this(), probe = std::move(probe)]() mutable {
       self->RunOnWorker(std::move(probe));
     });

@@ -139,6 +139,9 @@ ABSL_FLAG(std::string, token_audience, "",
           "The aud every bearer token must carry (a string, or one of a list).");
 ABSL_FLAG(std::string, token_identity_claim, "sub",
           "The token claim that names the caller (matched by the policy's clients).");
+ABSL_FLAG(std::string, token_identity_prefix, "",
+          "Prepended to every token identity (e.g. \"jwt:\"), so that the policy can never mistake "
+          "a token's subject for a certificate identity of the same name; empty: the claim as is.");
 ABSL_FLAG(absl::Duration, token_clock_skew, absl::Seconds(60),
           "Leeway for a token's exp and nbf against this machine's clock (0 to 10m).");
 ABSL_FLAG(int64_t, max_token_bytes, 8 << 10, "Longer bearer tokens are refused unread.");
@@ -251,6 +254,7 @@ int main(int argc, char** argv) {
   config.token_issuer = absl::GetFlag(FLAGS_token_issuer);
   config.token_audience = absl::GetFlag(FLAGS_token_audience);
   config.token_identity_claim = absl::GetFlag(FLAGS_token_identity_claim);
+  config.token_identity_prefix = absl::GetFlag(FLAGS_token_identity_prefix);
   config.token_clock_skew = absl::GetFlag(FLAGS_token_clock_skew);
   config.max_token_bytes = absl::GetFlag(FLAGS_max_token_bytes);
   config.token_memo_bytes = absl::GetFlag(FLAGS_token_memo_bytes);

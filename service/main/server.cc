@@ -12,6 +12,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -67,6 +68,12 @@ absl::Status CheckConfig(const ServerConfig& config) {
     return absl::InvalidArgumentError(
         "policy_file: needs a source of identities (tls_client_ca_file, jwks_file or "
         "forwarded_identity_header), else callers have none");
+  }
+  if (config.require_identity && config.tls_client_ca_file.empty() && config.jwks_file.empty() &&
+      config.forwarded_identity_header.empty()) {
+    return absl::InvalidArgumentError(
+        "require_identity: needs a source of identities (tls_client_ca_file, jwks_file or "
+        "forwarded_identity_header), else every call is refused");
   }
   if (config.jwks_file.empty() && (!config.token_issuer.empty() || !config.token_audience.empty())) {
     return absl::InvalidArgumentError("token_issuer, token_audience: need jwks_file");
@@ -404,6 +411,7 @@ absl::Status RunServer(const ServerConfig& config) {
     token_options.issuer = config.token_issuer;
     token_options.audience = config.token_audience;
     token_options.identity_claim = config.token_identity_claim;
+    token_options.identity_prefix = config.token_identity_prefix;
     token_options.clock_skew = config.token_clock_skew;
     token_options.max_token_bytes = static_cast<size_t>(config.max_token_bytes);
     token_options.remembered_bytes = static_cast<size_t>(config.token_memo_bytes);
@@ -413,6 +421,12 @@ absl::Status RunServer(const ServerConfig& config) {
   if (!config.forwarded_identity_header.empty()) {
     OFFLOAD_ASSIGN_OR_RETURN(forwarded_identity,
                              auth::ForwardedIdentity::Parse(config.forwarded_identity_header));
+    if (absl::StrContains(config.trusted_proxies, "/0")) {
+      Log(LogLevel::kWarning, "forwarded_identity_from_anyone",
+          {{"trusted_proxies", config.trusted_proxies},
+           {"advice", "a /0 range trusts every peer to name its own identity in " +
+                          config.forwarded_identity_header + "; list the proxies only"}});
+    }
   }
   auth::Authorizer::Options auth_options;
   auth_options.mtls = !config.tls_client_ca_file.empty();

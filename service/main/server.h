@@ -72,6 +72,7 @@ struct ServerConfig {
   std::string token_issuer;
   std::string token_audience;
   std::string token_identity_claim = "sub";
+  std::string token_identity_prefix;  // prepended to token identities ("jwt:"); empty: none
   absl::Duration token_clock_skew = absl::Seconds(60);
   int64_t max_token_bytes = 8 << 10;
   int64_t token_memo_bytes = 4 << 20;

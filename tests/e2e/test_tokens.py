@@ -294,12 +294,21 @@ class TokensTest(harness.ServerTestCase):
             n = sum(1 for r, _ in cases if r == reason)
             self.assertEqual(self.metric("offload_token_refused_total", reason=reason),
                              before[reason] + 3 * n, reason)
+        # RFC 6750: a refused token is answered with how to authenticate.
+        status, fields, _ = curl("http://127.0.0.1:%d/offload.v1.Ed25519Service/Sign"
+                                 % self.ports["http"], b"{}",
+                                 {"content-type": "application/json",
+                                  "authorization": "Bearer " + flipped}, False)
+        self.assertEqual((status, fields.get("www-authenticate")),
+                         (401, 'Bearer error="invalid_token"'))
         # No token, another scheme: refused (require_identity), audited.
         self.assertEqual(self.grpc_sign(self.ports["grpc"], None), grpc.StatusCode.UNAUTHENTICATED)
         self.assertEqual(self.grpc_sign(self.ports["grpc"], "dXNlcjpwYXNz", scheme="Basic"),
                          grpc.StatusCode.UNAUTHENTICATED)
         self.assertEqual(self.connect_sign(self.ports["http"], None), (401, "unauthenticated"))
-        # A 1 MiB token is over the 16 KiB header bound: refused before any token code runs.
+        # A 1 MiB token is over the 16 KiB header bound: refused by the engine before any token
+        # code runs (431, or a reset stream), counted and logged as abuse, not audited.
+        abuse = self.metric("offload_http_abuse_total", reason="header_too_large")
         huge = "e" * (1 << 20)
         self.assertNotEqual(self.grpc_sign(self.ports["grpc"], huge), grpc.StatusCode.OK)
         with socket.create_connection(("127.0.0.1", self.ports["http"]), timeout=10) as c:
@@ -310,6 +319,9 @@ class TokensTest(harness.ServerTestCase):
             except (BrokenPipeError, ConnectionResetError):
                 pass  # answered and closed before the whole header was read
             self.assertRegex(c.recv(4096), rb"^HTTP/1.1 431 ")
+        # At least the HTTP/1.1 one (grpcio may refuse to send 1 MiB of metadata itself).
+        self.assertGreaterEqual(
+            self.metric("offload_http_abuse_total", reason="header_too_large"), abuse + 1)
         self.assertEqual(self.grpc_sign(self.ports["grpc"], good), grpc.StatusCode.OK)
         # Audited with the reason; no token (nor any part of one) in the audit trail or the log.
         time.sleep(0.2)
