@@ -2,15 +2,29 @@
  * Python ctypes, Node). A thin layer over the C++ client (client/cpp/client.h, with the whole
  * story in client/cpp/README.md): same deadlines, retries, failover, key affinity over several
  * endpoints and auto-batching of concurrent verify / derive / aead_open calls, all with the C++
- * client's default options except the deadline.
+ * client's default options except the deadline, the credentials and the bearer token.
  *
  *   offload_client_t* c = NULL;
- *   if (offload_client_create("127.0.0.1:50051", 5000, &c) != OFFLOAD_OK) {
+ *   if (offload_client_create("127.0.0.1:50051", 5000, &c) != OFFLOAD_OK) {   // plain text
  *     fprintf(stderr, "%s\n", offload_last_error());
  *   }
  *   int valid = 0;
  *   offload_status_t s = offload_verify(c, pk, 32, msg, msg_len, sig, 64, &valid);
  *   offload_client_destroy(c);
+ *
+ * With TLS, a client certificate (mTLS) and/or a bearer token:
+ *
+ *   offload_client_options_t o;
+ *   offload_client_options_init(&o);              // zeroes it and sets o.struct_size
+ *   o.endpoints = "offload.internal:50051";
+ *   o.timeout_ms = 5000;
+ *   o.tls_ca_file = "/etc/offload/ca.crt";        // or o.tls_ca_pem = "-----BEGIN ...";
+ *   o.tls_cert_file = "/etc/offload/client.crt";  // mTLS: certificate and key, files or PEM text
+ *   o.tls_key_file = "/etc/offload/client.key";
+ *   o.bearer_token = jwt;                         // "authorization: Bearer <jwt>" on every call
+ *   if (offload_client_create_with_options(&o, &c) != OFFLOAD_OK) { ... offload_last_error() ... }
+ *   ...
+ *   offload_client_set_token(c, fresh_jwt);       // before the first one expires
  *
  * Conventions:
  * - Every function returns an offload_status_t. The codes 0-16 are gRPC's canonical codes (what
@@ -40,6 +54,12 @@
  *   retries, key creation and import too (a retry after a lost answer says ALREADY_EXISTS).
  * - Every call ends by its deadline (give or take scheduling), OFFLOAD_DEADLINE_EXCEEDED or
  *   OFFLOAD_UNAVAILABLE when the service could not be reached.
+ * - A server certificate that TLS refuses (not signed by the CAs given, or without the expected
+ *   name) is not waited out: the call fails over to another endpoint, or returns
+ *   OFFLOAD_UNAVAILABLE at once with gRPC's reason ("... Ssl handshake failed: ... certificate
+ *   verify failed", "Peer name 127.0.0.1 is not in peer certificate"). A server that refuses the
+ *   client certificate closes the connection after the handshake (TLS 1.3): that is waited out
+ *   like any lost connection ("Endpoint read failed" in the message).
  * - Several endpoints: each key id (for verify: each public key) has one endpoint by rendezvous
  *   hashing. An endpoint that fails is left for 0.5 s (doubling to 30 s while it keeps failing)
  *   and its keys go to their next endpoint; after a lost or refused connection it gets them back
@@ -117,10 +137,63 @@ OFFLOAD_API const char* offload_status_name(offload_status_t status);
 
 /* Makes a client for `endpoints` ("host:port[,host:port...]" or "dns:host:port") with a per-call
  * deadline of `timeout_ms` (0 = the default, 5000), covering the wait for a connection, the
- * retries and their backoff (see above). Plain-text channels. Connects lazily: no server needs to
+ * retries and their backoff (see above). Plain-text channels and no token (see
+ * offload_client_create_with_options for TLS and tokens). Connects lazily: no server needs to
  * be up yet. `*out` is set on success. INVALID_ARGUMENT for a malformed endpoints string. */
 OFFLOAD_API offload_status_t offload_client_create(const char* endpoints, uint32_t timeout_ms,
                                                    offload_client_t** out);
+/* Options of offload_client_create_with_options. ABI-stable: the caller sets `struct_size` to the
+ * sizeof() it was compiled with (offload_client_options_init does), fields are only ever added at
+ * the end, and a field beyond the caller's `struct_size` reads as 0 / NULL. A caller compiled
+ * against a newer header may pass a larger struct to an older library as long as every field the
+ * library does not know is 0 / NULL (otherwise INVALID_ARGUMENT names `struct_size`). FFI
+ * callers declare the fields below in this order with C's layout: pointer-sized `struct_size`,
+ * then pointers and 32-bit integers, no padding in between on 32- and 64-bit targets.
+ * Strings are NUL-terminated; NULL and "" both mean "not set". Nothing is kept of the strings
+ * after the call returns (they may be freed at once). */
+typedef struct offload_client_options {
+  size_t struct_size;      /* sizeof(offload_client_options_t) as the caller knows it */
+  const char* endpoints;   /* required: as for offload_client_create */
+  uint32_t timeout_ms;     /* per-call deadline; 0 = the default, 5000 */
+  uint32_t flags;          /* OFFLOAD_CLIENT_* bits; unknown bits are INVALID_ARGUMENT */
+  /* TLS. On when OFFLOAD_CLIENT_TLS is set or any field below but bearer_token is; each PEM input
+   * is a file path or the PEM text itself, at most one of the two. */
+  const char* tls_ca_file;      /* CA certificates of the server's certificate; neither this */
+  const char* tls_ca_pem;       /* nor tls_ca_pem: the system's trusted roots */
+  const char* tls_cert_file;    /* mTLS: the client certificate (then its chain) */
+  const char* tls_cert_pem;
+  const char* tls_key_file;     /* mTLS: its private key, unencrypted */
+  const char* tls_key_pem;
+  /* The name the server's certificate must carry when it is not the host dialled (e.g. dial
+   * 127.0.0.1, check "localhost"). NULL: that host; for "dns:name:port", `name`. */
+  const char* tls_server_name;
+  /* Sent as "authorization: Bearer <bearer_token>" with every call (on plain-text channels too:
+   * meant for localhost; elsewhere use TLS, a token is as good as a password). Visible ASCII,
+   * at most 16384 characters. Replace it later with offload_client_set_token. */
+  const char* bearer_token;
+} offload_client_options_t;
+
+/* TLS with the system's trusted roots even when no tls_* field is set. */
+#define OFFLOAD_CLIENT_TLS 1u
+
+/* Zeroes `*options` and sets its struct_size (for C callers; FFI callers may set both
+ * themselves). */
+OFFLOAD_API void offload_client_options_init(offload_client_options_t* options);
+
+/* Makes a client as offload_client_create does, with the credentials and token of `*options`.
+ * Files are read and checked now: INVALID_ARGUMENT, with offload_last_error() naming the field
+ * (e.g. "tls_ca_file: cannot read '/x.crt': No such file or directory", "tls_key_file, tls_key_pem:
+ * expected the private key of the client certificate ..., got none", a key that is not the
+ * certificate's, a bad struct_size or token). Messages never contain key material or the token.
+ * Connects lazily, like offload_client_create. `*out` is set on success. */
+OFFLOAD_API offload_status_t offload_client_create_with_options(
+    const offload_client_options_t* options, offload_client_t** out);
+
+/* Replaces the bearer token of the calls that start from now on (NULL or "": no token); calls in
+ * flight keep theirs. Thread-safe; for tokens that expire, call it before they do. A token that
+ * is not visible ASCII is INVALID_ARGUMENT and the previous one stays. */
+OFFLOAD_API offload_status_t offload_client_set_token(offload_client_t* client, const char* token);
+
 /* Frees the client (NULL is fine). Waits for its calls in progress. */
 OFFLOAD_API void offload_client_destroy(offload_client_t* client);
 

@@ -5,6 +5,8 @@
 
 #include <sodium.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -15,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "client/cpp/client.h"
+#include "client/cpp/credentials.h"
 
 struct offload_client {
   std::unique_ptr<offload::client::Client> impl;
@@ -91,6 +94,55 @@ void Wipe(std::string* s) {
   if (!s->empty()) sodium_memzero(s->data(), s->size());
 }
 
+// The options struct as this library knows it (offload.h: fields past the caller's struct_size
+// read as zero; fields past ours must be zero). The first published layout ends at bearer_token.
+constexpr size_t kOptionsSizeV1 =
+    offsetof(offload_client_options_t, bearer_token) + sizeof(const char*);
+// A struct_size beyond this is taken for an unset field rather than scanned for zeros.
+constexpr size_t kOptionsSizeMax = 4096;
+constexpr uint32_t kKnownFlags = OFFLOAD_CLIENT_TLS;
+
+offload_status_t CopyOptions(const offload_client_options_t* in, offload_client_options_t* out) {
+  if (in == nullptr) return NullArgument("options");
+  const size_t size = in->struct_size;
+  if (size < kOptionsSizeV1 || size > kOptionsSizeMax) {
+    return Fail(OFFLOAD_INVALID_ARGUMENT,
+                absl::StrCat("struct_size: expected sizeof(offload_client_options_t) (", 
+                             sizeof(offload_client_options_t), " for this library; at least ",
+                             kOptionsSizeV1, "), got ", size,
+                             " (set it, or call offload_client_options_init)"));
+  }
+  std::memset(out, 0, sizeof(*out));
+  std::memcpy(out, in, std::min(size, sizeof(*out)));
+  const auto* bytes = reinterpret_cast<const unsigned char*>(in);
+  for (size_t i = sizeof(*out); i < size; ++i) {
+    if (bytes[i] != 0) {
+      return Fail(OFFLOAD_INVALID_ARGUMENT,
+                  absl::StrCat("struct_size: this library knows the first ", sizeof(*out),
+                               " bytes of offload_client_options_t, and a newer field (byte ", i,
+                               " of ", size, ") is set"));
+    }
+  }
+  if ((out->flags & ~kKnownFlags) != 0) {
+    return Fail(OFFLOAD_INVALID_ARGUMENT,
+                absl::StrCat("flags: expected OFFLOAD_CLIENT_* bits (0x", absl::Hex(kKnownFlags),
+                             "), got 0x", absl::Hex(out->flags)));
+  }
+  return OFFLOAD_OK;
+}
+
+std::string Str(const char* s) { return s == nullptr ? std::string() : std::string(s); }
+
+// The shared part of both create functions: `options` made, `*out` set on success.
+offload_status_t MakeClient(offload::client::ClientOptions options, offload_client_t** out) {
+  auto client = offload::client::Client::Create(std::move(options));
+  if (!client.ok()) return FromStatus(client.status());
+  auto handle = std::make_unique<offload_client>();
+  handle->impl = std::move(*client);
+  *out = handle.release();
+  return OFFLOAD_OK;
+}
+
 offload_status_t KeyInfoOut(const absl::StatusOr<offload::v1::KeyInfo>& info, uint8_t* public_key,
                             size_t* public_key_len) {
   if (!info.ok()) return FromStatus(info.status());
@@ -141,12 +193,62 @@ offload_status_t offload_client_create(const char* endpoints, uint32_t timeout_m
     offload::client::ClientOptions options;
     options.endpoints = endpoints;
     if (timeout_ms != 0) options.timeout = absl::Milliseconds(timeout_ms);
-    auto client = offload::client::Client::Create(std::move(options));
-    if (!client.ok()) return FromStatus(client.status());
-    auto handle = std::make_unique<offload_client>();
-    handle->impl = std::move(*client);
-    *out = handle.release();
-    return OFFLOAD_OK;
+    return MakeClient(std::move(options), out);
+  });
+}
+
+void offload_client_options_init(offload_client_options_t* options) {
+  if (options == nullptr) return;
+  std::memset(options, 0, sizeof(*options));
+  options->struct_size = sizeof(*options);
+}
+
+offload_status_t offload_client_create_with_options(const offload_client_options_t* options,
+                                                    offload_client_t** out) {
+  return Guard([&]() -> offload_status_t {
+    if (out == nullptr) return NullArgument("out");
+    *out = nullptr;
+    offload_client_options_t o;
+    if (offload_status_t s = CopyOptions(options, &o); s != OFFLOAD_OK) return s;
+    if (o.endpoints == nullptr) return NullArgument("endpoints");
+    offload::client::ClientOptions co;
+    co.endpoints = o.endpoints;
+    if (o.timeout_ms != 0) co.timeout = absl::Milliseconds(o.timeout_ms);
+    offload::client::TlsFiles tls;
+    tls.ca_file = Str(o.tls_ca_file);
+    tls.ca_pem = Str(o.tls_ca_pem);
+    tls.cert_file = Str(o.tls_cert_file);
+    tls.cert_pem = Str(o.tls_cert_pem);
+    tls.key_file = Str(o.tls_key_file);
+    tls.key_pem = Str(o.tls_key_pem);
+    co.tls_server_name = Str(o.tls_server_name);
+    const bool use_tls = (o.flags & OFFLOAD_CLIENT_TLS) != 0 || !tls.ca_file.empty() ||
+                         !tls.ca_pem.empty() || !tls.cert_file.empty() ||
+                         !tls.cert_pem.empty() || !tls.key_file.empty() ||
+                         !tls.key_pem.empty() || !co.tls_server_name.empty();
+    if (use_tls) {
+      auto credentials = offload::client::MakeTlsCredentials(tls);
+      Wipe(&tls.key_pem);
+      if (!credentials.ok()) return FromStatus(credentials.status());
+      co.credentials = *std::move(credentials);
+    }
+    co.bearer_token = Str(o.bearer_token);
+    const offload_status_t s = MakeClient(std::move(co), out);
+    Wipe(&co.bearer_token);  // moved from: normally empty already
+    return s;
+  });
+}
+
+offload_status_t offload_client_set_token(offload_client_t* client, const char* token) {
+  return Guard([&]() -> offload_status_t {
+    OFFLOAD_CHECK_CLIENT(client);
+    const absl::string_view t = token == nullptr ? absl::string_view() : absl::string_view(token);
+    if (!t.empty()) {
+      if (absl::Status s = offload::client::CheckBearerToken("token", t); !s.ok()) {
+        return FromStatus(s);
+      }
+    }
+    return FromStatus(client->impl->SetBearerToken(t));
   });
 }
 

@@ -3,13 +3,19 @@
 Environment (set by CMake): OFFLOAD_C_LIB (the .so), OFFLOAD_SERVER (the binary),
 OFFLOAD_E2E_DIR (tests/e2e, whose harness starts servers on free loopback ports).
 Results are cross-checked with PyNaCl (libsodium), an implementation independent of the service.
+Bearer tokens (offload_client_options_t, offload_client_set_token) against a server that requires
+them are minted by PyJWT (python3-jwt with python3-cryptography; skipped without them).
 Run with /usr/bin/python3 (Debian's python3-grpcio and python3-nacl).
 """
 
+import base64
 import ctypes
+import json
 import os
 import sys
+import tempfile
 import threading
+import time
 import unittest
 
 sys.path.insert(0, os.environ.get("OFFLOAD_E2E_DIR", os.path.join(
@@ -20,12 +26,41 @@ import nacl.bindings  # noqa: E402
 import nacl.public  # noqa: E402
 import nacl.signing  # noqa: E402
 
+try:
+    import jwt
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+except ImportError:  # the token tests are skipped
+    jwt = None
+
 OK, INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, BUFFER_TOO_SMALL = 0, 3, 5, 6, 100
+PERMISSION_DENIED, UNAUTHENTICATED = 7, 16
 ED25519, X25519, XCHACHA = 1, 2, 4
 RAW, BOX = 1, 2
 
 u8p = ctypes.POINTER(ctypes.c_uint8)
 szp = ctypes.POINTER(ctypes.c_size_t)
+
+
+class Options(ctypes.Structure):
+    """offload_client_options_t, field for field (offload.h)."""
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("endpoints", ctypes.c_char_p),
+        ("timeout_ms", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("tls_ca_file", ctypes.c_char_p),
+        ("tls_ca_pem", ctypes.c_char_p),
+        ("tls_cert_file", ctypes.c_char_p),
+        ("tls_cert_pem", ctypes.c_char_p),
+        ("tls_key_file", ctypes.c_char_p),
+        ("tls_key_pem", ctypes.c_char_p),
+        ("tls_server_name", ctypes.c_char_p),
+        ("bearer_token", ctypes.c_char_p),
+    ]
+
+    def __init__(self, **fields):
+        super().__init__(struct_size=ctypes.sizeof(Options), **fields)
 
 
 def load():
@@ -35,6 +70,10 @@ def load():
         "offload_status_name": (ctypes.c_char_p, [ctypes.c_int]),
         "offload_client_create": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_uint32,
                                                   ctypes.POINTER(ctypes.c_void_p)]),
+        "offload_client_options_init": (None, [ctypes.POINTER(Options)]),
+        "offload_client_create_with_options": (ctypes.c_int, [ctypes.POINTER(Options),
+                                                               ctypes.POINTER(ctypes.c_void_p)]),
+        "offload_client_set_token": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p]),
         "offload_client_destroy": (None, [ctypes.c_void_p]),
         "offload_key_create": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int,
                                               u8p, szp]),
@@ -214,6 +253,122 @@ class CtypesTest(harness.ServerTestCase):
         self.assertEqual(LIB.offload_aead_open(self.c, b"py-aead", env, len(env), b"ad", 2, buf,
                                                ctypes.byref(n)), NOT_FOUND)
         self.assertEqual(LIB.offload_key_delete(self.c, b"py-aead"), NOT_FOUND)
+
+
+ISSUER, AUDIENCE = "https://id.ctypes-test.example", "crypto-offload"
+
+
+@unittest.skipIf(jwt is None, "needs python3-jwt and python3-cryptography")
+class TokenCtypesTest(harness.ServerTestCase):
+    """A plain-text server that requires a token (localhost development); ops-admin may do all."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.key = ed25519.Ed25519PrivateKey.generate()
+        x = cls.key.public_key().public_bytes(serialization.Encoding.Raw,
+                                              serialization.PublicFormat.Raw)
+        cls.dir = tempfile.mkdtemp(prefix="ctypes-tokens-", dir=harness._WORK)
+        jwks = os.path.join(cls.dir, "jwks.json")
+        with open(jwks, "w") as f:
+            json.dump({"keys": [{"kty": "OKP", "crv": "Ed25519", "kid": "k1",
+                                 "x": base64.urlsafe_b64encode(x).rstrip(b"=").decode()}]}, f)
+        policy = os.path.join(cls.dir, "policy.json")
+        with open(policy, "w") as f:
+            json.dump({"admins": ["ops-admin"],
+                       "grants": [{"client": "ops-admin", "keys": ["*"], "operations": ["*"]}]}, f)
+        cls.server = harness.Server("ctypes-tokens", args=[
+            "--jwks_file=" + jwks, "--token_issuer=" + ISSUER, "--token_audience=" + AUDIENCE,
+            "--require_identity", "--policy_file=" + policy])
+        cls.servers = [cls.server]
+        cls.server.start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def token(self, sub="ops-admin", lifetime=600, **claims):
+        now = int(time.time())
+        body = {"iss": ISSUER, "aud": AUDIENCE, "sub": sub, "iat": now, "exp": now + lifetime}
+        body.update(claims)
+        return jwt.encode(body, self.key, algorithm="EdDSA", headers={"kid": "k1"}).encode()
+
+    def client(self, **fields):
+        handle = ctypes.c_void_p()
+        options = Options(endpoints=self.server.address.encode(), timeout_ms=5000, **fields)
+        check(LIB.offload_client_create_with_options(ctypes.byref(options), ctypes.byref(handle)))
+        self.addCleanup(LIB.offload_client_destroy, handle)
+        return handle
+
+    def test_layout_matches_the_library(self):
+        o = Options()
+        ctypes.memset(ctypes.byref(o), 0xff, ctypes.sizeof(o))
+        LIB.offload_client_options_init(ctypes.byref(o))
+        self.assertEqual(o.struct_size, ctypes.sizeof(Options))
+        self.assertIsNone(o.bearer_token)
+        handle = ctypes.c_void_p()
+        self.assertEqual(LIB.offload_client_create_with_options(
+            ctypes.byref(Options(endpoints=b"127.0.0.1:1", flags=0x40)), ctypes.byref(handle)),
+            INVALID_ARGUMENT)
+        self.assertIn(b"flags", LIB.offload_last_error())
+        short = Options(endpoints=b"127.0.0.1:1")
+        short.struct_size = ctypes.sizeof(Options) - ctypes.sizeof(ctypes.c_void_p)
+        self.assertEqual(LIB.offload_client_create_with_options(ctypes.byref(short),
+                                                                ctypes.byref(handle)),
+                         INVALID_ARGUMENT)
+        self.assertIn(b"struct_size", LIB.offload_last_error())
+        self.assertIsNone(handle.value)
+
+    def test_no_token_then_set_then_refreshed(self):
+        c = self.client()
+        self.assertEqual(LIB.offload_key_create(c, b"t-ed", ED25519, None, None), UNAUTHENTICATED)
+        check(LIB.offload_client_set_token(c, self.token()))
+        check(LIB.offload_key_create(c, b"t-ed", ED25519, None, None))
+        expired = self.token(lifetime=-3600)
+        check(LIB.offload_client_set_token(c, expired))
+        self.assertEqual(LIB.offload_key_delete(c, b"t-ed"), UNAUTHENTICATED)
+        self.assertNotIn(expired, LIB.offload_last_error())
+        check(LIB.offload_client_set_token(c, self.token(jti="fresh")))
+        check(LIB.offload_key_delete(c, b"t-ed"))
+        check(LIB.offload_client_set_token(c, self.token(sub="nobody")))
+        self.assertEqual(LIB.offload_key_create(c, b"t-ed", ED25519, None, None),
+                         PERMISSION_DENIED)
+        check(LIB.offload_client_set_token(c, None))
+        self.assertEqual(LIB.offload_key_create(c, b"t-ed", ED25519, None, None), UNAUTHENTICATED)
+        self.assertEqual(LIB.offload_client_set_token(c, b"bad token"), INVALID_ARGUMENT)
+        self.assertNotIn(b"bad token", LIB.offload_last_error())
+
+    def test_token_replaced_while_threads_call(self):
+        """Tokens swapped under concurrent (auto-batched) verifies: every call carries a valid
+        one, so every call is answered."""
+        tokens = [self.token(jti=str(i)) for i in range(2)]
+        c = self.client(bearer_token=tokens[0])
+        signer = nacl.signing.SigningKey(bytes([9]) * 32)
+        pk = bytes(signer.verify_key)
+        cases = [(b"m%d" % i, signer.sign(b"m%d" % i).signature) for i in range(48)]
+        results = [None] * len(cases)
+        done = threading.Event()
+
+        def swap():
+            i = 0
+            while not done.is_set():
+                i += 1
+                LIB.offload_client_set_token(c, tokens[i % 2])
+
+        swapper = threading.Thread(target=swap)
+        swapper.start()
+
+        def run(i):
+            v = ctypes.c_int(-1)
+            m, s = cases[i]
+            results[i] = (LIB.offload_verify(c, pk, 32, m, len(m), s, 64, ctypes.byref(v)), v.value)
+
+        try:
+            for t in harness.thread_run(run, len(cases)):
+                t.join()
+        finally:
+            done.set()
+            swapper.join()
+        self.assertEqual(results, [(OK, 1)] * len(cases))
 
 
 if __name__ == "__main__":

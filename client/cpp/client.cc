@@ -5,17 +5,24 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/random/random.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/cpp/coalescer.h"
+#include "client/cpp/credentials.h"
 #include "client/cpp/endpoints.h"
+#include "grpcpp/generic/generic_stub.h"
 
 namespace offload::client {
 namespace {
 
 constexpr char kRouteHeader[] = "x-offload-key";
+constexpr char kAuthorizationHeader[] = "authorization";
+// What the connection probe calls (ConnectionError): harmless should it reach a server.
+constexpr char kProbeMethod[] = "/grpc.health.v1.Health/Check";
 
 absl::Status ToStatus(const grpc::Status& s) {
   if (s.ok()) return absl::OkStatus();
@@ -52,20 +59,69 @@ const char* StateName(grpc_connectivity_state s) {
   return "UNKNOWN";
 }
 
+// Why the last connection attempt of `channel`, in TRANSIENT_FAILURE, failed, in gRPC's words
+// ("" if it connected meanwhile): gRPC fails a fail-fast RPC on such a channel at once, inside the
+// process, with that attempt's error. Should the channel connect first, the probe is a health
+// check, which changes nothing. Returns by `until` at the latest.
+std::string ConnectionError(const std::shared_ptr<grpc::Channel>& channel, absl::Time until) {
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(until));
+  grpc::CompletionQueue cq;
+  grpc::Slice empty;
+  const grpc::ByteBuffer request(&empty, 1);  // an empty HealthCheckRequest: the whole server
+  grpc::ByteBuffer response;
+  grpc::Status status;
+  auto call = stub.PrepareUnaryCall(&ctx, kProbeMethod, request, &cq);
+  call->StartCall();
+  call->Finish(&response, &status, &ctx);
+  void* tag = nullptr;
+  bool ok = false;
+  cq.Next(&tag, &ok);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  if (status.ok() || status.error_code() != grpc::StatusCode::UNAVAILABLE) return std::string();
+  return status.error_message();
+}
+
+// Whether a connection error is TLS refusing the server (a certificate our CAs do not trust, or
+// without the name we expect; a peer that does not speak TLS, "wrong version number"):
+// redialling does not mend that. gRPC 1.51's words.
+bool IsTlsFailure(absl::string_view error) {
+  return absl::StrContains(error, "Ssl handshake failed") ||
+         absl::StrContains(error, "is not in peer certificate");
+}
+
 // Waits until `channel` is connected, at most until `until`; `*state` is its last state. With
 // `give_up_on_failure`, stops at the first failed attempt (TRANSIENT_FAILURE) instead of waiting
-// for the channel's next redial. Waiting polls a completion queue, and that is what moves gRPC's
-// connection attempt along (nothing else may be polling).
-bool WaitConnected(grpc::Channel& channel, absl::Time until, bool give_up_on_failure,
-                   grpc_connectivity_state* state) {
-  *state = channel.GetState(/*try_to_connect=*/true);
+// for the channel's next redial. Otherwise each failed attempt's error goes to `*error`, and a
+// TLS failure (IsTlsFailure) ends the wait. Waiting polls a completion queue, and that is what
+// moves gRPC's connection attempt along (nothing else may be polling).
+bool WaitConnected(const std::shared_ptr<grpc::Channel>& channel, absl::Time until,
+                   bool give_up_on_failure, grpc_connectivity_state* state, std::string* error) {
+  *state = channel->GetState(/*try_to_connect=*/true);
   while (*state != GRPC_CHANNEL_READY) {
-    if (give_up_on_failure && *state == GRPC_CHANNEL_TRANSIENT_FAILURE) return false;
+    if (*state == GRPC_CHANNEL_TRANSIENT_FAILURE) {
+      if (give_up_on_failure) return false;
+      *error = ConnectionError(channel, until);
+      if (IsTlsFailure(*error)) return false;
+    }
     if (absl::Now() >= until) return false;
-    channel.WaitForStateChange(*state, absl::ToChronoTime(until));
-    *state = channel.GetState(/*try_to_connect=*/true);  // an IDLE channel redials
+    channel->WaitForStateChange(*state, absl::ToChronoTime(until));
+    *state = channel->GetState(/*try_to_connect=*/true);  // an IDLE channel redials
   }
   return true;
+}
+
+// "Bearer <token>", wiped when the last RPC holding it lets go; null for no token.
+std::shared_ptr<const std::string> MakeAuthorization(absl::string_view token) {
+  if (token.empty()) return nullptr;
+  return std::shared_ptr<const std::string>(
+      new std::string(absl::StrCat("Bearer ", token)), [](std::string* value) {
+        sodium_memzero(value->data(), value->size());
+        delete value;
+      });
 }
 
 // The deadline of a batch: its earliest caller's.
@@ -111,6 +167,15 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
       std::clamp(options.max_batch_items, 1, options.server_max_batch_items);
   if (options.batch_window < absl::ZeroDuration()) options.batch_window = absl::ZeroDuration();
   if (options.max_batches_in_flight < 0) options.max_batches_in_flight = 0;
+  std::string token;
+  token.swap(options.bearer_token);  // kept only as the Client's authorization value
+  absl::Cleanup wipe_token = [&token] {
+    if (!token.empty()) sodium_memzero(token.data(), token.size());
+  };
+  if (!token.empty()) {
+    absl::Status s = CheckBearerToken("bearer_token", token);
+    if (!s.ok()) return s;
+  }
   EndpointSetOptions eo;
   eo.down_initial = options.endpoint_down_initial;
   eo.down_max = options.endpoint_down_max;
@@ -119,9 +184,31 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   eo.reconnect_max = options.max_backoff;
   eo.connect_timeout = options.connect_timeout;
   eo.credentials = options.credentials;
+  eo.tls_server_name = options.tls_server_name;
   auto endpoints = EndpointSet::Create(options.endpoints, eo);
   if (!endpoints.ok()) return endpoints.status();
-  return std::unique_ptr<Client>(new Client(std::move(options), std::move(*endpoints)));
+  std::unique_ptr<Client> client(new Client(std::move(options), std::move(*endpoints)));
+  {
+    absl::MutexLock lock(&client->token_mu_);
+    client->authorization_ = MakeAuthorization(token);
+  }
+  return client;
+}
+
+absl::Status Client::SetBearerToken(absl::string_view token) {
+  if (!token.empty()) {
+    absl::Status s = CheckBearerToken("bearer_token", token);
+    if (!s.ok()) return s;
+  }
+  std::shared_ptr<const std::string> next = MakeAuthorization(token);
+  absl::MutexLock lock(&token_mu_);
+  authorization_.swap(next);
+  return absl::OkStatus();  // the previous value is released (and wiped) after the unlock
+}
+
+std::shared_ptr<const std::string> Client::Authorization() const {
+  absl::ReaderMutexLock lock(&token_mu_);
+  return authorization_;
 }
 
 Client::Client(ClientOptions options, std::unique_ptr<EndpointSet> endpoints)
@@ -262,15 +349,19 @@ absl::Status Client::Invoke(absl::string_view route, absl::string_view preferred
                     ? absl::InfinitePast()
                     : std::min(deadline, absl::Now() + options_.connect_timeout);
       }
-      if (!WaitConnected(*e.channel, until, /*give_up_on_failure=*/failover, &state)) {
+      std::string error;
+      if (!WaitConnected(e.channel, until, /*give_up_on_failure=*/failover, &state, &error)) {
         {
           absl::MutexLock lock(&mu_);
           ++stats_.connect_failures;
         }
         endpoints_->ReportFailure(e.address, /*connection=*/true);
         last_address = e.address;
-        const std::string what = absl::StrCat(e.address, ": no connection (channel ",
-                                              StateName(state), ")");
+        std::string what = absl::StrCat(e.address, ": no connection (channel ",
+                                        StateName(state), ")");
+        if (!error.empty()) absl::StrAppend(&what, ": ", error);
+        // TLS refused the peer: nowhere else to go, and waiting does not mend it.
+        if (IsTlsFailure(error)) return absl::UnavailableError(what);
         if (absl::Now() >= deadline) {
           return absl::DeadlineExceededError(
               sent == 0 ? absl::StrCat("deadline exceeded: ", what)
@@ -285,6 +376,9 @@ absl::Status Client::Invoke(absl::string_view route, absl::string_view preferred
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(deadline));
     if (HeaderSafe(route)) ctx.AddMetadata(kRouteHeader, std::string(route));
+    if (std::shared_ptr<const std::string> auth = Authorization()) {
+      ctx.AddMetadata(kAuthorizationHeader, *auth);
+    }
     {
       absl::MutexLock lock(&mu_);
       ++stats_.rpcs;

@@ -43,6 +43,12 @@
 //   at most `server_max_batch_items`, sent one after the other (each to the endpoint it was
 //   split for), and answered in request order. If any chunk fails as a whole, the call fails
 //   with that status.
+// - Identity: TLS or mTLS through `credentials` (credentials.h makes them from PEM files), and a
+//   bearer token sent as "authorization: Bearer <token>" metadata with every RPC, replaceable
+//   while the client runs (SetBearerToken). A server certificate that TLS refuses (not signed by
+//   our CAs, or without the expected name) is not waited out: the call fails over, or returns
+//   UNAVAILABLE at once with gRPC's reason. (A server that refuses our certificate closes the
+//   connection after the handshake under TLS 1.3: that looks like any lost connection.)
 //
 // Thread-safe: one Client is meant to be shared by every thread of a process. Destroying it
 // waits for calls in progress (REQUIRES: no new call starts once destruction has begun).
@@ -99,8 +105,18 @@ struct ClientOptions {
   absl::Duration endpoint_down_initial = absl::Milliseconds(500);
   absl::Duration endpoint_down_max = absl::Seconds(30);
   absl::Duration dns_refresh = absl::Seconds(30);
-  // Null means insecure (plain-text) channels.
+  // Null means insecure (plain-text) channels. TLS from PEM files: MakeTlsCredentials
+  // (credentials.h).
   std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // With `credentials`: the name the server's certificate must carry when it is not the host
+  // dialled (an IP address, say). Empty: the host of a listed endpoint; for "dns:host:port",
+  // `host` (not the resolved addresses).
+  std::string tls_server_name;
+  // Sent as "authorization: Bearer <bearer_token>" with every RPC when not empty, on plain-text
+  // channels too (development on localhost; gRPC's own token credentials refuse those: use TLS
+  // anywhere else, a bearer token is as good as a password). Replace it while the client runs
+  // with SetBearerToken. Visible ASCII only (CheckBearerToken).
+  std::string bearer_token;
 };
 
 // Counters since the Client was made (a snapshot).
@@ -181,6 +197,12 @@ class Client final {
   absl::StatusOr<v1::BatchAeadSealResponse> BatchAeadSeal(const v1::BatchAeadSealRequest& request);
   absl::StatusOr<v1::BatchAeadOpenResponse> BatchAeadOpen(const v1::BatchAeadOpenRequest& request);
 
+  // Replaces the bearer token of every RPC started from now on (the one of ClientOptions at
+  // first); an empty `token` sends none. For tokens that expire: refresh before they do. RPCs in
+  // flight keep the token they were sent with. InvalidArgument (the previous token stays) for a
+  // token CheckBearerToken refuses; the message never contains the token.
+  absl::Status SetBearerToken(absl::string_view token) ABSL_LOCKS_EXCLUDED(token_mu_);
+
   // --- Introspection (tests, dashboards).
   // The routing key of Verify calls for `public_key`: "ed25519:" + lowercase hex.
   static std::string VerifyRoutingKey(absl::string_view public_key);
@@ -199,6 +221,9 @@ class Client final {
   };
 
   explicit Client(ClientOptions options, std::unique_ptr<EndpointSet> endpoints);
+
+  // The "authorization" metadata value for RPCs started now ("Bearer <token>"), or null.
+  std::shared_ptr<const std::string> Authorization() const ABSL_LOCKS_EXCLUDED(token_mu_);
 
   // Runs `rpc(endpoint, context)` with the retry policy; `route` picks the endpoint (unless
   // `preferred`, an endpoint address, is given and usable) and is sent as x-offload-key.
@@ -230,6 +255,10 @@ class Client final {
   std::atomic<int64_t> failed_calls_{0};
   mutable absl::Mutex mu_;
   ClientStats stats_ ABSL_GUARDED_BY(mu_);  // per-RPC counters
+
+  // Held shared by RPCs while their context takes a copy; wiped when the last holder lets go.
+  mutable absl::Mutex token_mu_;
+  std::shared_ptr<const std::string> authorization_ ABSL_GUARDED_BY(token_mu_);
 };
 
 }  // namespace offload::client

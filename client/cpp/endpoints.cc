@@ -127,6 +127,12 @@ std::shared_ptr<const Endpoint> EndpointSet::MakeEndpoint(const std::string& add
   std::string target = address;
   if (resolved) target = absl::StrCat(address[0] == '[' ? "ipv6:" : "ipv4:", address);
   auto creds = options_.credentials ? options_.credentials : grpc::InsecureChannelCredentials();
+  if (options_.credentials != nullptr) {
+    const std::string& name = !options_.tls_server_name.empty() ? options_.tls_server_name
+                              : resolved                         ? spec_.dns_host
+                                                                 : std::string();
+    if (!name.empty()) args.SetSslTargetNameOverride(name);
+  }
   auto e = std::make_shared<Endpoint>();
   e->address = address;
   e->channel = grpc::CreateCustomChannel(target, creds, args);

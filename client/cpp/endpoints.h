@@ -80,6 +80,9 @@ struct EndpointSetOptions {
   absl::Duration reconnect_max = absl::Seconds(1);
   absl::Duration connect_timeout = absl::Seconds(1);
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // null: insecure
+  // With `credentials`: the name the server certificates must carry. Empty: the host of a listed
+  // endpoint, the name of a "dns:" spec (not the address it resolved to).
+  std::string tls_server_name;
   int max_message_bytes = 64 << 20;
 };
 

@@ -1,5 +1,7 @@
 #include "tools/offloadctl/cli.h"
 
+#include <sodium.h>
+
 #include <cstdio>
 #include <fstream>
 #include <iterator>
@@ -17,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "client/cpp/credentials.h"
 
 namespace offload::ctl {
 namespace {
@@ -90,8 +93,102 @@ const std::vector<CommandSpec>& Commands() {
 
 const std::vector<std::string>& GlobalFlags() {
   static const auto* const kGlobal =
-      new std::vector<std::string>{"server", "timeout", "json", "hex_output", "verbose"};
+      new std::vector<std::string>{"server",        "timeout",       "json",
+                                   "hex_output",    "verbose",       "tls",
+                                   "tls_ca_file",   "tls_cert_file", "tls_key_file",
+                                   "tls_server_name", "token",       "token_file"};
   return *kGlobal;
+}
+
+const std::vector<std::pair<std::string, std::string>>& EnvironmentFlags() {
+  static const auto* const kFlags = new std::vector<std::pair<std::string, std::string>>{
+      {"tls_ca_file", "OFFLOAD_TLS_CA_FILE"},   {"tls_cert_file", "OFFLOAD_TLS_CERT_FILE"},
+      {"tls_key_file", "OFFLOAD_TLS_KEY_FILE"}, {"tls_server_name", "OFFLOAD_TLS_SERVER_NAME"},
+      {"token", "OFFLOAD_TOKEN"},               {"token_file", "OFFLOAD_TOKEN_FILE"},
+  };
+  return *kFlags;
+}
+
+namespace {
+
+// The Options field of a flag of EnvironmentFlags().
+std::optional<std::string>* EnvironmentField(Options* o, absl::string_view flag) {
+  if (flag == "tls_ca_file") return &o->tls_ca_file;
+  if (flag == "tls_cert_file") return &o->tls_cert_file;
+  if (flag == "tls_key_file") return &o->tls_key_file;
+  if (flag == "tls_server_name") return &o->tls_server_name;
+  if (flag == "token") return &o->token;
+  if (flag == "token_file") return &o->token_file;
+  return nullptr;
+}
+
+bool Given(const std::optional<std::string>& value) { return value && !value->empty(); }
+
+}  // namespace
+
+absl::Status ApplyEnvironment(const std::function<const char*(const char*)>& getenv,
+                              Options* options) {
+  const bool token_flag =
+      options->specified.count("token") != 0 || options->specified.count("token_file") != 0;
+  for (const auto& [flag, variable] : EnvironmentFlags()) {
+    if (options->specified.count(flag) != 0) continue;
+    if (token_flag && absl::StartsWith(flag, "token")) continue;
+    const char* value = getenv(variable.c_str());
+    if (value == nullptr || *value == '\0') continue;
+    *EnvironmentField(options, flag) = value;
+    options->from_environment.insert(flag);
+  }
+  if (Given(options->token) && Given(options->token_file)) {
+    return absl::InvalidArgumentError(absl::StrCat("expected at most one of ",
+                                                   SourceOf(*options, "token"), ", ",
+                                                   SourceOf(*options, "token_file"), ", got 2"));
+  }
+  return absl::OkStatus();
+}
+
+std::string SourceOf(const Options& options, absl::string_view flag) {
+  if (options.from_environment.count(std::string(flag)) != 0) {
+    for (const auto& [name, variable] : EnvironmentFlags()) {
+      if (name == flag) return variable;
+    }
+  }
+  return absl::StrCat("--", flag);
+}
+
+bool UsesTls(const Options& options) {
+  return options.tls || Given(options.tls_ca_file) || Given(options.tls_cert_file) ||
+         Given(options.tls_key_file) || Given(options.tls_server_name);
+}
+
+absl::StatusOr<std::string> ReadToken(const Options& options) {
+  std::string token;
+  std::string source;
+  if (Given(options.token)) {
+    token = *options.token;
+    source = SourceOf(options, "token");
+  } else if (Given(options.token_file)) {
+    source = SourceOf(options, "token_file");
+    if (*options.token_file == "-") {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": expected a file, got '-' (stdin is for messages)"));
+    }
+    absl::StatusOr<std::string> data = ReadFileBytes(*options.token_file);
+    if (!data.ok()) return absl::InvalidArgumentError(absl::StrCat(source, ": ",
+                                                                   data.status().message()));
+    token = std::string(absl::StripAsciiWhitespace(*data));
+    if (!data->empty()) sodium_memzero(data->data(), data->size());
+    if (token.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": '", *options.token_file, "' holds no token"));
+    }
+  } else {
+    return std::string();
+  }
+  if (absl::Status s = client::CheckBearerToken(source, token); !s.ok()) {
+    sodium_memzero(token.data(), token.size());
+    return s;
+  }
+  return token;
 }
 
 absl::StatusOr<const CommandSpec*> FindCommand(absl::Span<const std::string> positional) {
@@ -207,11 +304,25 @@ std::string UsageText() {
       "Flags may come before or after the subcommand; '--' ends the flags.\n"
       "\n"
       "global flags:\n"
-      "  --server=HOST:PORT   server address (default 127.0.0.1:50051, insecure)\n"
+      "  --server=HOST:PORT   server address (default 127.0.0.1:50051)\n"
       "  --timeout=DURATION   deadline per RPC, e.g. 500ms, 10s (default 10s)\n"
       "  --json               print the response message as JSON (bytes in base64)\n"
       "  --hex_output         print plaintexts as hex instead of raw bytes\n"
       "  --verbose            also print key version and memo_hit on stderr\n"
+      "\n"
+      "TLS and identity (plain text without any of them; a flag wins over its variable):\n"
+      "  --tls                      TLS, checking the server against the system's CAs\n"
+      "  --tls_ca_file=PEM          TLS, checking the server against these CAs\n"
+      "                             [OFFLOAD_TLS_CA_FILE]\n"
+      "  --tls_cert_file=PEM        mTLS: client certificate [OFFLOAD_TLS_CERT_FILE]\n"
+      "  --tls_key_file=PEM         mTLS: its private key [OFFLOAD_TLS_KEY_FILE]\n"
+      "  --tls_server_name=NAME     the name the server's certificate must carry, when it is\n"
+      "                             not the host of --server [OFFLOAD_TLS_SERVER_NAME]\n"
+      "  --token_file=PATH          file holding a bearer token (a JWT), sent as\n"
+      "                             'authorization: Bearer ...' [OFFLOAD_TOKEN_FILE]\n"
+      "  --token=TOKEN              the token itself; visible in ps, prefer the file\n"
+      "                             [OFFLOAD_TOKEN]\n"
+      "  offloadctl never prints the token, not in errors either.\n"
       "\n"
       "byte inputs: --X=TEXT, --X_hex=HEX, --X_file=PATH (raw bytes, '-' is stdin);\n"
       "a message or plaintext with none of them is read from stdin.\n"

@@ -11,6 +11,7 @@
 #define TOOLS_OFFLOADCTL_CLI_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <set>
 #include <string>
@@ -40,6 +41,16 @@ struct Options {
   bool hex_output = false;
   bool verbose = false;
 
+  // Transport security and identity: global flags, each but --tls also read from an environment
+  // variable when its flag is not given (ApplyEnvironment).
+  bool tls = false;
+  std::optional<std::string> tls_ca_file;
+  std::optional<std::string> tls_cert_file;
+  std::optional<std::string> tls_key_file;
+  std::optional<std::string> tls_server_name;
+  std::optional<std::string> token;       // the bearer token itself (shows in `ps`)
+  std::optional<std::string> token_file;  // a file holding it
+
   std::optional<std::string> type;
   bool allow_zero_shared_secret = false;
   std::optional<std::string> secret_hex;
@@ -64,6 +75,8 @@ struct Options {
 
   // Names (without dashes) of every flag given on the command line, globals included.
   std::set<std::string> specified;
+  // Names of the flags whose value ApplyEnvironment took from their variable.
+  std::set<std::string> from_environment;
 };
 
 // One subcommand: its words ("keys create" has two), positional arguments after the words, the
@@ -100,6 +113,29 @@ absl::StatusOr<std::set<std::string>> CheckFlagSyntax(absl::Span<const std::stri
 
 // The full usage text: global flags, then every subcommand with its flags and an example.
 std::string UsageText();
+
+// The environment variable of each flag that has one: {"tls_ca_file", "OFFLOAD_TLS_CA_FILE"},
+// ..., {"token", "OFFLOAD_TOKEN"}, {"token_file", "OFFLOAD_TOKEN_FILE"}.
+const std::vector<std::pair<std::string, std::string>>& EnvironmentFlags();
+
+// Fills each flag of EnvironmentFlags() that was not given from its variable, read with `getenv`
+// (an unset or empty variable is no value). A flag wins over its variable, and for the token
+// either token flag wins over both variables. InvalidArgument for two token sources at once
+// (--token and --token_file, or OFFLOAD_TOKEN and OFFLOAD_TOKEN_FILE).
+absl::Status ApplyEnvironment(const std::function<const char*(const char*)>& getenv,
+                              Options* options);
+
+// Where the value of `flag` came from, for messages: "--flag" or its variable's name.
+std::string SourceOf(const Options& options, absl::string_view flag);
+
+// Whether the channel is TLS: --tls, or any --tls_* value.
+bool UsesTls(const Options& options);
+
+// The bearer token to send ("" for none): --token, or the contents of --token_file with
+// surrounding whitespace removed (from their variables likewise). InvalidArgument for an
+// unreadable or empty file, or a token CheckBearerToken refuses; messages name the source, never
+// the token.
+absl::StatusOr<std::string> ReadToken(const Options& options);
 
 // Decodes hex. Surrounding ASCII whitespace is ignored; anything else must be an even number of
 // [0-9a-fA-F] characters. InvalidArgument names `field` and the first bad position.

@@ -1,7 +1,10 @@
 #include "tools/offloadctl/cli.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -22,6 +25,7 @@ namespace offload::ctl {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::vector<std::string> Args(std::initializer_list<const char*> list) {
   return std::vector<std::string>(list.begin(), list.end());
@@ -168,6 +172,97 @@ TEST(ReadBytesInputTest, RejectsTwoFormsAndMissingRequiredInput) {
   EXPECT_THAT(std::string(missing.message()), HasSubstr("--secret_hex, --secret_file"));
   hex = "6";
   EXPECT_FALSE(ReadBytesInput("aad", &none_text, &hex, nullptr, false, false).ok());
+}
+
+// A fake environment for ApplyEnvironment.
+std::function<const char*(const char*)> Env(std::map<std::string, std::string> vars) {
+  return [vars = std::move(vars)](const char* name) -> const char* {
+    auto it = vars.find(name);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  };
+}
+
+TEST(ApplyEnvironmentTest, FillsFlagsNotGivenAndNamesTheirSource) {
+  Options o;
+  o.tls_ca_file = "flag-ca.pem";
+  o.specified = {"tls_ca_file"};
+  ASSERT_TRUE(ApplyEnvironment(Env({{"OFFLOAD_TLS_CA_FILE", "env-ca.pem"},
+                                    {"OFFLOAD_TLS_CERT_FILE", "env-cert.pem"},
+                                    {"OFFLOAD_TLS_KEY_FILE", ""},  // empty: no value
+                                    {"OFFLOAD_TLS_SERVER_NAME", "localhost"}}),
+                               &o)
+                  .ok());
+  EXPECT_EQ(o.tls_ca_file, "flag-ca.pem");  // a flag wins over its variable
+  EXPECT_EQ(o.tls_cert_file, "env-cert.pem");
+  EXPECT_FALSE(o.tls_key_file.has_value());
+  EXPECT_EQ(o.tls_server_name, "localhost");
+  EXPECT_EQ(SourceOf(o, "tls_ca_file"), "--tls_ca_file");
+  EXPECT_EQ(SourceOf(o, "tls_cert_file"), "OFFLOAD_TLS_CERT_FILE");
+  EXPECT_TRUE(UsesTls(o));
+  EXPECT_FALSE(UsesTls(Options()));
+  Options only_tls;
+  only_tls.tls = true;
+  EXPECT_TRUE(UsesTls(only_tls));
+  for (const auto& [flag, variable] : EnvironmentFlags()) {
+    EXPECT_NE(std::find(GlobalFlags().begin(), GlobalFlags().end(), flag), GlobalFlags().end())
+        << flag;
+  }
+}
+
+TEST(ApplyEnvironmentTest, EitherTokenFlagWinsOverBothVariables) {
+  Options o;
+  o.token_file = "flag.jwt";
+  o.specified = {"token_file"};
+  ASSERT_TRUE(ApplyEnvironment(Env({{"OFFLOAD_TOKEN", "env-token"}}), &o).ok());
+  EXPECT_FALSE(o.token.has_value());
+  EXPECT_EQ(o.token_file, "flag.jwt");
+
+  Options both_vars;
+  absl::Status s = ApplyEnvironment(
+      Env({{"OFFLOAD_TOKEN", "t"}, {"OFFLOAD_TOKEN_FILE", "f.jwt"}}), &both_vars);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("OFFLOAD_TOKEN, OFFLOAD_TOKEN_FILE"));
+
+  Options both_flags;
+  both_flags.token = "t";
+  both_flags.token_file = "f.jwt";
+  both_flags.specified = {"token", "token_file"};
+  s = ApplyEnvironment(Env({}), &both_flags);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("--token, --token_file"));
+}
+
+TEST(ReadTokenTest, ReadsTheFileTrimmedAndNeverShowsTheToken) {
+  Options none;
+  EXPECT_EQ(*ReadToken(none), "");
+
+  const std::string path = ::testing::TempDir() + "/offloadctl_token.jwt";
+  {
+    std::ofstream out(path);
+    out << "  aaa.bbb.ccc\n";
+  }
+  Options file;
+  file.token_file = path;
+  EXPECT_EQ(*ReadToken(file), "aaa.bbb.ccc");
+
+  Options text;
+  text.token = "aaa.bbb.ccc";
+  EXPECT_EQ(*ReadToken(text), "aaa.bbb.ccc");
+  text.token = "aaa.bbb ccc";
+  absl::Status bad = ReadToken(text).status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.message()), HasSubstr("--token: expected visible ASCII"));
+  EXPECT_THAT(std::string(bad.message()), Not(HasSubstr("aaa")));
+
+  {
+    std::ofstream out(path);
+    out << "\n";
+  }
+  file.from_environment = {"token_file"};
+  absl::Status empty = ReadToken(file).status();
+  EXPECT_THAT(std::string(empty.message()), HasSubstr("OFFLOAD_TOKEN_FILE: '"));
+  EXPECT_THAT(std::string(empty.message()), HasSubstr("holds no token"));
+  std::remove(path.c_str());
+  EXPECT_THAT(std::string(ReadToken(file).status().message()), HasSubstr("cannot open"));
 }
 
 TEST(CheckFlagSyntaxTest, AcceptsAbslSyntax) {

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/cpp/credentials.h"
 #include "google/protobuf/message.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
@@ -71,23 +72,38 @@ absl::StatusOr<std::string> ReadAad(const Options& o) {
                         /*fallback_stdin=*/false);
 }
 
-// Holds the channel and stubs of one invocation and runs calls with the --timeout deadline.
+// Holds the channel and stubs of one invocation and runs calls with the --timeout deadline and
+// the bearer token.
 class Client final {
  public:
-  explicit Client(const Options& options)
-      : options_(options),
-        channel_(grpc::CreateChannel(options.server, grpc::InsecureChannelCredentials())),
-        keys_(v1::KeyService::NewStub(channel_)),
-        ed25519_(v1::Ed25519Service::NewStub(channel_)),
-        x25519_(v1::X25519Service::NewStub(channel_)),
-        box_(v1::BoxService::NewStub(channel_)),
-        aead_(v1::AeadService::NewStub(channel_)) {}
+  // The channel of `options`: plain text, or TLS (UsesTls) with the CAs, client certificate and
+  // server name given; the token read now. InvalidArgument (a usage error) for unreadable or
+  // mismatched TLS files and unreadable or malformed tokens.
+  static absl::StatusOr<std::unique_ptr<Client>> Create(const Options& options) {
+    std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+    grpc::ChannelArguments args;
+    if (UsesTls(options)) {
+      client::TlsFiles files;
+      files.ca_file = options.tls_ca_file.value_or("");
+      files.cert_file = options.tls_cert_file.value_or("");
+      files.key_file = options.tls_key_file.value_or("");
+      OFFLOAD_ASSIGN_OR_RETURN(credentials, client::MakeTlsCredentials(files));
+      const std::string name = options.tls_server_name.value_or("");
+      if (!name.empty()) args.SetSslTargetNameOverride(name);
+    }
+    OFFLOAD_ASSIGN_OR_RETURN(std::string token, ReadToken(options));
+    return std::unique_ptr<Client>(new Client(
+        options, grpc::CreateCustomChannel(options.server, credentials, args), std::move(token)));
+  }
+
+  ~Client() { Wipe(&authorization_); }
 
   // Runs `call(context)` once with a fresh context; maps a gRPC error to a tagged absl::Status.
   template <typename Call>
   absl::Status Invoke(Call call) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+    if (!authorization_.empty()) context.AddMetadata("authorization", authorization_);
     const grpc::Status status = call(&context);
     if (status.ok()) return absl::OkStatus();
     return MarkRpcError(absl::Status(static_cast<absl::StatusCode>(status.error_code()),
@@ -101,7 +117,20 @@ class Client final {
   v1::AeadService::Stub& aead() { return *aead_; }
 
  private:
+  Client(const Options& options, std::shared_ptr<grpc::Channel> channel, std::string token)
+      : options_(options),
+        channel_(std::move(channel)),
+        keys_(v1::KeyService::NewStub(channel_)),
+        ed25519_(v1::Ed25519Service::NewStub(channel_)),
+        x25519_(v1::X25519Service::NewStub(channel_)),
+        box_(v1::BoxService::NewStub(channel_)),
+        aead_(v1::AeadService::NewStub(channel_)) {
+    if (!token.empty()) authorization_ = absl::StrCat("Bearer ", token);
+    Wipe(&token);
+  }
+
   const Options& options_;
+  std::string authorization_;  // "Bearer <token>", or empty
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::KeyService::Stub> keys_;
   std::unique_ptr<v1::Ed25519Service::Stub> ed25519_;
@@ -350,7 +379,8 @@ absl::StatusOr<int> RunCommand(const CommandSpec& spec, absl::Span<const std::st
     Write(UsageText());
     return kExitOk;
   }
-  Client client(options);
+  OFFLOAD_ASSIGN_OR_RETURN(std::unique_ptr<Client> made, Client::Create(options));
+  Client& client = *made;
   const std::string id = positional.empty() ? "" : positional.back();
   const std::string& n = spec.name;
   if (n == "keys create") return KeysCreate(client, options, id);

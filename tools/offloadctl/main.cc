@@ -1,6 +1,7 @@
 // offloadctl: the admin and try-it CLI of crypto-offload. See README.md beside this file, or run
 // `offloadctl help`.
 #include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <set>
 #include <string>
@@ -15,11 +16,22 @@
 #include "tools/offloadctl/cli.h"
 #include "tools/offloadctl/commands.h"
 
-ABSL_FLAG(std::string, server, "127.0.0.1:50051", "server address host:port (insecure channel)");
+ABSL_FLAG(std::string, server, "127.0.0.1:50051", "server address host:port");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(10), "deadline per RPC, e.g. 500ms, 10s");
 ABSL_FLAG(bool, json, false, "print the response message as JSON");
 ABSL_FLAG(bool, hex_output, false, "print plaintexts as hex instead of raw bytes");
 ABSL_FLAG(bool, verbose, false, "also print key version and memo_hit on stderr");
+ABSL_FLAG(bool, tls, false, "TLS, checking the server's certificate against the system's CAs");
+ABSL_FLAG(std::string, tls_ca_file, "", "TLS: PEM CAs of the server's certificate "
+          "[OFFLOAD_TLS_CA_FILE]");
+ABSL_FLAG(std::string, tls_cert_file, "", "mTLS: PEM client certificate [OFFLOAD_TLS_CERT_FILE]");
+ABSL_FLAG(std::string, tls_key_file, "", "mTLS: PEM private key of --tls_cert_file "
+          "[OFFLOAD_TLS_KEY_FILE]");
+ABSL_FLAG(std::string, tls_server_name, "", "TLS: the name the server's certificate must carry "
+          "when it is not the host of --server [OFFLOAD_TLS_SERVER_NAME]");
+ABSL_FLAG(std::string, token, "", "bearer token (JWT) for 'authorization: Bearer'; shows in ps, "
+          "prefer --token_file [OFFLOAD_TOKEN]");
+ABSL_FLAG(std::string, token_file, "", "file holding the bearer token [OFFLOAD_TOKEN_FILE]");
 
 ABSL_FLAG(std::string, type, "", "key type: ed25519, x25519, chacha20-poly1305, "
           "xchacha20-poly1305, aes256-gcm");
@@ -68,6 +80,13 @@ Options OptionsFromFlags(std::set<std::string> specified) {
   Take(FLAGS_json, &o.json, &o);
   Take(FLAGS_hex_output, &o.hex_output, &o);
   Take(FLAGS_verbose, &o.verbose, &o);
+  Take(FLAGS_tls, &o.tls, &o);
+  Take(FLAGS_tls_ca_file, &o.tls_ca_file, &o);
+  Take(FLAGS_tls_cert_file, &o.tls_cert_file, &o);
+  Take(FLAGS_tls_key_file, &o.tls_key_file, &o);
+  Take(FLAGS_tls_server_name, &o.tls_server_name, &o);
+  Take(FLAGS_token, &o.token, &o);
+  Take(FLAGS_token_file, &o.token_file, &o);
   Take(FLAGS_type, &o.type, &o);
   Take(FLAGS_allow_zero_shared_secret, &o.allow_zero_shared_secret, &o);
   Take(FLAGS_secret_hex, &o.secret_hex, &o);
@@ -116,11 +135,16 @@ int main(int argc, char** argv) {
     std::fputs(offload::ctl::UsageText().c_str(), stdout);
     return offload::ctl::kExitOk;
   }
-  const Options options = OptionsFromFlags(*std::move(specified));
+  Options options = OptionsFromFlags(*std::move(specified));
   absl::StatusOr<const offload::ctl::CommandSpec*> spec = offload::ctl::FindCommand(positional);
   if (!spec.ok()) return Fail(spec.status());
   if (absl::Status ok = offload::ctl::CheckCommand(**spec, positional, options); !ok.ok()) {
     return Fail(ok);
+  }
+  if ((*spec)->name != "help") {
+    absl::Status ok = offload::ctl::ApplyEnvironment(
+        [](const char* name) -> const char* { return std::getenv(name); }, &options);
+    if (!ok.ok()) return Fail(ok);
   }
   absl::StatusOr<int> exit_code = offload::ctl::RunCommand(**spec, positional, options);
   std::fflush(stdout);

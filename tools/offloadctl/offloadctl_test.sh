@@ -6,10 +6,27 @@
 #   offloadctl_test.sh OFFLOADCTL OFFLOAD_SERVER http
 #                                                 the tour over the server's HTTP port, which
 #                                                 speaks gRPC on our own engine (issue 24)
+#   offloadctl_test.sh OFFLOADCTL OFFLOAD_SERVER grpc|http mtls
+#                                                 the tour over mTLS (certificates made here with
+#                                                 the openssl command line; the client's identity
+#                                                 is the policy's admin), and refusals: no TLS, a
+#                                                 wrong CA, an unchecked name, no client
+#                                                 certificate, mismatched files
+#   offloadctl_test.sh OFFLOADCTL OFFLOAD_SERVER grpc|http token [PYTHON]
+#                                                 the tour with a bearer token (minted by PyJWT:
+#                                                 PYTHON, default /usr/bin/python3) against a
+#                                                 plain-text server that requires one, and
+#                                                 refusals: none, expired, no grant; the tokens
+#                                                 never appear in offloadctl's output
+# Every variable offloadctl reads (OFFLOAD_TLS_*, OFFLOAD_TOKEN*) is cleared first.
 set -u
-CTL=${1:?usage: offloadctl_test.sh OFFLOADCTL [OFFLOAD_SERVER [grpc|http]]}
+CTL=${1:?usage: offloadctl_test.sh OFFLOADCTL [OFFLOAD_SERVER [grpc|http [plain|mtls|token]]]}
 SERVER_BIN=${2:-}
 PORT_KIND=${3:-grpc}
+AUTH=${4:-plain}
+PYTHON=${5:-/usr/bin/python3}
+unset OFFLOAD_TLS_CA_FILE OFFLOAD_TLS_CERT_FILE OFFLOAD_TLS_KEY_FILE OFFLOAD_TLS_SERVER_NAME \
+  OFFLOAD_TOKEN OFFLOAD_TOKEN_FILE
 failures=0
 TMP=$(mktemp -d)
 SERVER_PID=
@@ -18,18 +35,35 @@ cleanup() {
   rm -rf "$TMP"
 }
 trap cleanup EXIT
+# Everything offloadctl printed, for the check that no token ever shows.
+: >"$TMP/all"
+record() { cat "$TMP/out" "$TMP/err" >>"$TMP/all" 2>/dev/null; }
 
-# expect CODE STDERR_SUBSTRING -- ARGS...: runs the CLI, checks exit code and stderr.
+# expect CODE STDERR_SUBSTRING [VAR=VALUE...] -- ARGS...: runs the CLI (with those variables in
+# its environment), checks exit code and stderr.
 expect() {
   local want=$1 pattern=$2
-  shift 3
-  "$CTL" "$@" >"$TMP/out" 2>"$TMP/err" </dev/null
+  shift 2
+  local env=()
+  while [[ $1 != -- ]]; do env+=("$1"); shift; done
+  shift
+  env "${env[@]}" "$CTL" "$@" >"$TMP/out" 2>"$TMP/err" </dev/null
   local got=$?
-  if [[ $got -ne $want ]] || ! grep -qF -- "$pattern" "$TMP/err"; then
-    echo "FAIL: offloadctl $* -> exit $got (want $want), stderr:"; sed 's/^/  /' "$TMP/err"
+  record
+  if [[ $got -ne $want ]] || { [[ -n $pattern ]] && ! grep -qF -- "$pattern" "$TMP/err"; }; then
+    show "FAIL: ${env[*]:+${env[*]} }offloadctl $* -> exit $got (want $want), stderr:"
+    sed 's/^/  /' "$TMP/err"
     failures=$((failures + 1))
   else
-    echo "ok: offloadctl $* -> $got"
+    show "ok: ${env[*]:+${env[*]} }offloadctl $* -> $got"
+  fi
+}
+show() { echo "$*" | sed 's/eyJ[A-Za-z0-9_.-]*/<JWT>/g'; }  # this log shows no token either
+check_hidden() {  # check_hidden TEXT: TEXT is nowhere in what offloadctl printed so far
+  if grep -qF -- "$1" "$TMP/all"; then
+    echo "FAIL: a token appeared in offloadctl's output"; failures=$((failures + 1))
+  else
+    echo "ok: the token never appeared in offloadctl's output"
   fi
 }
 
@@ -60,6 +94,32 @@ expect 64 "missing secret: give one of --secret_hex, --secret_file" -- keys impo
 expect 64 "cannot open" -- open k --envelope_file="$TMP/nope"
 # Port 1 on loopback has no listener: the channel fails, which is an RPC error.
 expect 2 "error: UNAVAILABLE:" -- --server=127.0.0.1:1 --timeout=3s keys list
+# TLS files and tokens are read before anything is sent: a bad one is a usage error, and the
+# message names the flag or the variable it came from, never the token.
+expect 64 "tls_ca_file: cannot read '$TMP/none.crt'" -- --server=127.0.0.1:1 \
+  --tls_ca_file="$TMP/none.crt" keys list
+expect 64 "tls_ca_file: cannot read '$TMP/none.crt'" OFFLOAD_TLS_CA_FILE="$TMP/none.crt" -- \
+  --server=127.0.0.1:1 keys list
+echo 'not a certificate' >"$TMP/junk.pem"
+expect 64 "tls_ca_file: expected PEM certificates" -- --server=127.0.0.1:1 \
+  --tls_ca_file="$TMP/junk.pem" keys list
+expect 64 "--token_file: cannot open '$TMP/none.jwt'" -- --server=127.0.0.1:1 \
+  --token_file="$TMP/none.jwt" keys list
+expect 64 "OFFLOAD_TOKEN_FILE: cannot open '$TMP/none.jwt'" OFFLOAD_TOKEN_FILE="$TMP/none.jwt" -- \
+  --server=127.0.0.1:1 keys list
+printf '\n  \n' >"$TMP/blank.jwt"
+expect 64 "--token_file: '$TMP/blank.jwt' holds no token" -- --server=127.0.0.1:1 \
+  --token_file="$TMP/blank.jwt" keys list
+expect 64 "expected at most one of --token, --token_file, got 2" -- --server=127.0.0.1:1 \
+  --token=abc --token_file="$TMP/blank.jwt" keys list
+expect 64 "expected at most one of OFFLOAD_TOKEN, OFFLOAD_TOKEN_FILE, got 2" OFFLOAD_TOKEN=abc \
+  OFFLOAD_TOKEN_FILE="$TMP/blank.jwt" -- --server=127.0.0.1:1 keys list
+expect 64 "--token: expected visible ASCII characters, got byte 0x20 at position 6" -- \
+  --server=127.0.0.1:1 --token="secret words" keys list
+check_hidden "secret words"
+# A flag wins over its variable: a bad OFFLOAD_TOKEN_FILE is not read when --token is given.
+expect 2 "error: UNAVAILABLE:" OFFLOAD_TOKEN_FILE="$TMP/none.jwt" -- --server=127.0.0.1:1 \
+  --timeout=3s --token=abc keys list
 
 # --- against a live server -------------------------------------------------------------------
 if [[ -n $SERVER_BIN ]]; then
@@ -68,9 +128,69 @@ if [[ -n $SERVER_BIN ]]; then
   mkdir -p "$TMP/data"
   http=
   [[ $PORT_KIND == http ]] && http=127.0.0.1:0
+  SERVER_FLAGS=()
+  CLIENT_FLAGS=()
+  P=$TMP/pki
+  mkdir -p "$P"
+  if [[ $AUTH == mtls ]]; then
+    # Two CAs; the server's certificate names localhost only; the client's identity is its
+    # URI SAN, the policy's admin (with every key).
+    ssl() { openssl "$@" 2>"$P/openssl.err" || { cat "$P/openssl.err"; exit 1; }; }
+    for ca in ca other-ca; do
+      ssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$P/$ca.key" \
+        -out "$P/$ca.crt" -days 2 -subj "/CN=$ca" -addext basicConstraints=critical,CA:TRUE \
+        -addext keyUsage=critical,keyCertSign
+    done
+    leaf() {  # leaf NAME EXTENDED_KEY_USAGE SUBJECT_ALT_NAME
+      printf 'basicConstraints=CA:FALSE\nextendedKeyUsage=%s\nsubjectAltName=%s\n' "$2" "$3" \
+        >"$P/$1.ext"
+      ssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$P/$1.key" \
+        -out "$P/$1.csr" -subj "/CN=$1"
+      ssl x509 -req -in "$P/$1.csr" -CA "$P/ca.crt" -CAkey "$P/ca.key" -CAcreateserial \
+        -out "$P/$1.crt" -days 2 -extfile "$P/$1.ext"
+    }
+    leaf server serverAuth DNS:localhost
+    leaf client clientAuth URI:spiffe://offload/ops-admin
+    echo '{"admins": ["spiffe://offload/ops-admin"], "grants": [{"client":
+      "spiffe://offload/ops-admin", "keys": ["*"], "operations": ["*"]}]}' >"$P/policy.json"
+    SERVER_FLAGS=(--tls_cert_file="$P/server.crt" --tls_key_file="$P/server.key"
+                  --tls_client_ca_file="$P/ca.crt" --policy_file="$P/policy.json")
+    CLIENT_FLAGS=(--tls_ca_file="$P/ca.crt" --tls_cert_file="$P/client.crt"
+                  --tls_key_file="$P/client.key" --tls_server_name=localhost)
+  elif [[ $AUTH == token ]]; then
+    # An Ed25519 JWKS, and tokens of ops-admin (the policy's admin, with every key), of app-a
+    # (no grant), and an expired one of ops-admin.
+    (cd "$P" && "$PYTHON" - <<'PY'
+import base64, json, time
+import jwt
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+
+key = ed25519.Ed25519PrivateKey.generate()
+x = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+with open("jwks.json", "w") as f:
+    json.dump({"keys": [{"kty": "OKP", "crv": "Ed25519", "kid": "k1",
+                         "x": base64.urlsafe_b64encode(x).rstrip(b"=").decode()}]}, f)
+now = int(time.time())
+for name, sub, iat, exp in (("admin.jwt", "ops-admin", now, now + 600),
+                            ("app.jwt", "app-a", now, now + 600),
+                            ("expired.jwt", "ops-admin", now - 7200, now - 3600)):
+    body = {"iss": "https://id.offloadctl-test.example", "aud": "crypto-offload", "sub": sub,
+            "iat": iat, "exp": exp}
+    with open(name, "w") as f:
+        f.write(jwt.encode(body, key, algorithm="EdDSA", headers={"kid": "k1"}) + "\n")
+PY
+    ) || { echo "FAIL: minting tokens with $PYTHON"; exit 1; }
+    echo '{"admins": ["ops-admin"], "grants": [{"client": "ops-admin", "keys": ["*"],
+      "operations": ["*"]}]}' >"$P/policy.json"
+    SERVER_FLAGS=(--jwks_file="$P/jwks.json" --token_issuer=https://id.offloadctl-test.example
+                  --token_audience=crypto-offload --require_identity
+                  --policy_file="$P/policy.json")
+    CLIENT_FLAGS=(--token_file="$P/admin.jwt")
+  fi
   OFFLOAD_KEK=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n') \
     "$SERVER_BIN" --grpc_address=127.0.0.1:0 --http_address="$http" --metrics_address= \
-    --data_dir="$TMP/data" >"$TMP/server.log" 2>&1 &
+    --data_dir="$TMP/data" "${SERVER_FLAGS[@]}" >"$TMP/server.log" 2>&1 &
   SERVER_PID=$!
   port=
   for _ in $(seq 600); do  # 60 s: an ASan server on a busy machine
@@ -83,11 +203,13 @@ if [[ -n $SERVER_BIN ]]; then
   if [[ -z $port ]]; then
     echo "FAIL: the server did not start"; cat "$TMP/server.log"; exit 1
   fi
-  S=(--server=127.0.0.1:$port --timeout=30s)
+  ADDRESS=127.0.0.1:$port
+  S=(--server=$ADDRESS --timeout=30s "${CLIENT_FLAGS[@]}")
   field() { sed -n "s/^$1: //p" "$TMP/out"; }
   run() {  # run ARGS...: must exit 0
     "$CTL" "${S[@]}" "$@" >"$TMP/out" 2>"$TMP/err" </dev/null
     local rc=$?
+    record
     if [[ $rc -ne 0 ]]; then
       echo "FAIL: offloadctl $* -> $rc"; sed 's/^/  /' "$TMP/err"; failures=$((failures + 1))
     else
@@ -108,9 +230,11 @@ if [[ -n $SERVER_BIN ]]; then
   "$CTL" "${S[@]}" verify --public_key_hex="$PK" --signature_hex="$SIG" --message=hellO \
     >"$TMP/out" 2>&1
   check "tampered message: exit 1, invalid" test $? -eq 1 -a "$(cat "$TMP/out")" = invalid
+  record
   printf 'hello' | "$CTL" "${S[@]}" verify --public_key_hex="$PK" --signature_hex="$SIG" \
     >"$TMP/out" 2>&1
   check "message from stdin" test "$(cat "$TMP/out")" = valid
+  record
 
   run keys create --type=x25519 alice
   run keys create --type=x25519 bob
@@ -148,6 +272,50 @@ if [[ -n $SERVER_BIN ]]; then
   check "list shows 6 keys" test "$(wc -l <"$TMP/out")" -eq 6
   run keys delete signer
   expect 2 "error: NOT_FOUND:" -- "${S[@]}" keys get signer
+
+  A=(--server=$ADDRESS --timeout=30s)
+  if [[ $AUTH == mtls ]]; then
+    # The same files from the environment; a flag wins over its variable.
+    expect 0 "" OFFLOAD_TLS_CA_FILE="$P/ca.crt" OFFLOAD_TLS_CERT_FILE="$P/client.crt" \
+      OFFLOAD_TLS_KEY_FILE="$P/client.key" OFFLOAD_TLS_SERVER_NAME=localhost -- "${A[@]}" keys list
+    expect 0 "" OFFLOAD_TLS_CA_FILE="$P/other-ca.crt" OFFLOAD_TLS_SERVER_NAME=127.0.0.1 -- \
+      "${S[@]}" keys list
+    # Refusals. Plain text to a TLS port: no answer. A CA that did not sign the server's
+    # certificate, or no name to check but an address: the handshake fails, and says why.
+    expect 2 "error: UNAVAILABLE:" -- "${A[@]}" --timeout=5s keys list
+    expect 2 "certificate verify failed" -- "${A[@]}" --tls_ca_file="$P/other-ca.crt" \
+      --tls_cert_file="$P/client.crt" --tls_key_file="$P/client.key" --tls_server_name=localhost \
+      keys list
+    expect 2 "Peer name 127.0.0.1 is not in peer certificate" -- "${A[@]}" \
+      --tls_ca_file="$P/ca.crt" --tls_cert_file="$P/client.crt" --tls_key_file="$P/client.key" \
+      keys list
+    # TLS without a client certificate: the server wants one.
+    expect 2 "error: UNAUTHENTICATED:" -- "${A[@]}" --tls_ca_file="$P/ca.crt" \
+      --tls_server_name=localhost keys list
+    # Files that do not go together are a usage error, found before anything is sent.
+    expect 64 "tls_key_file, tls_key_pem: expected the private key" -- "${A[@]}" \
+      --tls_ca_file="$P/ca.crt" --tls_cert_file="$P/client.crt" keys list
+    expect 64 "tls_key_file: expected the private key of the certificate in tls_cert_file" -- \
+      "${A[@]}" --tls_ca_file="$P/ca.crt" --tls_cert_file="$P/client.crt" \
+      --tls_key_file="$P/server.key" keys list
+  elif [[ $AUTH == token ]]; then
+    ADMIN=$(tr -d '\n' <"$P/admin.jwt")
+    # The token from the environment, as a file or as itself; a flag wins over its variable.
+    expect 0 "" OFFLOAD_TOKEN_FILE="$P/admin.jwt" -- "${A[@]}" keys list
+    expect 0 "" OFFLOAD_TOKEN="$ADMIN" -- "${A[@]}" keys list
+    expect 0 "" OFFLOAD_TOKEN="not-a-valid-token" -- "${A[@]}" --token_file="$P/admin.jwt" keys list
+    expect 0 "" OFFLOAD_TOKEN_FILE="$P/expired.jwt" -- "${A[@]}" --token="$ADMIN" keys list
+    # Refusals: no token, an expired one, a forged one, one whose identity has no grant.
+    expect 2 "error: UNAUTHENTICATED:" -- "${A[@]}" keys list
+    expect 2 "error: UNAUTHENTICATED:" -- "${A[@]}" --token_file="$P/expired.jwt" keys list
+    expect 2 "error: UNAUTHENTICATED:" OFFLOAD_TOKEN="not-a-valid-token" -- "${A[@]}" keys list
+    expect 2 "error: PERMISSION_DENIED:" -- "${A[@]}" --token_file="$P/app.jwt" keys create \
+      --type=ed25519 app-key
+    expect 2 "error: PERMISSION_DENIED:" -- "${A[@]}" --token_file="$P/app.jwt" seal \
+      vault-aes256-gcm --message=x
+    for t in admin app expired; do check_hidden "$(tr -d '\n' <"$P/$t.jwt")"; done
+    check_hidden "not-a-valid-token"
+  fi
 fi
 
 if [[ $failures -ne 0 ]]; then echo "$failures failure(s)"; exit 1; fi
