@@ -497,14 +497,7 @@ class Call final : public std::enable_shared_from_this<Call> {
   }
 
   void VerifyTokenOnWorker(const std::string& token) {
-    if (absl::Now() > deadline_) {
-      if (shared_->admission != nullptr) shared_->admission->CountDeadlineDrop();
-      return Finish(absl::DeadlineExceededError("deadline passed while queued"));
-    }
-    if (exchange_->abandoned()) {
-      if (shared_->admission != nullptr) shared_->admission->CountClientGoneDrop();
-      return Finish(absl::CancelledError("client went away"));
-    }
+    if (DroppedUnrun()) return;
     absl::StatusOr<std::string> identity = shared_->tokens->Verify(token);
     ticket_.Release();  // Run admits the call itself, under the identity's name
     if (!identity.ok()) return Refuse(identity.status());
@@ -653,18 +646,26 @@ class Call final : public std::enable_shared_from_this<Call> {
     });
   }
 
-  void RunOnWorker(Method::Probe probe) {
-    // Work for nobody is not done: a call whose deadline passed while queued (its client has
-    // usually reset it at that deadline: counted as a deadline drop, as the gRPC port counts
-    // it), or whose client went away (a reset stream, a closed connection: Rapid Reset).
+  // Work for nobody is not done: a call whose deadline passed while queued (its client has
+  // usually reset it at that deadline: counted as a deadline drop, as the gRPC port counts it),
+  // or whose client went away (a reset stream, a closed connection: Rapid Reset), is finished
+  // here, unrun. Whether it was.
+  bool DroppedUnrun() {
     if (absl::Now() > deadline_) {
       if (shared_->admission != nullptr) shared_->admission->CountDeadlineDrop();
-      return Finish(absl::DeadlineExceededError("deadline passed while queued"));
+      Finish(absl::DeadlineExceededError("deadline passed while queued"));
+      return true;
     }
     if (exchange_->abandoned()) {
       if (shared_->admission != nullptr) shared_->admission->CountClientGoneDrop();
-      return Finish(absl::CancelledError("client went away"));
+      Finish(absl::CancelledError("client went away"));
+      return true;
     }
+    return false;
+  }
+
+  void RunOnWorker(Method::Probe probe) {
+    if (DroppedUnrun()) return;
     if (probe != nullptr) {
       method_->fresh(*request_, response_.get(), std::move(probe), DoneFn(), nullptr);
     } else {
