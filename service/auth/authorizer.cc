@@ -172,9 +172,10 @@ absl::Status Authorizer::Authorize(const Peer& peer, absl::string_view path,
     AuditUnauthenticated(peer, path, status, transport);
     return status;
   }
-  const std::vector<std::string> key_ids = KeyIdsOf(request);
+  std::vector<std::string> key_ids;
   absl::Status status;
   if (policy != nullptr) {
+    key_ids = KeyIdsOf(request);  // only a policy reads them: a walk over the message
     status = policy->Check(peer.identity, *op, key_ids);
   } else if (options_.require_identity && op->admin) {
     status = absl::PermissionDeniedError(absl::StrCat(

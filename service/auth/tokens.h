@@ -17,7 +17,8 @@
 // key. `exp` is required, `nbf` honoured, both with `clock_skew`. ES256 and RS256 signatures are
 // checked by cjose (Debian's libcjose, which does not know EdDSA), Ed25519 ones by libsodium.
 //
-// A verified token is remembered under a keyed hash of the token (a per-process random key), with
+// A verified token is remembered under a keyed hash of the token (SipHash-2-4, 128 bits, with a
+// per-process random key), with
 // its identity, until its `exp`, in about `remembered_bytes` (each entry is charged 160 bytes
 // plus its identity; least recently used first out): a repeated token costs a hash and a lookup.
 // A thread of its own looks at the JWKS file every `watch_interval`; when it changed, the keys
@@ -144,7 +145,7 @@ class TokenVerifier final {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(memo_mu_);
 
   const Options options_;
-  std::array<uint8_t, 32> hash_key_{};
+  std::array<uint8_t, 16> hash_key_{};  // SipHash key of the memo's digests
 
   absl::Mutex keys_mu_;
   std::shared_ptr<const internal::KeySet> keys_ ABSL_GUARDED_BY(keys_mu_);
