@@ -57,7 +57,9 @@ ALGS = {"EdDSA": (lambda: ed25519.Ed25519PrivateKey.generate(), OKPAlgorithm),
 
 
 class Server:
-    def __init__(self, binary, work):
+    """offload_server with tokens on; `prefix` runs it under another program (valgrind)."""
+
+    def __init__(self, binary, work, prefix=(), extra=(), ready_seconds=30):
         self.keys = {alg: make() for alg, (make, _) in ALGS.items()}
         jwks = {"keys": []}
         for alg, (_, algorithm) in ALGS.items():
@@ -70,14 +72,14 @@ class Server:
         self.http = free_port()
         self.metrics = free_port()
         self.proc = subprocess.Popen(
-            [binary, "--grpc_address=127.0.0.1:%d" % free_port(),
+            list(prefix) + [binary, "--grpc_address=127.0.0.1:%d" % free_port(),
              "--http_address=127.0.0.1:%d" % self.http,
              "--metrics_address=127.0.0.1:%d" % self.metrics,
              "--data_dir=" + os.path.join(work, "data"), "--backend=libsodium",
              "--max_client_inflight=0", "--max_queued_items=0", "--jwks_file=" + path,
-             "--token_issuer=" + ISSUER, "--token_audience=" + AUDIENCE],
+             "--token_issuer=" + ISSUER, "--token_audience=" + AUDIENCE] + list(extra),
             stderr=subprocess.DEVNULL, env=dict(os.environ, OFFLOAD_KEK=secrets.token_hex(32)))
-        for _ in range(300):
+        for _ in range(ready_seconds * 10):
             try:
                 urllib.request.urlopen(self.url("/readyz"), timeout=2)
                 return
