@@ -234,6 +234,13 @@ void Authorizer::AuditHandshakeRefused(absl::string_view transport,
                                   {"reason", std::string(reason)}});
 }
 
+void Authorizer::AuditRefusedRequest(absl::string_view peer_address, absl::string_view port,
+                                     absl::string_view reason) {
+  Audit("request_refused", {{"port", std::string(port)},
+                            {"peer", std::string(peer_address)},
+                            {"reason", std::string(reason)}});
+}
+
 void Authorizer::ForwardedIdentityIgnored(const Peer& peer, absl::string_view header) {
   const uint64_t count = forwarded_ignored_.fetch_add(1, std::memory_order_relaxed) + 1;
   const int64_t now = absl::GetCurrentTimeNanos();

@@ -98,6 +98,11 @@ class Authorizer {
   void AuditUnauthenticated(const Peer& peer, absl::string_view path, const absl::Status& status,
                             absl::string_view transport);
 
+  // Audits a request the HTTP engine refused before anyone read who sent it (headers over the
+  // bound): `reason` says why. Not counted here (the engine counts it as abuse).
+  void AuditRefusedRequest(absl::string_view peer_address, absl::string_view port,
+                           absl::string_view reason);
+
   // Counts a forwarded identity header from a peer that is not a trusted proxy (ignored: anyone
   // can write it) and logs it, once per ten seconds at most.
   void ForwardedIdentityIgnored(const Peer& peer, absl::string_view header);

@@ -1132,6 +1132,14 @@ absl::Status Gateway::ConfigureTls(SSL_CTX* ctx) {
   return absl::OkStatus();
 }
 
+void Gateway::HeaderTooLarge(absl::string_view peer_address) {
+  if (options_.authorizer == nullptr) return;
+  options_.authorizer->AuditRefusedRequest(
+      peer_address, options_.port,
+      absl::StrCat("request headers over http_max_header_bytes (",
+                   options_.http.max_header_bytes, " bytes): answered 431 unread"));
+}
+
 void Gateway::SetReady(bool ready) {
   shared_->ready.store(ready);
   shared_->PushAll(/*end=*/false);

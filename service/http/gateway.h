@@ -121,6 +121,8 @@ class Gateway final : public httpd::Handler {
   void Handle(std::shared_ptr<httpd::Exchange> exchange) override;
   // httpd::Handler: health Watch over gRPC is a stream; everything else is taken whole.
   bool Streaming(const httpd::Exchange& exchange) override;
+  // Audited (a request refused before anyone read who sent it: a 1 MiB bearer token ends here).
+  void HeaderTooLarge(absl::string_view peer_address) override;
 
   // The paths of the health service.
   static constexpr absl::string_view kHealthCheckPath = "/grpc.health.v1.Health/Check";

@@ -229,6 +229,10 @@ class Handler {
   // Asked on the loop thread when a request's headers have arrived: true to get it at once and
   // its body as it arrives (Exchange::ReadBody). Default: no, complete requests only.
   virtual bool Streaming(const Exchange& exchange) { return false; }
+  // A request the engine refused itself, before Handle: its headers were over
+  // Options::max_header_bytes (answered 431). On the loop thread, from `peer_address`
+  // ("ipv4:127.0.0.1:5000"); for the owner's audit trail. Must not block.
+  virtual void HeaderTooLarge(absl::string_view peer_address) {}
 };
 
 class Server final {

@@ -307,7 +307,7 @@ class TokensTest(harness.ServerTestCase):
                          grpc.StatusCode.UNAUTHENTICATED)
         self.assertEqual(self.connect_sign(self.ports["http"], None), (401, "unauthenticated"))
         # A 1 MiB token is over the 16 KiB header bound: refused by the engine before any token
-        # code runs (431, or a reset stream), counted and logged as abuse, not audited.
+        # code runs (431), counted as abuse, and audited as a refused request.
         abuse = self.metric("offload_http_abuse_total", reason="header_too_large")
         huge = "e" * (1 << 20)
         self.assertNotEqual(self.grpc_sign(self.ports["grpc"], huge), grpc.StatusCode.OK)
@@ -319,6 +319,9 @@ class TokensTest(harness.ServerTestCase):
             except (BrokenPipeError, ConnectionResetError):
                 pass  # answered and closed before the whole header was read
             self.assertRegex(c.recv(4096), rb"^HTTP/1.1 431 ")
+        time.sleep(0.2)
+        refused = [a for a in self.audit_lines() if a["event"] == "request_refused"]
+        self.assertTrue(any("http_max_header_bytes" in a["reason"] for a in refused), refused)
         # At least the HTTP/1.1 one (grpcio may refuse to send 1 MiB of metadata itself).
         self.assertGreaterEqual(
             self.metric("offload_http_abuse_total", reason="header_too_large"), abuse + 1)

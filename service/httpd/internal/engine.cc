@@ -180,6 +180,7 @@ bool Conn::ServerOverBudget() const {
 void Conn::Abuse(AbuseReason reason) {
   Counters& c = impl_->counters;
   c.Count(reason);
+  if (reason == AbuseReason::kHeaderTooLarge) impl_->handler->HeaderTooLarge(*peer_address_);
   const int i = static_cast<int>(reason);
   const int64_t second = static_cast<int64_t>(time(nullptr));
   int64_t last = c.logged_second[i].load(std::memory_order_relaxed);
