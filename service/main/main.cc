@@ -114,6 +114,10 @@ ABSL_FLAG(int, http_compression_level, 1,
           "(compressed requests are still accepted).");
 ABSL_FLAG(int64_t, http_compression_min_bytes, 1024,
           "HTTP response messages smaller than this are never compressed.");
+ABSL_FLAG(bool, allow_core_dumps, false,
+          "Leave the process dumpable and its core size limit as it is (for debugging only: a "
+          "core file holds keys, shared keys and memoized plaintexts). Default: no core files, "
+          "not dumpable (PR_SET_DUMPABLE 0, RLIMIT_CORE 0).");
 ABSL_FLAG(bool, metrics, true,
           "Count calls for Prometheus; false turns metrics off entirely (for the cost benchmark).");
 ABSL_FLAG(double, log_requests_sample_rate, 0,
@@ -194,6 +198,10 @@ int main(int argc, char** argv) {
   offload::BlockStopSignals();
   absl::SetProgramUsageMessage("The crypto-offload gRPC service.\nUsage: offload_server [flags]");
   absl::ParseCommandLine(argc, argv);
+  if (absl::Status s = offload::HardenProcess(absl::GetFlag(FLAGS_allow_core_dumps)); !s.ok()) {
+    offload::Log(offload::LogLevel::kError, "server_failed", {{"error", s.ToString()}});
+    return 1;
+  }
 
   offload::ServerConfig config;
   config.grpc_address = absl::GetFlag(FLAGS_grpc_address);

@@ -100,6 +100,12 @@ struct ServerConfig {
 // Blocks SIGTERM and SIGINT in the calling thread (and so in every thread it starts later).
 void BlockStopSignals();
 
+// Keeps secrets out of core dumps: the process becomes non-dumpable (PR_SET_DUMPABLE 0: no core
+// file, no ptrace attach by other users of the same uid, /proc/<pid>/mem and environ root-only)
+// and RLIMIT_CORE goes to 0, unless `allow_core_dumps` (debugging). Logs `process_hardened` with
+// what it set. Internal if a call fails.
+absl::Status HardenProcess(bool allow_core_dumps);
+
 absl::Status RunServer(const ServerConfig& config);
 
 }  // namespace offload
