@@ -102,11 +102,26 @@ absl::StatusOr<std::unique_ptr<Authorizer>> Authorizer::Create(Options options) 
     a->policy_stamp_ = stamp;
     a->policy_look_ = absl::Now();
   }
+  if (!a->options_.audit_chain_key.empty() && a->options_.audit_file.empty()) {
+    return absl::InvalidArgumentError("audit_chain_key_file: needs audit_log_file");
+  }
   if (!a->options_.audit_file.empty()) {
+    std::string last_line;  // a chain goes on from the file's last line
+    if (!a->options_.audit_chain_key.empty()) {
+      std::ifstream existing(a->options_.audit_file, std::ios::binary);
+      for (std::string line; std::getline(existing, line);) {
+        if (!line.empty()) last_line = std::move(line);
+      }
+    }
     a->audit_ = std::fopen(a->options_.audit_file.c_str(), "a");
     if (a->audit_ == nullptr) {
       return absl::UnavailableError(
           absl::StrCat("audit_file: cannot open ", a->options_.audit_file, " for appending"));
+    }
+    if (!a->options_.audit_chain_key.empty()) {
+      absl::MutexLock lock(&a->audit_mu_);
+      a->chain_ = std::make_unique<AuditChain>(a->options_.audit_chain_key);
+      a->chain_->Resume(last_line);
     }
   }
   return a;
@@ -147,8 +162,9 @@ void Authorizer::Audit(absl::string_view event, nlohmann::json fields) {
   line["ts"] = Iso8601Now();
   line["event"] = std::string(event);
   for (auto& [k, v] : fields.items()) line[k] = v;
-  const std::string text = line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  std::string text = line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   absl::MutexLock lock(&audit_mu_);
+  if (chain_ != nullptr) text = chain_->Seal(text);
   std::fwrite(text.data(), 1, text.size(), audit_);
   std::fputc('\n', audit_);
   std::fflush(audit_);

@@ -38,6 +38,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "google/protobuf/message.h"
+#include "service/auth/audit_chain.h"
 #include "service/auth/policy.h"
 
 namespace offload::auth {
@@ -68,6 +69,9 @@ class Authorizer {
     bool tokens = false;            // bearer tokens checked (TokenVerifier)
     bool forwarded = false;         // identities forwarded by trusted proxies
     bool require_identity = false;  // no anonymous calls; key lifecycle for admins only
+    // With audit_file: each line carries an HMAC chaining it to the one before (AuditChain),
+    // under this key (at least 32 bytes); empty: plain lines.
+    std::string audit_chain_key;
   };
   struct Counts {
     uint64_t unauthenticated = 0;
@@ -126,6 +130,7 @@ class Authorizer {
   const Options options_;
   std::FILE* audit_ = nullptr;  // null: the main log
   absl::Mutex audit_mu_;
+  std::unique_ptr<AuditChain> chain_ ABSL_GUARDED_BY(audit_mu_);  // null: plain lines
   absl::Mutex policy_mu_;
   std::shared_ptr<const Policy> policy_ ABSL_GUARDED_BY(policy_mu_);
   int64_t policy_stamp_ ABSL_GUARDED_BY(policy_mu_) = 0;

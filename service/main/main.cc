@@ -164,6 +164,10 @@ ABSL_FLAG(std::string, policy_file, "",
           "JSON grants: identity -> key ids and operations; admins (see service/auth/policy.h). "
           "Re-read when it changes. Requires a source of identities (mTLS, --jwks_file or "
           "--forwarded_identity_header).");
+ABSL_FLAG(std::string, audit_chain_key_file, "",
+          "A file of at least 32 secret bytes: every --audit_log_file line then carries an HMAC "
+          "chaining it to the line before, so an edited, removed or moved line is found by "
+          "`offloadctl audit verify`. Keep the key away from the audit file's readers.");
 ABSL_FLAG(std::string, audit_log_file, "",
           "Append-only JSON-lines audit trail (key lifecycle, refusals); empty: the main log.");
 ABSL_FLAG(int64_t, max_queued_items, 16384,
@@ -270,6 +274,7 @@ int main(int argc, char** argv) {
   config.require_identity = absl::GetFlag(FLAGS_require_identity);
   config.policy_file = absl::GetFlag(FLAGS_policy_file);
   config.audit_log_file = absl::GetFlag(FLAGS_audit_log_file);
+  config.audit_chain_key_file = absl::GetFlag(FLAGS_audit_chain_key_file);
   config.max_queued_items = absl::GetFlag(FLAGS_max_queued_items);
   config.max_client_inflight = absl::GetFlag(FLAGS_max_client_inflight);
   config.grpc_max_concurrent_streams = absl::GetFlag(FLAGS_grpc_max_concurrent_streams);

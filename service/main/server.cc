@@ -459,6 +459,10 @@ absl::Status RunServer(const ServerConfig& config) {
   auth_options.require_identity = config.require_identity;
   auth_options.policy_file = config.policy_file;
   auth_options.audit_file = config.audit_log_file;
+  if (!config.audit_chain_key_file.empty()) {
+    OFFLOAD_ASSIGN_OR_RETURN(auth_options.audit_chain_key,
+                             auth::ReadAuditKey(config.audit_chain_key_file));
+  }
   OFFLOAD_ASSIGN_OR_RETURN(std::unique_ptr<auth::Authorizer> authorizer,
                            auth::Authorizer::Create(std::move(auth_options)));
   if (!config.require_identity && !auth_options.mtls && config.policy_file.empty() &&

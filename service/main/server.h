@@ -86,6 +86,8 @@ struct ServerConfig {
   std::string policy_file;
   // JSON-lines audit trail of key lifecycle events and refusals; empty: the main log (stderr).
   std::string audit_log_file;
+  // With audit_log_file: the key (a file of 32+ bytes) of the HMAC chain over its lines.
+  std::string audit_chain_key_file;
   // Overload protection (service/ops/admission.h); 0 = no bound.
   int64_t max_queued_items = 16384;
   int max_client_inflight = 256;

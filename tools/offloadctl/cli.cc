@@ -86,6 +86,10 @@ const std::vector<CommandSpec>& Commands() {
        "Open an AEAD envelope (--envelope_file is raw bytes); writes the raw plaintext (hex with "
        "--hex_output).",
        "offloadctl open vault --aad='user:42' --envelope_hex=$ENV"},
+      {"audit verify", {"FILE"}, {"key_file"},
+       "Check an audit file written with --audit_chain_key_file (no server needed): every line's "
+       "mac against the key (--key_file); exit 0 if all check, 1 naming the first broken line.",
+       "offloadctl audit verify --key_file=/etc/offload/audit.key /var/log/offload/audit.jsonl"},
       {"help", {}, {}, "Print this text.", "offloadctl help"},
   };
   return *kCommands;
@@ -199,6 +203,9 @@ absl::StatusOr<const CommandSpec*> FindCommand(absl::Span<const std::string> pos
   const std::string two = positional.size() > 1 ? absl::StrCat(one, " ", positional[1]) : one;
   for (const CommandSpec& spec : Commands()) {
     if (spec.name == one || spec.name == two) return &spec;
+  }
+  if (one == "audit") {
+    return absl::InvalidArgumentError("expected 'audit verify FILE --key_file=KEY'");
   }
   if (one == "keys") {
     return absl::InvalidArgumentError(absl::StrCat(

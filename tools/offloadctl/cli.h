@@ -73,6 +73,8 @@ struct Options {
   std::optional<std::string> envelope_hex;
   std::optional<std::string> envelope_file;
 
+  std::optional<std::string> key_file;  // audit verify: the chain's key
+
   // Names (without dashes) of every flag given on the command line, globals included.
   std::set<std::string> specified;
   // Names of the flags whose value ApplyEnvironment took from their variable.

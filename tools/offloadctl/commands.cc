@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <utility>
 
@@ -21,6 +23,7 @@
 #include "offload/v1/ed25519.grpc.pb.h"
 #include "offload/v1/keys.grpc.pb.h"
 #include "offload/v1/x25519.grpc.pb.h"
+#include "service/auth/audit_chain.h"
 #include "service/common/status_macros.h"
 
 namespace offload::ctl {
@@ -371,6 +374,26 @@ absl::StatusOr<int> AeadOpen(Client& c, const Options& o, const std::string& id)
   return kExitOk;
 }
 
+// `audit verify FILE`: the file's HMAC chain (service/auth/audit_chain.h) under --key_file.
+absl::StatusOr<int> AuditVerify(const Options& o, const std::string& path) {
+  if (!o.key_file.has_value()) {
+    return absl::InvalidArgumentError("audit verify: --key_file is required");
+  }
+  OFFLOAD_ASSIGN_OR_RETURN(std::string key, auth::ReadAuditKey(*o.key_file));
+  absl::Cleanup wipe = [&key] { Wipe(&key); };
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat("audit verify: cannot read ", path));
+  std::ostringstream text;
+  text << in.rdbuf();
+  const auth::AuditCheck check = auth::VerifyAuditChain(text.str(), key);
+  if (check.first_broken == 0) {
+    Write(absl::StrCat("ok: ", check.lines, " lines, every mac checks\n"));
+    return kExitOk;
+  }
+  Write(absl::StrCat("broken: line ", check.first_broken, " of ", path, ": ", check.reason, "\n"));
+  return kExitInvalidSignature;
+}
+
 }  // namespace
 
 absl::StatusOr<int> RunCommand(const CommandSpec& spec, absl::Span<const std::string> positional,
@@ -379,6 +402,7 @@ absl::StatusOr<int> RunCommand(const CommandSpec& spec, absl::Span<const std::st
     Write(UsageText());
     return kExitOk;
   }
+  if (spec.name == "audit verify") return AuditVerify(options, positional.back());
   OFFLOAD_ASSIGN_OR_RETURN(std::unique_ptr<Client> made, Client::Create(options));
   Client& client = *made;
   const std::string id = positional.empty() ? "" : positional.back();

@@ -54,6 +54,7 @@ ABSL_FLAG(std::string, aad, "", "AEAD associated data as text");
 ABSL_FLAG(std::string, aad_hex, "", "AEAD associated data as hex");
 ABSL_FLAG(std::string, envelope_hex, "", "AEAD envelope, hex");
 ABSL_FLAG(std::string, envelope_file, "", "file with the raw AEAD envelope");
+ABSL_FLAG(std::string, key_file, "", "audit verify: the file holding the audit chain's key");
 
 namespace {
 
@@ -106,6 +107,7 @@ Options OptionsFromFlags(std::set<std::string> specified) {
   Take(FLAGS_aad_hex, &o.aad_hex, &o);
   Take(FLAGS_envelope_hex, &o.envelope_hex, &o);
   Take(FLAGS_envelope_file, &o.envelope_file, &o);
+  Take(FLAGS_key_file, &o.key_file, &o);
   return o;
 }
 
