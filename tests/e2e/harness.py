@@ -415,6 +415,64 @@ class Server:
         return self._read_log().decode("utf-8", "replace").splitlines()
 
 
+NGINX = os.environ.get("OFFLOAD_NGINX", "/usr/sbin/nginx")
+
+
+class Nginx:
+    """A real nginx (Debian's), run from a config in a temp folder of its own.
+
+    `conf` is a template: {dir} becomes the folder (for pid, logs and temp paths) and {user}
+    the `user` directive root needs (workers run as nobody). start(port) checks the config with
+    `nginx -t`, runs nginx in the foreground and waits until `port` accepts connections;
+    close() stops it gracefully and removes the folder."""
+
+    def __init__(self, conf, **fields):
+        self.dir = tempfile.mkdtemp(prefix="offload-nginx-", dir=_WORK)
+        os.chmod(self.dir, 0o755)  # workers (nobody when we are root) create temp files here
+        self.conf = os.path.join(self.dir, "nginx.conf")
+        with open(self.conf, "w") as f:
+            f.write(conf.format(dir=self.dir,
+                                user="user nobody nogroup;" if os.getuid() == 0 else "",
+                                **fields))
+        self.proc = None
+
+    def start(self, port):
+        args = [NGINX, "-p", self.dir, "-e", self.dir + "/error.log", "-c", self.conf]
+        test = subprocess.run(args + ["-t", "-q"], capture_output=True, text=True)
+        if test.returncode != 0:
+            raise RuntimeError("nginx -t rejected the config:\n%s" % test.stderr)
+        self.proc = subprocess.Popen(args + ["-g", "daemon off;"], stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("nginx exited with %s\n%s" % (self.proc.returncode,
+                                                                 self.log_tail()))
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("nginx did not listen\n" + self.log_tail())
+
+    def log_tail(self, lines=20):
+        try:
+            with open(os.path.join(self.dir, "error.log")) as f:
+                return "\n".join(f.read().splitlines()[-lines:])
+        except OSError:
+            return "(no nginx log)"
+
+    def close(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGQUIT)  # graceful
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
 class ServerTestCase(unittest.TestCase):
     """A TestCase whose failures print the tail of its servers' logs.
 

@@ -12,12 +12,7 @@ over HTTP/1.1 (proxy_pass) and gRPC (grpc_pass). The server trusts 127.0.0.1 (ng
 import http.client
 import json
 import os
-import signal
-import socket
 import ssl
-import subprocess
-import tempfile
-import time
 import unittest
 import urllib.parse
 import urllib.request
@@ -29,7 +24,6 @@ import harness
 from harness import pb
 from test_mtls import Pki
 
-NGINX = os.environ.get("OFFLOAD_NGINX", "/usr/sbin/nginx")
 POLICY = {
     "admins": ["admin"],
     "grants": [{"client": "app-a", "keys": ["a-*"], "operations": ["ed25519.*"]}],
@@ -71,55 +65,11 @@ http {{
 """
 
 
-class Nginx:
-    def __init__(self, pki_dir, http_upstream, grpc_upstream):
-        self.dir = tempfile.mkdtemp(prefix="offload-nginx-", dir=harness._WORK)
-        os.chmod(self.dir, 0o755)
-        self.https_port = harness.free_port()
-        self.grpcs_port = harness.free_port()
-        self.conf = os.path.join(self.dir, "nginx.conf")
-        with open(self.conf, "w") as f:
-            f.write(NGINX_CONF.format(
-                dir=self.dir, pki=pki_dir, user="user nobody nogroup;" if os.getuid() == 0 else "",
-                https_port=self.https_port, grpcs_port=self.grpcs_port,
-                http_upstream=http_upstream, grpc_upstream=grpc_upstream))
-        self.proc = None
-
-    def start(self):
-        test = subprocess.run([NGINX, "-t", "-q", "-p", self.dir, "-e", self.dir + "/error.log",
-                               "-c", self.conf], capture_output=True, text=True)
-        if test.returncode != 0:
-            raise RuntimeError("nginx -t rejected the config:\n%s" % test.stderr)
-        self.proc = subprocess.Popen(
-            [NGINX, "-p", self.dir, "-e", self.dir + "/error.log", "-c", self.conf,
-             "-g", "daemon off;"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError("nginx exited with %s" % self.proc.returncode)
-            try:
-                with socket.create_connection(("127.0.0.1", self.https_port), timeout=1):
-                    return self
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("nginx did not listen")
-
-    def close(self):
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGQUIT)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
 class ForwardedIdentityTest(harness.ServerTestCase):
     @classmethod
     def setUpClass(cls):
-        if not os.access(NGINX, os.X_OK):
-            raise unittest.SkipTest("no nginx at %s" % NGINX)
+        if not os.access(harness.NGINX, os.X_OK):
+            raise unittest.SkipTest("no nginx at %s" % harness.NGINX)
         cls.pki = pki = Pki()
         pki.leaf("nginx", "nginx", san="IP:127.0.0.1,DNS:localhost", server=True)
         cls.ids = {name: pki.leaf(name, name) for name in ("admin", "app-a", "app-z")}
@@ -133,7 +83,10 @@ class ForwardedIdentityTest(harness.ServerTestCase):
         cls.servers = [cls.server]
         cls.server.start()
         cls.http_address = cls.server.flag_value("http_address")
-        cls.nginx = Nginx(pki.dir, cls.http_address, cls.server.address).start()
+        cls.https_port, cls.grpcs_port = harness.free_port(), harness.free_port()
+        cls.nginx = harness.Nginx(NGINX_CONF, pki=pki.dir, https_port=cls.https_port,
+                                  grpcs_port=cls.grpcs_port, http_upstream=cls.http_address,
+                                  grpc_upstream=cls.server.address).start(cls.https_port)
         cls.addClassCleanup(cls.nginx.close)
         admin = cls.grpc_stubs("admin")
         for key_id in ("a-ed", "b-ed"):
@@ -151,7 +104,7 @@ class ForwardedIdentityTest(harness.ServerTestCase):
         with open(cert, "rb") as c, open(key, "rb") as k:
             creds = grpc.ssl_channel_credentials(root_certificates=cls.pki.read("ca.crt"),
                                                  private_key=k.read(), certificate_chain=c.read())
-        channel = grpc.secure_channel("127.0.0.1:%d" % cls.nginx.grpcs_port, creds, options=[
+        channel = grpc.secure_channel("127.0.0.1:%d" % cls.grpcs_port, creds, options=[
             ("grpc.ssl_target_name_override", "localhost"), ("grpc.enable_http_proxy", 0)])
         return cls.server.stubs_on(channel)
 
@@ -159,7 +112,7 @@ class ForwardedIdentityTest(harness.ServerTestCase):
         """A Connect JSON call through nginx with `who`'s certificate: (status, body)."""
         ctx = ssl.create_default_context(cafile=self.pki.path("ca.crt"))
         ctx.load_cert_chain(*self.ids[who])
-        conn = http.client.HTTPSConnection("127.0.0.1", self.nginx.https_port, timeout=10,
+        conn = http.client.HTTPSConnection("127.0.0.1", self.https_port, timeout=10,
                                            context=ctx)
         return self.post(conn, method, request, {"Host": "localhost"})
 

@@ -26,7 +26,6 @@ import random
 import re
 import secrets
 import shutil
-import signal
 import struct
 import subprocess
 import sys
@@ -47,7 +46,6 @@ import harness  # noqa: E402
 from harness import pb  # noqa: E402
 import pg_support  # noqa: E402
 
-NGINX = os.environ.get("OFFLOAD_NGINX", "/usr/sbin/nginx")
 REPLICAS = 3
 PROPAGATION_TARGET_S = 1.0  # the promise: a change reaches every replica within this (printed)
 # What the test asserts: the change arrives (a bound that tells "never" from "slow"; ASan replicas
@@ -119,64 +117,18 @@ http {{
 """
 
 
-class Nginx:
-    def __init__(self, grpc_addresses, http_addresses):
-        self.dir = tempfile.mkdtemp(prefix="offload-nginx-")
-        os.chmod(self.dir, 0o755)  # workers (nobody when we are root) create temp files here
-        self.grpc_hash_port = harness.free_port()
-        self.grpc_rr_port = harness.free_port()
-        self.http_port = harness.free_port()
-        conf = NGINX_CONF.format(
-            dir=self.dir,
-            user="user nobody nogroup;" if os.getuid() == 0 else "",
-            grpc_servers="\n".join("    server %s;" % a for a in grpc_addresses),
-            http_servers="\n".join("    server %s;" % a for a in http_addresses),
-            grpc_hash_port=self.grpc_hash_port, grpc_rr_port=self.grpc_rr_port,
-            http_port=self.http_port)
-        self.conf = os.path.join(self.dir, "nginx.conf")
-        with open(self.conf, "w") as f:
-            f.write(conf)
-        self.proc = None
-
-    def start(self):
-        test = subprocess.run([NGINX, "-t", "-q", "-p", self.dir, "-e", self.dir + "/error.log",
-                               "-c", self.conf], capture_output=True, text=True)
-        if test.returncode != 0:
-            raise RuntimeError("nginx -t rejected the config:\n%s" % test.stderr)
-        self.proc = subprocess.Popen(
-            [NGINX, "-p", self.dir, "-e", self.dir + "/error.log", "-c", self.conf,
-             "-g", "daemon off;"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError("nginx exited with %s\n%s" % (self.proc.returncode,
-                                                                 self.log_tail()))
-            try:
-                urllib.request.urlopen("http://127.0.0.1:%d/healthz" % self.http_port, timeout=1)
-                return self
-            except urllib.error.HTTPError:
-                return self  # nginx answers (the upstream's status does not matter here)
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("nginx did not listen\n" + self.log_tail())
-
-    def log_tail(self, lines=20):
-        try:
-            with open(os.path.join(self.dir, "error.log")) as f:
-                return "\n".join(f.read().splitlines()[-lines:])
-        except OSError:
-            return "(no nginx log)"
-
-    def close(self):
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGQUIT)  # graceful
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
+def start_nginx(grpc_addresses, http_addresses):
+    """The router of this test (NGINX_CONF) on three free ports: .grpc_hash_port,
+    .grpc_rr_port, .http_port."""
+    ports = {"grpc_hash_port": harness.free_port(), "grpc_rr_port": harness.free_port(),
+             "http_port": harness.free_port()}
+    nginx = harness.Nginx(
+        NGINX_CONF,
+        grpc_servers="\n".join("    server %s;" % a for a in grpc_addresses),
+        http_servers="\n".join("    server %s;" % a for a in http_addresses), **ports)
+    for name, port in ports.items():
+        setattr(nginx, name, port)
+    return nginx.start(ports["http_port"])
 
 
 def open_memo_counts(metrics_address):
@@ -211,7 +163,7 @@ class ScaleOutTest(harness.ServerTestCase):
         cls.addClassCleanup(cls.stop_replicas)
         # Started together: the schema migration runs once, under its advisory lock.
         harness.start_together(cls.replicas)
-        cls.nginx = Nginx([r.address for r in cls.replicas], cls.http_addresses).start()
+        cls.nginx = start_nginx([r.address for r in cls.replicas], cls.http_addresses)
         cls.addClassCleanup(cls.nginx.close)
         cls.hash_channel = harness.Server.new_channel(
             type("A", (), {"address": "127.0.0.1:%d" % cls.nginx.grpc_hash_port})())
