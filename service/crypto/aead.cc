@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "service/crypto/op_counts.h"
 #include "service/common/secret_bytes.h"
+#include "service/common/secure_memory.h"
 #include "service/common/status_macros.h"
 #include "service/crypto/internal/size_check.h"
 #include "service/crypto/internal/ssl_util.h"
@@ -54,7 +55,7 @@ absl::Status AuthenticationFailed(absl::Span<uint8_t> out) {
 // ChaCha20-Poly1305 IETF and XChaCha20-Poly1305 IETF (combined mode: ciphertext || tag).
 class SodiumChaChaAead final : public Aead {
  public:
-  SodiumChaChaAead(AeadAlgorithm algorithm, SecretBytes key)
+  SodiumChaChaAead(AeadAlgorithm algorithm, KeyBytes key)
       : algorithm_(algorithm), key_(std::move(key)) {}
 
   absl::Status Seal(absl::Span<const uint8_t> nonce, absl::Span<const uint8_t> aad,
@@ -96,19 +97,25 @@ class SodiumChaChaAead final : public Aead {
 
  private:
   const AeadAlgorithm algorithm_;
-  const SecretBytes key_;
+  const KeyBytes key_;  // locked memory (secure_memory.h)
 };
 
 // AES-256-GCM with the key schedule expanded once (crypto_aead_aes256gcm_beforenm).
 class SodiumAesGcmAead final : public Aead {
  public:
+  // The expanded key schedule lives in locked memory (secure_memory.h), wiped on free.
   struct StateDeleter {
     void operator()(crypto_aead_aes256gcm_state* state) const {
-      sodium_memzero(state, sizeof(*state));
-      delete state;
+      secure::Free(secure::Region::kLocked, state, sizeof(*state));
     }
   };
   using StatePtr = std::unique_ptr<crypto_aead_aes256gcm_state, StateDeleter>;
+  static StatePtr NewState() {
+    static_assert(alignof(crypto_aead_aes256gcm_state) <= 16, "arena slots are 16-byte aligned");
+    return StatePtr(new (secure::Allocate(secure::Region::kLocked,
+                                          sizeof(crypto_aead_aes256gcm_state)))
+                        crypto_aead_aes256gcm_state);
+  }
 
   explicit SodiumAesGcmAead(StatePtr state) : state_(std::move(state)) {}
 
@@ -145,7 +152,7 @@ class SodiumAesGcmAead final : public Aead {
   AeadAlgorithm algorithm() const override { return AeadAlgorithm::kAes256Gcm; }
 
  private:
-  const StatePtr state_;  // 16-byte aligned (the type is CRYPTO_ALIGN(16); C++17 aligned new)
+  const StatePtr state_;  // 16-byte aligned (the type is CRYPTO_ALIGN(16)), locked memory
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -249,7 +256,7 @@ absl::Status EvpOpen(const EVP_CIPHER* cipher, const uint8_t* key, const uint8_t
 // nonce 00000000 || nonce[16..24] (as libsodium's crypto_aead_xchacha20poly1305_ietf does).
 class OpenSslAead final : public Aead {
  public:
-  OpenSslAead(AeadAlgorithm algorithm, const EVP_CIPHER* cipher, SecretBytes key)
+  OpenSslAead(AeadAlgorithm algorithm, const EVP_CIPHER* cipher, KeyBytes key)
       : algorithm_(algorithm), cipher_(cipher), key_(std::move(key)) {}
 
   absl::Status Seal(absl::Span<const uint8_t> nonce, absl::Span<const uint8_t> aad,
@@ -294,7 +301,9 @@ class OpenSslAead final : public Aead {
 
   const AeadAlgorithm algorithm_;
   const EVP_CIPHER* const cipher_;  // not owned: process-wide, see FetchedCipher
-  const SecretBytes key_;
+  // Locked memory. Each call's EVP_CIPHER_CTX (with the expanded key) is on OpenSSL's ordinary
+  // heap for the call's duration; OpenSSL wipes it on free.
+  const KeyBytes key_;
 };
 
 }  // namespace
@@ -321,13 +330,13 @@ absl::StatusOr<std::unique_ptr<Aead>> Aead::Create(Backend backend, AeadAlgorith
   switch (backend) {
     case Backend::kLibsodium:
       if (algorithm != AeadAlgorithm::kAes256Gcm) {
-        return std::unique_ptr<Aead>(new SodiumChaChaAead(algorithm, MakeSecret(key)));
+        return std::unique_ptr<Aead>(new SodiumChaChaAead(algorithm, KeyBytes(key.begin(), key.end())));
       } else {
         if (sodium_init() < 0) return absl::InternalError("sodium_init failed");
         if (crypto_aead_aes256gcm_is_available() == 0) {
           return absl::UnimplementedError("libsodium AES-256-GCM needs AES-NI and PCLMUL");
         }
-        SodiumAesGcmAead::StatePtr state(new crypto_aead_aes256gcm_state);
+        SodiumAesGcmAead::StatePtr state = SodiumAesGcmAead::NewState();
         if (crypto_aead_aes256gcm_beforenm(state.get(), key.data()) != 0) {
           return absl::InternalError("crypto_aead_aes256gcm_beforenm failed");
         }
@@ -338,7 +347,7 @@ absl::StatusOr<std::unique_ptr<Aead>> Aead::Create(Backend backend, AeadAlgorith
       if (cipher == nullptr) {
         return OpenSslError(absl::StrCat("EVP_CIPHER_fetch(", AeadName(algorithm), ")"));
       }
-      return std::unique_ptr<Aead>(new OpenSslAead(algorithm, cipher, MakeSecret(key)));
+      return std::unique_ptr<Aead>(new OpenSslAead(algorithm, cipher, KeyBytes(key.begin(), key.end())));
     }
   }
   return absl::InvalidArgumentError("backend: unknown value");

@@ -8,9 +8,12 @@
 
 #include "service/crypto/op_counts.h"
 #include "service/common/secret_bytes.h"
+#include "service/common/secure_memory.h"
 #include "service/common/status_macros.h"
 #include "service/crypto/internal/ed25519_policy.h"
 #include "service/crypto/internal/ed25519_raw.h"
+#include "service/crypto/secure_heap.h"
+#include "service/crypto/internal/secure_key.h"
 #include "service/crypto/internal/size_check.h"
 #include "service/crypto/internal/ssl_util.h"
 
@@ -24,7 +27,7 @@ using internal::SslUniquePtr;
 // libsodium: keeps the 64-byte secret key (seed || public key) that crypto_sign_detached takes.
 class SodiumEd25519Signer final : public Ed25519Signer {
  public:
-  SodiumEd25519Signer(SecretBytes secret_key, const std::array<uint8_t, 32>& public_key)
+  SodiumEd25519Signer(KeyBytes secret_key, const std::array<uint8_t, 32>& public_key)
       : secret_key_(std::move(secret_key)), public_key_(public_key) {}
 
   absl::Status Sign(absl::Span<const uint8_t> message, absl::Span<uint8_t> signature) const override {
@@ -40,7 +43,7 @@ class SodiumEd25519Signer final : public Ed25519Signer {
   const std::array<uint8_t, 32>& public_key() const override { return public_key_; }
 
  private:
-  const SecretBytes secret_key_;  // 64 bytes
+  const KeyBytes secret_key_;  // 64 bytes, locked memory (secure_memory.h)
   const std::array<uint8_t, 32> public_key_;
 };
 
@@ -70,7 +73,8 @@ class OpenSslEd25519Signer final : public Ed25519Signer {
   const std::array<uint8_t, 32>& public_key() const override { return public_key_; }
 
  private:
-  const SslUniquePtr<EVP_PKEY> key_;  // owns the private key; OpenSSL wipes it on free
+  // Owns the private key, in OpenSSL's secure heap once SetUpLockedMemory ran; wiped on free.
+  const SslUniquePtr<EVP_PKEY> key_;
   const std::array<uint8_t, 32> public_key_;
 };
 
@@ -102,7 +106,7 @@ absl::StatusOr<std::unique_ptr<Ed25519Signer>> Ed25519Signer::FromSeed(
   OFFLOAD_RETURN_IF_ERROR(CheckSize("seed", seed.size(), kEd25519SeedSize));
   switch (backend) {
     case Backend::kLibsodium: {
-      SecretBytes secret_key(crypto_sign_SECRETKEYBYTES);
+      KeyBytes secret_key(crypto_sign_SECRETKEYBYTES);
       std::array<uint8_t, 32> public_key;
       if (crypto_sign_seed_keypair(public_key.data(), secret_key.data(), seed.data()) != 0) {
         return absl::InternalError("crypto_sign_seed_keypair failed");
@@ -111,9 +115,12 @@ absl::StatusOr<std::unique_ptr<Ed25519Signer>> Ed25519Signer::FromSeed(
           new SodiumEd25519Signer(std::move(secret_key), public_key));
     }
     case Backend::kOpenSsl: {
-      SslUniquePtr<EVP_PKEY> key(
-          EVP_PKEY_new_raw_private_key(EVP_PKEY_ED25519, nullptr, seed.data(), seed.size()));
-      if (key == nullptr) return OpenSslError("EVP_PKEY_new_raw_private_key(ED25519)");
+      SslUniquePtr<EVP_PKEY> key = internal::NewPrivateKey(EVP_PKEY_ED25519, seed);
+      if (key == nullptr) {
+        // OpenSSL's secure heap (secure_heap.h) is full: the same key on libsodium instead.
+        if (internal::SecureHeapFallback()) return FromSeed(Backend::kLibsodium, seed);
+        return OpenSslError("EVP_PKEY_new_raw_private_key(ED25519)");
+      }
       std::array<uint8_t, 32> public_key;
       size_t len = public_key.size();
       if (EVP_PKEY_get_raw_public_key(key.get(), public_key.data(), &len) != 1 ||

@@ -13,9 +13,12 @@
 #include "absl/strings/str_cat.h"
 #include "service/crypto/op_counts.h"
 #include "service/common/secret_bytes.h"
+#include "service/common/secure_memory.h"
 #include "service/common/status_macros.h"
+#include "service/crypto/internal/secure_key.h"
 #include "service/crypto/internal/size_check.h"
 #include "service/crypto/internal/ssl_util.h"
+#include "service/crypto/secure_heap.h"
 
 namespace offload::crypto {
 namespace {
@@ -38,7 +41,7 @@ absl::Status ZeroResult(bool allow_zero, absl::Span<uint8_t> shared) {
 
 class SodiumX25519PrivateKey final : public X25519PrivateKey {
  public:
-  SodiumX25519PrivateKey(SecretBytes secret, const std::array<uint8_t, 32>& public_key)
+  SodiumX25519PrivateKey(KeyBytes secret, const std::array<uint8_t, 32>& public_key)
       : secret_(std::move(secret)), public_key_(public_key) {}
 
   absl::Status Derive(absl::Span<const uint8_t> peer_public_key, bool allow_zero,
@@ -57,7 +60,7 @@ class SodiumX25519PrivateKey final : public X25519PrivateKey {
   const std::array<uint8_t, 32>& public_key() const override { return public_key_; }
 
  private:
-  const SecretBytes secret_;
+  const KeyBytes secret_;  // locked memory (secure_memory.h)
   const std::array<uint8_t, 32> public_key_;
 };
 
@@ -104,7 +107,8 @@ class OpenSslX25519PrivateKey final : public X25519PrivateKey {
   const std::array<uint8_t, 32>& public_key() const override { return public_key_; }
 
  private:
-  const SslUniquePtr<EVP_PKEY> key_;  // owns the secret; OpenSSL wipes it on free
+  // Owns the secret, in OpenSSL's secure heap once SetUpLockedMemory ran; wiped on free.
+  const SslUniquePtr<EVP_PKEY> key_;
   const std::array<uint8_t, 32> public_key_;
 };
 
@@ -117,11 +121,14 @@ absl::StatusOr<std::unique_ptr<X25519PrivateKey>> X25519PrivateKey::FromBytes(
   switch (backend) {
     case Backend::kLibsodium:
       return std::unique_ptr<X25519PrivateKey>(
-          new SodiumX25519PrivateKey(MakeSecret(secret), public_key));
+          new SodiumX25519PrivateKey(KeyBytes(secret.begin(), secret.end()), public_key));
     case Backend::kOpenSsl: {
-      SslUniquePtr<EVP_PKEY> key(
-          EVP_PKEY_new_raw_private_key(EVP_PKEY_X25519, nullptr, secret.data(), secret.size()));
-      if (key == nullptr) return OpenSslError("EVP_PKEY_new_raw_private_key(X25519)");
+      SslUniquePtr<EVP_PKEY> key = internal::NewPrivateKey(EVP_PKEY_X25519, secret);
+      if (key == nullptr) {
+        // OpenSSL's secure heap (secure_heap.h) is full: the same key on libsodium instead.
+        if (internal::SecureHeapFallback()) return FromBytes(Backend::kLibsodium, secret);
+        return OpenSslError("EVP_PKEY_new_raw_private_key(X25519)");
+      }
       return std::unique_ptr<X25519PrivateKey>(
           new OpenSslX25519PrivateKey(std::move(key), public_key));
     }

@@ -114,10 +114,19 @@ ABSL_FLAG(int, http_compression_level, 1,
           "(compressed requests are still accepted).");
 ABSL_FLAG(int64_t, http_compression_min_bytes, 1024,
           "HTTP response messages smaller than this are never compressed.");
+ABSL_FLAG(absl::Duration, key_deletion_wait, absl::Hours(24 * 7),
+          "How long DeleteKey and DestroyKeyVersion wait before key material is wiped (a request "
+          "may ask for longer, never shorter); CancelKeyDeletion / RestoreKeyVersion undo them "
+          "meanwhile. 0 wipes at once (tests and throwaway setups only). At most 10 years.");
 ABSL_FLAG(bool, allow_core_dumps, false,
           "Leave the process dumpable and its core size limit as it is (for debugging only: a "
           "core file holds keys, shared keys and memoized plaintexts). Default: no core files, "
           "not dumpable (PR_SET_DUMPABLE 0, RLIMIT_CORE 0).");
+ABSL_FLAG(int64_t, locked_memory_bytes, 4 << 20,
+          "Most bytes of key material held in locked memory (mlock: never swapped), OpenSSL's "
+          "secure heap included; capped by RLIMIT_MEMLOCK, whose soft limit is raised up to the "
+          "hard one. Past it, new key material goes to unlocked memory still excluded from core "
+          "dumps, with a warning log and offload_locked_memory_fallback_bytes. 0: lock nothing.");
 ABSL_FLAG(bool, metrics, true,
           "Count calls for Prometheus; false turns metrics off entirely (for the cost benchmark).");
 ABSL_FLAG(double, log_requests_sample_rate, 0,
@@ -259,6 +268,7 @@ int main(int argc, char** argv) {
   config.memo_derive_bytes = absl::GetFlag(FLAGS_memo_derive_bytes);
   config.memo_open_bytes_per_key = absl::GetFlag(FLAGS_memo_open_bytes_per_key);
   config.memo_open_bytes_total = absl::GetFlag(FLAGS_memo_open_bytes_total);
+  config.locked_memory_bytes = absl::GetFlag(FLAGS_locked_memory_bytes);
   config.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
   config.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
   config.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);

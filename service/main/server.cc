@@ -24,12 +24,15 @@
 #include "service/auth/tokens.h"
 #include "service/auth/tls.h"
 #include "service/common/log.h"
+#include "service/common/secure_memory.h"
 #include "service/common/status_macros.h"
 #include "service/crypto/backend.h"
+#include "service/crypto/secure_heap.h"
 #include "service/http/gateway.h"
 #include "service/http/method_table.h"
 #include "service/keys/file_key_store.h"
 #include "service/keys/kek.h"
+#include "service/keys/kek_setup.h"
 #include "service/keys/key_manager.h"
 #include "service/keys/postgres_key_store.h"
 #include "service/memo/memo.h"
@@ -59,6 +62,10 @@ absl::Status CheckConfig(const ServerConfig& config) {
     if (bound < 0) {
       return absl::InvalidArgumentError(absl::StrCat("memo bounds: expected >= 0, got ", bound));
     }
+  }
+  if (config.locked_memory_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "locked_memory_bytes: expected >= 0, got ", config.locked_memory_bytes));
   }
   if (config.tls_cert_file.empty() != config.tls_key_file.empty()) {
     return absl::InvalidArgumentError("tls_cert_file and tls_key_file: give both or neither");
@@ -191,6 +198,36 @@ double ResidentBytes() {
 }
 
 // Values other components count themselves, read when Prometheus scrapes.
+// OpenSSL's secure heap, when it is locked (set by SetUpLockedMemory).
+std::atomic<size_t> locked_openssl_heap{0};
+size_t LockedOpenSslHeap() { return locked_openssl_heap.load(std::memory_order_relaxed); }
+
+// Locked memory for key material (crypto/secure_heap.h), before any key is made. Reaching the
+// bound later is a warning (once) and a metric, never a failure.
+absl::Status SetUpLockedMemory(int64_t budget_bytes) {
+  OFFLOAD_ASSIGN_OR_RETURN(
+      crypto::LockedMemoryReport r,
+      crypto::SetUpLockedMemory(static_cast<size_t>(std::max<int64_t>(budget_bytes, 0))));
+  if (r.openssl_heap_locked) locked_openssl_heap.store(r.openssl_heap_bytes);
+  Log(r.budget_bytes < r.requested_bytes ? LogLevel::kWarning : LogLevel::kInfo, "locked_memory",
+      {{"requested_bytes", r.requested_bytes},
+       {"budget_bytes", r.budget_bytes},
+       {"memlock_soft_before", r.memlock_soft_before},
+       {"memlock_soft", r.memlock_soft},
+       {"memlock_hard", r.memlock_hard},
+       {"openssl_secure_heap_bytes", r.openssl_heap_bytes},
+       {"openssl_secure_heap_locked", r.openssl_heap_locked}});
+  secure::SetFallbackHook([](size_t budget, size_t locked, bool mlock_refused) {
+    Log(LogLevel::kWarning, "locked_memory_exhausted",
+        {{"budget_bytes", budget},
+         {"locked_bytes", locked},
+         {"cause", mlock_refused ? "mlock refused (RLIMIT_MEMLOCK)" : "--locked_memory_bytes"},
+         {"effect", "new key material is kept unlocked (still excluded from core dumps); see "
+                    "offload_locked_memory_fallback_bytes"}});
+  });
+  return absl::OkStatus();
+}
+
 void RegisterPulledMetrics(metrics::Metrics& m, memo::Memo& memo, ops::WorkerPool& pool,
                            keys::KeyManager& keys) {
   using Read = memo::CacheStats (memo::Memo::*)() const;
@@ -230,6 +267,23 @@ void RegisterPulledMetrics(metrics::Metrics& m, memo::Memo& memo, ops::WorkerPoo
   }
   m.AddPullGauge("offload_process_resident_memory_bytes", "Resident set size of the process", {},
                  [] { return ResidentBytes(); });
+  // Secret memory (issue 26): key material locked, memo payloads excluded from core dumps.
+  m.AddPullGauge("offload_locked_memory_bytes",
+                 "Bytes of key material memory locked (mlock), OpenSSL's secure heap included",
+                 {}, [] { return double(secure::GetStats().locked_bytes + LockedOpenSslHeap()); });
+  m.AddPullGauge("offload_locked_memory_budget_bytes",
+                 "Most bytes locked for key material (--locked_memory_bytes within RLIMIT_MEMLOCK)",
+                 {}, [] { return double(secure::GetStats().locked_budget_bytes +
+                                        LockedOpenSslHeap()); });
+  m.AddPullGauge("offload_locked_memory_fallback_bytes",
+                 "Bytes of key material memory left unlocked (still not dumped): budget reached",
+                 {}, [] { return double(secure::GetStats().fallback_bytes); });
+  m.AddPullCounter("offload_locked_memory_openssl_fallback_keys_total",
+                   "Keys built on libsodium because OpenSSL's secure heap was full", {},
+                   [] { return double(crypto::SecureHeapFallbacks()); });
+  m.AddPullGauge("offload_nodump_memory_bytes",
+                 "Bytes mapped for memo payloads (plaintexts, shared keys), excluded from core "
+                 "dumps", {}, [] { return double(secure::GetStats().nodump_bytes); });
 }
 
 void RegisterGuardMetrics(metrics::Metrics& m, ops::Admission& admission,
@@ -348,6 +402,7 @@ absl::Status RunServer(const ServerConfig& config) {
   // ~2-3% of server CPU on unary calls). Lock order is checked in the TSan build instead.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   OFFLOAD_RETURN_IF_ERROR(crypto::InitCrypto());
+  OFFLOAD_RETURN_IF_ERROR(SetUpLockedMemory(config.locked_memory_bytes));
   OFFLOAD_ASSIGN_OR_RETURN(crypto::BackendChoice backends, ChooseBackends(config.backend));
   Log(LogLevel::kInfo, "crypto_backends",
       {{"mode", config.backend}, {"choice", backends.ToString()}});

@@ -59,6 +59,10 @@ struct ServerConfig {
   int64_t memo_derive_bytes = 16 << 20;
   int64_t memo_open_bytes_per_key = 8 << 20;
   int64_t memo_open_bytes_total = 256 << 20;
+  // Most bytes of key material kept in locked memory (mlock), within RLIMIT_MEMLOCK (raised up to
+  // its hard limit if needed); past it, key material is DONTDUMP but unlocked, with a warning
+  // and offload_locked_memory_fallback_bytes (crypto/secure_heap.h). 0: lock nothing.
+  int64_t locked_memory_bytes = 4 << 20;
   // TLS on the gRPC and HTTP ports when both files are set (PEM; re-read when they change).
   std::string tls_cert_file;
   std::string tls_key_file;

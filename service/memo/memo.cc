@@ -92,7 +92,7 @@ Digest Memo::DeriveDigest(uint64_t instance, int output, absl::Span<const uint8_
 
 bool Memo::DeriveLookup(const Digest& digest, absl::Span<uint8_t> out) {
   if (!options_.enabled) return false;
-  return derive_.Lookup(digest, [out](const SecretBytes& shared) {
+  return derive_.Lookup(digest, [out](const SharedKey& shared) {
     if (shared.size() != out.size()) return false;
     std::memcpy(out.data(), shared.data(), out.size());
     return true;
@@ -102,8 +102,9 @@ bool Memo::DeriveLookup(const Digest& digest, absl::Span<uint8_t> out) {
 void Memo::DeriveInsert(const Digest& digest, absl::string_view key_id,
                         absl::Span<const uint8_t> shared) {
   if (!options_.enabled) return;
-  // The 32-byte value sits in its own heap buffer: a 48-byte malloc chunk.
-  derive_.Insert(digest, OwnerTag(key_id), MakeSecret(shared), shared.size() + 16);
+  // The 32-byte value sits in a 32-byte slot of a no-dump slab.
+  derive_.Insert(digest, OwnerTag(key_id), SharedKey(shared.begin(), shared.end()),
+                 secure::AllocationSize(secure::Region::kNoDump, shared.size()));
 }
 
 Digest Memo::OpenDigest(uint64_t instance, absl::Span<const uint8_t> nonce,
@@ -170,9 +171,11 @@ void Memo::OpenInsert(absl::string_view key_id, const Digest& digest, std::strin
 }
 
 size_t Memo::OpenCharge(size_t stored_size, size_t plaintext_size) {
-  // Both buffers; the shared entry and the shared plaintext buffer, each with its control block;
-  // and the malloc bookkeeping of those four chunks.
-  return stored_size + plaintext_size + sizeof(OpenEntry) + sizeof(WipedBuffer) + 2 * 16 + 4 * 16;
+  // Both buffers (the plaintext's as laid out in no-dump memory); the shared entry and the
+  // shared plaintext buffer, each with its control block; and the malloc bookkeeping of the
+  // three malloc chunks.
+  return stored_size + WipedBuffer::Footprint(plaintext_size) + sizeof(OpenEntry) +
+         sizeof(WipedBuffer) + 2 * 16 + 3 * 16;
 }
 
 size_t Memo::OpenEntryCost(size_t stored_size, size_t plaintext_size) {

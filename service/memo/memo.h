@@ -40,14 +40,16 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "service/common/secret_bytes.h"
+#include "service/common/secure_memory.h"
 #include "service/memo/lru_cache.h"
 
 namespace offload::memo {
 
-// A heap buffer for a cached plaintext, shared by reference: the open memo's entry, the responses
-// being written that came from it, and the fresh open that made it. Allocated without a zero-fill
-// (the cipher writes every byte); wiped with sodium_memzero and freed when the last reference
-// goes. Read-only once shared.
+// A buffer for a cached plaintext, shared by reference: the open memo's entry, the responses
+// being written that came from it, and the fresh open that made it. Its bytes live in no-dump
+// memory (secure_memory.h: pages marked MADV_DONTDUMP, pooled in slabs for small sizes), so a
+// core dump never holds a cached plaintext; wiped and freed when the last reference goes.
+// Read-only once shared.
 // Thread-safety: immutable once shared; shared_ptr's count is atomic.
 class WipedBuffer final {
  public:
@@ -56,20 +58,26 @@ class WipedBuffer final {
     return std::make_shared<WipedBuffer>(size, Private{});
   }
   struct Private {};  // make_shared needs a public constructor; this keeps it out of reach
-  WipedBuffer(size_t size, Private) : data_(new uint8_t[size]), size_(size) {}
-  ~WipedBuffer() {
-    if (size_ > 0) sodium_memzero(data_.get(), size_);
-  }
+  WipedBuffer(size_t size, Private)
+      : data_(size > 0 ? static_cast<uint8_t*>(secure::Allocate(kRegion, size)) : nullptr),
+        size_(size) {}
+  ~WipedBuffer() { secure::Free(kRegion, data_, size_); }  // wipes
   WipedBuffer(const WipedBuffer&) = delete;
   WipedBuffer& operator=(const WipedBuffer&) = delete;
 
-  uint8_t* data() { return data_.get(); }
-  const uint8_t* data() const { return data_.get(); }
+  uint8_t* data() { return data_; }
+  const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
-  absl::Span<const uint8_t> bytes() const { return {data_.get(), size_}; }
+  absl::Span<const uint8_t> bytes() const { return {data_, size_}; }
+
+  // Bytes a buffer of `size` takes in memory (its size class or pages).
+  static size_t Footprint(size_t size) {
+    return size > 0 ? secure::AllocationSize(kRegion, size) : 0;
+  }
 
  private:
-  std::unique_ptr<uint8_t[]> data_;  // new uint8_t[n]: default-initialised, no zero-fill
+  static constexpr secure::Region kRegion = secure::Region::kNoDump;
+  uint8_t* const data_;
   const size_t size_;
 };
 using SharedPlaintext = std::shared_ptr<const WipedBuffer>;
@@ -158,7 +166,9 @@ class Memo final {
   const MemoOptions options_;
   uint8_t salt_[32];
   LruCache<Empty> verify_;
-  LruCache<SecretBytes> derive_;
+  // Shared keys in no-dump memory (32-byte slots, pooled), wiped on eviction.
+  using SharedKey = std::vector<uint8_t, secure::NoDumpAllocator<uint8_t>>;
+  LruCache<SharedKey> derive_;
   // Declared before the per-key caches that use it, so that it outlives them.
   OpenCache::SharedBudget open_budget_;
 
