@@ -45,6 +45,9 @@ packages=(
   # the postgres key store (libpq) and the scale-out test: a real PostgreSQL and nginx, started
   # by the test itself on loopback (their system services are never started, see below)
   libpq-dev postgresql nginx
+  # the PKCS#11 KEK (--kek_pkcs11): p11-kit's headers and loader; SoftHSM2 and pkcs11-tool
+  # (opensc) for its tests and for trying it without an HSM
+  libp11-kit-dev softhsm2 opensc
 )
 
 # The deployment checks (tests/deploy): nginx -t and a routing test with a real nginx (the test

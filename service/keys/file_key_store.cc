@@ -26,11 +26,12 @@ absl::Status Annotate(const absl::Status& status, absl::string_view path) {
 
 }  // namespace
 
-FileKeyStore::FileKeyStore(std::string data_dir, internal::UniqueFd dir_fd, SecretBytes kek)
+FileKeyStore::FileKeyStore(std::string data_dir, internal::UniqueFd dir_fd,
+                           std::shared_ptr<KekRing> keks)
     : dir_(std::move(data_dir)),
       path_(absl::StrCat(dir_, "/", kFileName)),
       dir_fd_(std::move(dir_fd)),
-      kek_(std::move(kek)) {}
+      keks_(std::move(keks)) {}
 
 absl::StatusOr<std::unique_ptr<FileKeyStore>> FileKeyStore::Open(const std::string& data_dir,
                                                                  SecretBytes kek) {
@@ -38,6 +39,13 @@ absl::StatusOr<std::unique_ptr<FileKeyStore>> FileKeyStore::Open(const std::stri
     return absl::InvalidArgumentError(
         absl::StrCat("kek: expected ", kKekSize, " bytes, got ", kek.size()));
   }
+  OFFLOAD_ASSIGN_OR_RETURN(std::shared_ptr<KekRing> keks, KekRing::FromRawKey(std::move(kek)));
+  return Open(data_dir, std::move(keks));
+}
+
+absl::StatusOr<std::unique_ptr<FileKeyStore>> FileKeyStore::Open(const std::string& data_dir,
+                                                                 std::shared_ptr<KekRing> keks) {
+  if (keks == nullptr) return absl::InvalidArgumentError("kek ring: missing");
   if (data_dir.empty()) return absl::InvalidArgumentError("data_dir: must not be empty");
   std::string dir = data_dir;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
@@ -55,7 +63,7 @@ absl::StatusOr<std::unique_ptr<FileKeyStore>> FileKeyStore::Open(const std::stri
     return internal::ErrnoError(errno, "remove leftover", absl::StrCat(dir, "/", kTempFileName));
   }
 
-  std::unique_ptr<FileKeyStore> store(new FileKeyStore(dir, std::move(dir_fd), std::move(kek)));
+  std::unique_ptr<FileKeyStore> store(new FileKeyStore(dir, std::move(dir_fd), std::move(keks)));
   absl::MutexLock lock(&store->mu_);
   struct stat st;
   if (::fstatat(store->dir_fd_.get(), kFileName, &st, AT_SYMLINK_NOFOLLOW) != 0) {
@@ -67,7 +75,7 @@ absl::StatusOr<std::unique_ptr<FileKeyStore>> FileKeyStore::Open(const std::stri
   return store;
 }
 
-absl::StatusOr<std::vector<KeyRecord>> FileKeyStore::ReadLocked() {
+absl::StatusOr<std::vector<KeyRecord>> FileKeyStore::ReadLocked(std::string* kek_name) {
   absl::StatusOr<SecretBytes> blob =
       internal::ReadFileAt(dir_fd_.get(), kFileName, kMaxFileSize);
   if (!blob.ok()) {
@@ -76,8 +84,13 @@ absl::StatusOr<std::vector<KeyRecord>> FileKeyStore::ReadLocked() {
     }
     return Annotate(blob.status(), dir_);
   }
+  if (kek_name != nullptr) {
+    absl::StatusOr<std::string> name = EnvelopeKekName(*blob);
+    if (!name.ok()) return Annotate(name.status(), path_);
+    *kek_name = *std::move(name);
+  }
   absl::StatusOr<SecretBytes> plain =
-      OpenEnvelope(kek_, EnvelopeKind::kKeyStoreContents, {}, *blob);
+      OpenEnvelope(*keks_, EnvelopeKind::kKeyStoreContents, {}, *blob);
   if (!plain.ok()) return Annotate(plain.status(), path_);
   absl::StatusOr<std::vector<KeyRecord>> records = ParseKeyStoreContents(*plain);
   if (!records.ok()) return Annotate(records.status(), path_);
@@ -87,7 +100,8 @@ absl::StatusOr<std::vector<KeyRecord>> FileKeyStore::ReadLocked() {
 absl::Status FileKeyStore::WriteLocked(absl::Span<const KeyRecord> records) {
   OFFLOAD_ASSIGN_OR_RETURN(SecretBytes plain, SerializeKeyStoreContents(records));
   OFFLOAD_ASSIGN_OR_RETURN(std::vector<uint8_t> blob,
-                           SealEnvelope(kek_, EnvelopeKind::kKeyStoreContents, {}, plain));
+                           SealEnvelope(*keks_->Current(), EnvelopeKind::kKeyStoreContents, {},
+                                        plain));
   return internal::WriteFileAtomically(dir_fd_.get(), dir_, kFileName, kTempFileName, blob,
                                        kFileMode);
 }
@@ -164,6 +178,15 @@ absl::Status FileKeyStore::Update(absl::string_view key_id, const UpdateFn& upda
   OFFLOAD_RETURN_IF_ERROR(ValidateKeyRecord(updated));
   *it = std::move(updated);
   return WriteLocked(records);
+}
+
+absl::StatusOr<size_t> FileKeyStore::RewrapAll() {
+  absl::MutexLock lock(&mu_);
+  std::string kek_name;
+  OFFLOAD_ASSIGN_OR_RETURN(std::vector<KeyRecord> records, ReadLocked(&kek_name));
+  if (kek_name == keks_->Current()->name()) return 0;
+  OFFLOAD_RETURN_IF_ERROR(WriteLocked(records));
+  return records.size();
 }
 
 std::string FileKeyStore::Describe() const { return absl::StrCat("file:", path_); }

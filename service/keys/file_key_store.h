@@ -26,6 +26,7 @@
 #include "absl/types/span.h"
 #include "service/common/secret_bytes.h"
 #include "service/keys/internal/file_util.h"
+#include "service/keys/kek.h"
 #include "service/keys/key_store.h"
 
 namespace offload::keys {
@@ -42,6 +43,15 @@ class FileKeyStore final : public KeyStore {
   // store open or keys.db was sealed under another KEK; DataLoss if keys.db is corrupted.
   static absl::StatusOr<std::unique_ptr<FileKeyStore>> Open(const std::string& data_dir,
                                                             SecretBytes kek);
+  // As above with the KEKs of `keks` (kek.h): keys.db is written under its current KEK and read
+  // under whichever KEK it names (FailedPrecondition naming a KEK the ring does not hold).
+  static absl::StatusOr<std::unique_ptr<FileKeyStore>> Open(const std::string& data_dir,
+                                                            std::shared_ptr<KekRing> keks);
+
+  // KEK rotation: rewrites keys.db under the ring's current KEK if it is wrapped under another
+  // one (atomically, as every write). Returns the number of records re-wrapped (0 when keys.db
+  // was already under the current KEK).
+  absl::StatusOr<size_t> RewrapAll();
 
   absl::StatusOr<std::vector<KeyRecord>> LoadAll() override;
   absl::Status Put(const KeyRecord& record) override;
@@ -55,15 +65,17 @@ class FileKeyStore final : public KeyStore {
   const std::string& path() const { return path_; }
 
  private:
-  FileKeyStore(std::string data_dir, internal::UniqueFd dir_fd, SecretBytes kek);
+  FileKeyStore(std::string data_dir, internal::UniqueFd dir_fd, std::shared_ptr<KekRing> keks);
 
-  absl::StatusOr<std::vector<KeyRecord>> ReadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `kek_name`, when given, receives the name of the KEK keys.db is wrapped under.
+  absl::StatusOr<std::vector<KeyRecord>> ReadLocked(std::string* kek_name = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status WriteLocked(absl::Span<const KeyRecord> records) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string dir_;
   const std::string path_;
   const internal::UniqueFd dir_fd_;  // holds the flock
-  const SecretBytes kek_;
+  const std::shared_ptr<KekRing> keks_;
   absl::Mutex mu_;  // serialises read-modify-write cycles of the file
 };
 

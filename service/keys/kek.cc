@@ -162,4 +162,146 @@ absl::StatusOr<SecretBytes> LoadKek(const KekSource& source, KekOrigin* origin) 
   return LoadOrGenerate(source.data_dir, origin);
 }
 
+
+// ------------------------------------------------------------------------------------------------
+// RawKek
+
+namespace {
+constexpr size_t kRawWrapNonceSize = crypto_aead_xchacha20poly1305_ietf_NPUBBYTES;
+constexpr size_t kRawWrapTagSize = crypto_aead_xchacha20poly1305_ietf_ABYTES;
+constexpr size_t kDataKeySize = 32;
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const RawKek>> RawKek::Create(SecretBytes key) {
+  if (key.size() != kKekSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kek: expected ", kKekSize, " bytes, got ", key.size()));
+  }
+  std::string name = absl::StrCat("raw:", KekIdHex(key));
+  return std::shared_ptr<const RawKek>(new RawKek(std::move(key), std::move(name)));
+}
+
+size_t RawKek::wrapped_size() const { return kRawWrapNonceSize + kDataKeySize + kRawWrapTagSize; }
+
+absl::StatusOr<std::vector<uint8_t>> RawKek::Wrap(absl::Span<const uint8_t> data_key,
+                                                  absl::Span<const uint8_t> aad) const {
+  if (data_key.size() != kDataKeySize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data key: expected ", kDataKeySize, " bytes, got ", data_key.size()));
+  }
+  std::vector<uint8_t> out(wrapped_size());
+  randombytes_buf(out.data(), kRawWrapNonceSize);
+  unsigned long long written = 0;
+  if (crypto_aead_xchacha20poly1305_ietf_encrypt(out.data() + kRawWrapNonceSize, &written,
+                                                 data_key.data(), data_key.size(), aad.data(),
+                                                 aad.size(), nullptr, out.data(), key_.data()) != 0 ||
+      written != kDataKeySize + kRawWrapTagSize) {
+    return absl::InternalError(absl::StrCat("kek ", name_, ": wrapping failed"));
+  }
+  return out;
+}
+
+absl::StatusOr<SecretBytes> RawKek::Unwrap(absl::Span<const uint8_t> wrapped,
+                                           absl::Span<const uint8_t> aad) const {
+  if (wrapped.size() != wrapped_size()) {
+    return absl::DataLossError(absl::StrCat("kek ", name_, ": wrapped data key of ", wrapped.size(),
+                                            " bytes, expected ", wrapped_size()));
+  }
+  SecretBytes data_key(kDataKeySize);
+  unsigned long long written = 0;
+  if (crypto_aead_xchacha20poly1305_ietf_decrypt(
+          data_key.data(), &written, nullptr, wrapped.data() + kRawWrapNonceSize,
+          wrapped.size() - kRawWrapNonceSize, aad.data(), aad.size(), wrapped.data(),
+          key_.data()) != 0) {
+    return absl::DataLossError(absl::StrCat(
+        "kek ", name_, ": the wrapped data key does not authenticate (corrupted or modified)"));
+  }
+  return data_key;
+}
+
+// ------------------------------------------------------------------------------------------------
+// KekRing
+
+absl::StatusOr<std::shared_ptr<KekRing>> KekRing::Create(
+    std::shared_ptr<const Kek> current, std::vector<std::shared_ptr<const Kek>> previous,
+    std::shared_ptr<KekResolver> resolver) {
+  if (current == nullptr && resolver == nullptr) {
+    return absl::InvalidArgumentError("kek ring: needs a current KEK or a resolver");
+  }
+  if (current == nullptr) {
+    OFFLOAD_ASSIGN_OR_RETURN(current, resolver->ResolveCurrent());
+  }
+  std::shared_ptr<KekRing> ring(new KekRing(std::move(resolver)));
+  absl::MutexLock lock(&ring->mu_);
+  ring->current_ = current;
+  OFFLOAD_RETURN_IF_ERROR(ring->AddLocked(std::move(current)));
+  for (std::shared_ptr<const Kek>& kek : previous) {
+    if (kek == nullptr) return absl::InvalidArgumentError("kek ring: null previous KEK");
+    if (kek->name() == ring->current_->name()) continue;  // the same key given twice
+    OFFLOAD_RETURN_IF_ERROR(ring->AddLocked(std::move(kek)));
+    ++ring->previous_count_;
+  }
+  return ring;
+}
+
+absl::StatusOr<std::shared_ptr<KekRing>> KekRing::FromRawKey(SecretBytes key) {
+  OFFLOAD_ASSIGN_OR_RETURN(std::shared_ptr<const RawKek> kek, RawKek::Create(std::move(key)));
+  return Create(std::move(kek), {});
+}
+
+absl::Status KekRing::AddLocked(std::shared_ptr<const Kek> kek) const {
+  auto [it, inserted] = held_.try_emplace(kek->name(), kek);
+  if (!inserted && it->second != kek) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kek ring: two KEKs are named \"", kek->name(), "\""));
+  }
+  return absl::OkStatus();
+}
+
+std::shared_ptr<const Kek> KekRing::Current() const {
+  absl::MutexLock lock(&mu_);
+  return current_;
+}
+
+absl::StatusOr<std::shared_ptr<const Kek>> KekRing::Find(absl::string_view name) const {
+  std::string current_name;
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = held_.find(name); it != held_.end()) return it->second;
+    current_name = current_->name();
+  }
+  if (resolver_ != nullptr) {
+    absl::StatusOr<std::shared_ptr<const Kek>> found = resolver_->Resolve(name);
+    if (found.ok()) {
+      absl::MutexLock lock(&mu_);
+      auto [it, inserted] = held_.try_emplace((*found)->name(), *found);
+      return it->second;
+    }
+    if (!absl::IsNotFound(found.status())) return found.status();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "encrypted under a different key-encryption key, \"", name,
+      "\", which this process does not hold (current KEK \"", current_name, "\"",
+      resolver_ != nullptr ? absl::StrCat(", looked up in ", resolver_->Describe()) : "",
+      "; give the KEK it was wrapped under as a previous KEK)"));
+}
+
+absl::StatusOr<bool> KekRing::Refresh() {
+  if (resolver_ == nullptr) return false;
+  OFFLOAD_ASSIGN_OR_RETURN(std::shared_ptr<const Kek> latest, resolver_->ResolveCurrent());
+  absl::MutexLock lock(&mu_);
+  if (latest->name() == current_->name()) return false;
+  auto [it, inserted] = held_.try_emplace(latest->name(), latest);
+  current_ = it->second;
+  return true;
+}
+
+std::string KekRing::Describe() const {
+  absl::MutexLock lock(&mu_);
+  std::string out = absl::StrCat("current ", current_->name());
+  if (resolver_ != nullptr) absl::StrAppend(&out, " (", resolver_->Describe(), ")");
+  if (previous_count_ > 0) absl::StrAppend(&out, ", ", previous_count_, " previous");
+  return out;
+}
+
 }  // namespace offload::keys

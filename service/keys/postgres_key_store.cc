@@ -197,10 +197,10 @@ std::string DescribePostgresDsn(const std::string& dsn) {
 // ------------------------------------------------------------------------------------------------
 // PostgresKeyStore
 
-PostgresKeyStore::PostgresKeyStore(std::string dsn, SecretBytes kek)
+PostgresKeyStore::PostgresKeyStore(std::string dsn, std::shared_ptr<KekRing> keks)
     : dsn_(std::move(dsn)),
       description_(absl::StrCat("postgres:", DescribePostgresDsn(dsn_))),
-      kek_(std::move(kek)) {}
+      keks_(std::move(keks)) {}
 
 absl::StatusOr<std::unique_ptr<PostgresKeyStore>> PostgresKeyStore::Open(const std::string& dsn,
                                                                          SecretBytes kek) {
@@ -208,11 +208,18 @@ absl::StatusOr<std::unique_ptr<PostgresKeyStore>> PostgresKeyStore::Open(const s
     return absl::InvalidArgumentError(
         absl::StrCat("kek: expected ", kKekSize, " bytes, got ", kek.size()));
   }
+  OFFLOAD_ASSIGN_OR_RETURN(std::shared_ptr<KekRing> keks, KekRing::FromRawKey(std::move(kek)));
+  return Open(dsn, std::move(keks));
+}
+
+absl::StatusOr<std::unique_ptr<PostgresKeyStore>> PostgresKeyStore::Open(
+    const std::string& dsn, std::shared_ptr<KekRing> keks) {
+  if (keks == nullptr) return absl::InvalidArgumentError("kek ring: missing");
   if (dsn.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("postgres_dsn: empty (set --postgres_dsn or ", kPostgresDsnEnvVar, ")"));
   }
-  std::unique_ptr<PostgresKeyStore> store(new PostgresKeyStore(dsn, std::move(kek)));
+  std::unique_ptr<PostgresKeyStore> store(new PostgresKeyStore(dsn, std::move(keks)));
   absl::MutexLock lock(&store->mu_);
   OFFLOAD_RETURN_IF_ERROR(store->EnsureConnectedLocked());
   OFFLOAD_RETURN_IF_ERROR(store->MigrateLocked());
@@ -282,7 +289,7 @@ absl::Status PostgresKeyStore::MigrateLocked() {
 absl::StatusOr<std::vector<uint8_t>> PostgresKeyStore::SealRecord(const KeyRecord& record) const {
   OFFLOAD_RETURN_IF_ERROR(ValidateKeyRecord(record));
   OFFLOAD_ASSIGN_OR_RETURN(SecretBytes plain, SerializeKeyRecord(record));
-  return SealEnvelope(kek_, EnvelopeKind::kKeyRecord, Bytes(record.key_id), plain);
+  return SealEnvelope(*keks_->Current(), EnvelopeKind::kKeyRecord, Bytes(record.key_id), plain);
 }
 
 absl::StatusOr<KeyRecord> PostgresKeyStore::OpenRecord(absl::string_view key_id,
@@ -295,7 +302,7 @@ absl::StatusOr<KeyRecord> PostgresKeyStore::OpenRecord(absl::string_view key_id,
     return annotate(absl::DataLossError(absl::StrCat("record of ", blob.size(),
                                                      " bytes, expected at most ", kMaxRecordSize)));
   }
-  absl::StatusOr<SecretBytes> plain = OpenEnvelope(kek_, EnvelopeKind::kKeyRecord, Bytes(key_id), blob);
+  absl::StatusOr<SecretBytes> plain = OpenEnvelope(*keks_, EnvelopeKind::kKeyRecord, Bytes(key_id), blob);
   if (!plain.ok()) return annotate(plain.status());
   absl::StatusOr<KeyRecord> record = ParseKeyRecord(*plain);
   if (!record.ok()) return annotate(record.status());
@@ -560,6 +567,67 @@ absl::Status PostgresKeyStore::Update(absl::string_view key_id, const UpdateFn& 
 }
 
 #undef OFFLOAD_NOTIFY_AND_XID
+
+absl::StatusOr<size_t> PostgresKeyStore::RewrapAll() {
+  std::vector<std::string> key_ids;
+  {
+    absl::MutexLock lock(&mu_);
+    OFFLOAD_RETURN_IF_ERROR(ReadLocked("rewrap: list", [&](PGconn* conn) -> absl::Status {
+      OFFLOAD_ASSIGN_OR_RETURN(
+          PgResultPtr result,
+          Exec(conn, "SELECT key_id FROM offload_keys ORDER BY key_id", {}, /*binary_result=*/true));
+      key_ids.clear();
+      for (int i = 0; i < PQntuples(result.get()); ++i) {
+        const absl::Span<const uint8_t> id = Cell(result.get(), i, 0);
+        key_ids.emplace_back(reinterpret_cast<const char*>(id.data()), id.size());
+      }
+      return absl::OkStatus();
+    }));
+  }
+  size_t rewrapped = 0;
+  for (const std::string& key_id : key_ids) {
+    // One row at a time, the mutex released in between, so that calls keep flowing.
+    absl::MutexLock lock(&mu_);
+    bool changed = false;
+    OFFLOAD_RETURN_IF_ERROR(WriteLocked("rewrap", [&](PGconn* conn) -> absl::StatusOr<std::string> {
+      changed = false;
+      OFFLOAD_ASSIGN_OR_RETURN(
+          PgResultPtr result,
+          Exec(conn,
+               "SELECT record, pg_current_xact_id()::text FROM offload_keys WHERE key_id = $1 "
+               "FOR UPDATE",
+               {Text(key_id)}, /*binary_result=*/true));
+      if (PQntuples(result.get()) == 0) {
+        // Deleted since the listing: nothing to re-wrap. The transaction commits nothing.
+        OFFLOAD_ASSIGN_OR_RETURN(PgResultPtr xid,
+                                 Exec(conn, "SELECT pg_current_xact_id()::text", {}));
+        return std::string(PQgetvalue(xid.get(), 0, 0));
+      }
+      const absl::Span<const uint8_t> blob = Cell(result.get(), 0, 0);
+      // The transaction id arrives as binary text (no terminator to trust): copy by length.
+      const absl::Span<const uint8_t> xid_cell = Cell(result.get(), 0, 1);
+      std::string xid(reinterpret_cast<const char*>(xid_cell.data()), xid_cell.size());
+      absl::StatusOr<std::string> name = EnvelopeKekName(blob);
+      if (!name.ok()) {
+        return absl::Status(name.status().code(), absl::StrCat(description_, ": key \"", key_id,
+                                                               "\": ", name.status().message()));
+      }
+      if (*name == keks_->Current()->name()) return xid;
+      OFFLOAD_ASSIGN_OR_RETURN(KeyRecord record, OpenRecord(key_id, blob));
+      result.reset();
+      OFFLOAD_ASSIGN_OR_RETURN(std::vector<uint8_t> sealed, SealRecord(record));
+      OFFLOAD_RETURN_IF_ERROR(
+          Exec(conn, "UPDATE offload_keys SET record = $2 WHERE key_id = $1",
+               {Text(key_id), Param{reinterpret_cast<const char*>(sealed.data()),
+                                    static_cast<int>(sealed.size()), true}})
+              .status());
+      changed = true;
+      return xid;
+    }));
+    if (changed) ++rewrapped;
+  }
+  return rewrapped;
+}
 
 std::string PostgresKeyStore::Describe() const { return description_; }
 

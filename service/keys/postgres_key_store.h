@@ -42,6 +42,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "service/common/secret_bytes.h"
+#include "service/keys/kek.h"
 #include "service/keys/key_store.h"
 
 typedef struct pg_conn PGconn;
@@ -74,6 +75,16 @@ class PostgresKeyStore final : public KeyStore {
   // cannot be reached; FailedPrecondition if the database has a newer schema than this build.
   static absl::StatusOr<std::unique_ptr<PostgresKeyStore>> Open(const std::string& dsn,
                                                                 SecretBytes kek);
+  // As above with the KEKs of `keks` (kek.h): rows are written under its current KEK and read
+  // under whichever KEK they name. Every replica must hold every KEK a row may name.
+  static absl::StatusOr<std::unique_ptr<PostgresKeyStore>> Open(const std::string& dsn,
+                                                                std::shared_ptr<KekRing> keks);
+
+  // KEK rotation: re-wraps, one transaction per row (SELECT ... FOR UPDATE, so it is atomic
+  // against every writer, other replicas included), each row wrapped under another KEK than the
+  // ring's current one. The record inside is unchanged, so no change is notified. Safe to run on
+  // several replicas at once. Returns the number of rows re-wrapped by this call.
+  absl::StatusOr<size_t> RewrapAll();
 
   absl::StatusOr<std::vector<KeyRecord>> LoadAll() override;
   absl::Status Put(const KeyRecord& record) override;
@@ -84,7 +95,7 @@ class PostgresKeyStore final : public KeyStore {
   std::string Describe() const override;
 
  private:
-  PostgresKeyStore(std::string dsn, SecretBytes kek);
+  PostgresKeyStore(std::string dsn, std::shared_ptr<KekRing> keks);
 
   // A statement run inside a write's transaction, on `conn`, that returns the transaction's id
   // (pg_current_xact_id() as text, the same statement that writes returns it). It may be called
@@ -115,7 +126,7 @@ class PostgresKeyStore final : public KeyStore {
 
   const std::string dsn_;
   const std::string description_;
-  const SecretBytes kek_;
+  const std::shared_ptr<KekRing> keks_;
   absl::Mutex mu_;
   internal::PgConnPtr conn_ ABSL_GUARDED_BY(mu_);
 };

@@ -3,13 +3,17 @@
 #include <sys/resource.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/time/time.h"
 #include "service/common/log.h"
+#include "service/keys/kek_setup.h"
 #include "service/main/server.h"
 
 ABSL_FLAG(std::string, grpc_address, "127.0.0.1:50051",
@@ -20,6 +24,29 @@ ABSL_FLAG(std::string, kek_file, "",
 ABSL_FLAG(std::string, kek_env, "OFFLOAD_KEK",
           "Environment variable holding the key-encryption key as 64 hex characters, used when "
           "--kek_file is empty. When neither is set, a KEK is generated into --data_dir/kek.");
+ABSL_FLAG(std::string, kek_pkcs11, "",
+          "The key-encryption key inside a PKCS#11 token (an HSM; SoftHSM2 for tests): an RFC 7512 "
+          "URI such as 'pkcs11:token=offload;object=offload-kek?module-path=/usr/lib/softhsm/"
+          "libsofthsm2.so&pin-source=/etc/offload/pin' (without module-path: the modules "
+          "registered with p11-kit). The key with the URI's label and the greatest CKA_ID wraps "
+          "new records; records name the key they are wrapped under. Replaces --kek_file/--kek_env "
+          "(a --kek_file given too is read as a previous KEK).");
+ABSL_FLAG(std::string, kek_pkcs11_pin_file, "",
+          "File holding the token's user PIN, used when the --kek_pkcs11 URI has no pin-source or "
+          "pin-value.");
+ABSL_FLAG(std::string, kek_pkcs11_pin_env, "OFFLOAD_KEK_PKCS11_PIN",
+          "Environment variable holding the token's user PIN, used when neither the URI nor "
+          "--kek_pkcs11_pin_file gives one.");
+ABSL_FLAG(std::vector<std::string>, kek_previous_files, {},
+          "Comma-separated raw KEK files still read, never used to wrap (after a rotation, or "
+          "when moving to --kek_pkcs11): records under them are re-wrapped under the current KEK.");
+ABSL_FLAG(absl::Duration, kek_refresh_interval, absl::Seconds(30),
+          "How often the token is asked for a newer KEK (rotation: --kek_pkcs11_create); when one "
+          "appears it becomes current and the key store is re-wrapped under it.");
+ABSL_FLAG(bool, kek_pkcs11_create, false,
+          "Generate the next KEK inside the --kek_pkcs11 token (AES-256, sensitive, not "
+          "extractable; label from the URI, CKA_ID one more than the greatest), print its name "
+          "and exit. Running servers adopt it within --kek_refresh_interval.");
 ABSL_FLAG(std::string, keystore, "file",
           "Key store: file (one encrypted file in --data_dir, one process) or postgres (shared "
           "by replicas; changes pushed to every replica by LISTEN/NOTIFY).");
@@ -216,11 +243,31 @@ int main(int argc, char** argv) {
     return 1;
   }
 
+  if (absl::GetFlag(FLAGS_kek_pkcs11_create)) {
+    absl::StatusOr<std::string> created = offload::keys::CreatePkcs11Kek(
+        {absl::GetFlag(FLAGS_kek_pkcs11), absl::GetFlag(FLAGS_kek_pkcs11_pin_file),
+         absl::GetFlag(FLAGS_kek_pkcs11_pin_env)});
+    if (!created.ok()) {
+      offload::Log(offload::LogLevel::kError, "kek_create_failed",
+                   {{"error", created.status().ToString()}});
+      return 1;
+    }
+    offload::Log(offload::LogLevel::kInfo, "kek_created", {{"kek", *created}});
+    std::printf("%s\n", created->c_str());
+    return 0;
+  }
+
   offload::ServerConfig config;
   config.grpc_address = absl::GetFlag(FLAGS_grpc_address);
   config.data_dir = absl::GetFlag(FLAGS_data_dir);
   config.kek_file = absl::GetFlag(FLAGS_kek_file);
   config.kek_env = absl::GetFlag(FLAGS_kek_env);
+  config.kek_pkcs11 = absl::GetFlag(FLAGS_kek_pkcs11);
+  config.kek_pkcs11_pin_file = absl::GetFlag(FLAGS_kek_pkcs11_pin_file);
+  config.kek_pkcs11_pin_env = absl::GetFlag(FLAGS_kek_pkcs11_pin_env);
+  config.kek_previous_files = absl::GetFlag(FLAGS_kek_previous_files);
+  config.kek_refresh_interval = absl::GetFlag(FLAGS_kek_refresh_interval);
+  config.key_deletion_wait = absl::GetFlag(FLAGS_key_deletion_wait);
   config.keystore = absl::GetFlag(FLAGS_keystore);
   config.postgres_dsn = absl::GetFlag(FLAGS_postgres_dsn);
   config.max_batch_items = absl::GetFlag(FLAGS_max_batch_items);

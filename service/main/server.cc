@@ -160,18 +160,27 @@ absl::Status CheckConfig(const ServerConfig& config) {
   return absl::OkStatus();
 }
 
-// The key store `config.keystore` names; `*postgres_dsn` is set for the postgres store.
-absl::StatusOr<std::unique_ptr<keys::KeyStore>> OpenKeyStore(const ServerConfig& config,
-                                                             SecretBytes kek,
-                                                             std::string* postgres_dsn) {
-  if (config.keystore == "file") return keys::FileKeyStore::Open(config.data_dir, std::move(kek));
+// The key store `config.keystore` names; `*postgres_dsn` is set for the postgres store;
+// `*rewrap` re-wraps the store under the ring's current KEK (valid while the store lives).
+absl::StatusOr<std::unique_ptr<keys::KeyStore>> OpenKeyStore(
+    const ServerConfig& config, std::shared_ptr<keys::KekRing> keks, std::string* postgres_dsn,
+    keys::KekRotator::Rewrap* rewrap) {
+  if (config.keystore == "file") {
+    OFFLOAD_ASSIGN_OR_RETURN(std::unique_ptr<keys::FileKeyStore> store,
+                             keys::FileKeyStore::Open(config.data_dir, std::move(keks)));
+    *rewrap = [s = store.get()] { return s->RewrapAll(); };
+    return store;
+  }
   if (config.keystore == "postgres") {
     *postgres_dsn = config.postgres_dsn;
     if (postgres_dsn->empty()) {
       const char* env = std::getenv(keys::kPostgresDsnEnvVar);
       if (env != nullptr) *postgres_dsn = env;
     }
-    return keys::PostgresKeyStore::Open(*postgres_dsn, std::move(kek));
+    OFFLOAD_ASSIGN_OR_RETURN(std::unique_ptr<keys::PostgresKeyStore> store,
+                             keys::PostgresKeyStore::Open(*postgres_dsn, std::move(keks)));
+    *rewrap = [s = store.get()] { return s->RewrapAll(); };
+    return store;
   }
   return absl::InvalidArgumentError(
       absl::StrCat("keystore: expected file or postgres, got \"", config.keystore, "\""));
@@ -427,15 +436,21 @@ absl::Status RunServer(const ServerConfig& config) {
   keys::KekOrigin kek_origin;
   // Replicas sharing a postgres store need one KEK between them, never a generated one each.
   const bool shared_store = config.keystore == "postgres";
-  absl::StatusOr<SecretBytes> loaded_kek = keys::LoadKek(
-      {config.kek_file, config.kek_env, shared_store ? "" : config.data_dir}, &kek_origin);
-  if (!loaded_kek.ok() && shared_store) {
+  keys::KekConfig kek_config;
+  kek_config.raw = {config.kek_file, config.kek_env, shared_store ? "" : config.data_dir};
+  kek_config.pkcs11.uri = config.kek_pkcs11;
+  kek_config.pkcs11.pin_file = config.kek_pkcs11_pin_file;
+  kek_config.pkcs11.pin_env = config.kek_pkcs11_pin_env;
+  kek_config.previous_files = config.kek_previous_files;
+  absl::StatusOr<std::shared_ptr<keys::KekRing>> loaded_kek =
+      keys::BuildKekRing(kek_config, &kek_origin);
+  if (!loaded_kek.ok() && shared_store && config.kek_pkcs11.empty()) {
     return absl::Status(loaded_kek.status().code(),
                         absl::StrCat("keystore=postgres needs the same KEK on every replica "
-                                     "(--kek_file or --kek_env): ",
+                                     "(--kek_file, --kek_env or --kek_pkcs11): ",
                                      loaded_kek.status().message()));
   }
-  OFFLOAD_ASSIGN_OR_RETURN(SecretBytes kek, std::move(loaded_kek));
+  OFFLOAD_ASSIGN_OR_RETURN(std::shared_ptr<keys::KekRing> kek, std::move(loaded_kek));
   if (kek_origin.generated) {
     Log(LogLevel::kWarning, "kek_generated",
         {{"source", kek_origin.description},
@@ -443,15 +458,19 @@ absl::Status RunServer(const ServerConfig& config) {
                     "production; whoever reads this file can decrypt every key"}});
   }
   std::string postgres_dsn;
+  keys::KekRotator::Rewrap rewrap;
   OFFLOAD_ASSIGN_OR_RETURN(std::unique_ptr<keys::KeyStore> opened,
-                           OpenKeyStore(config, std::move(kek), &postgres_dsn));
+                           OpenKeyStore(config, kek, &postgres_dsn, &rewrap));
   const std::string store_description = opened->Describe();
   auto store = std::make_unique<metrics::InstrumentedKeyStore>(std::move(opened), &metrics);
+  keys::KeyManager::Options manager_options;
+  manager_options.deletion_wait = config.key_deletion_wait;
   OFFLOAD_ASSIGN_OR_RETURN(auto key_manager,
-                           keys::KeyManager::Create(std::move(store), backends));
+                           keys::KeyManager::Create(std::move(store), backends, manager_options));
   Log(LogLevel::kInfo, "keys_loaded",
       {{"store", store_description},
-       {"kek", kek_origin.description},
+       {"kek", kek->Describe()},
+       {"kek_source", kek_origin.description},
        {"keys", key_manager->size()},
        {"seconds", absl::ToDoubleSeconds(absl::Now() - load_start)}});
 
@@ -476,6 +495,14 @@ absl::Status RunServer(const ServerConfig& config) {
             postgres_dsn, {[manager](absl::string_view id) { return manager->ReloadKey(id); },
                            [manager] { return manager->Resync(); }}));
   }
+  // KEK rotation: a newer KEK in the token becomes current and the store is re-wrapped under it,
+  // records left under a previous KEK at once (stopped before the key manager, which owns the
+  // store, goes: declared after it).
+  if (config.kek_refresh_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("kek_refresh_interval: expected > 0");
+  }
+  const std::unique_ptr<keys::KekRotator> kek_rotator =
+      keys::KekRotator::Start(kek, std::move(rewrap), config.kek_refresh_interval);
 
   std::unique_ptr<auth::TlsFiles> tls;
   if (!config.tls_cert_file.empty()) {

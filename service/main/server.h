@@ -25,6 +25,18 @@ struct ServerConfig {
   std::string data_dir = "data";
   std::string kek_file;  // empty: environment variable `kek_env`, else a generated data_dir/kek
   std::string kek_env = "OFFLOAD_KEK";
+  // A KEK inside a PKCS#11 token (service/keys/pkcs11_kek.h): an RFC 7512 URI; empty: the raw
+  // KEK above. The PIN comes from the URI, else kek_pkcs11_pin_file, else kek_pkcs11_pin_env.
+  std::string kek_pkcs11;
+  std::string kek_pkcs11_pin_file;
+  std::string kek_pkcs11_pin_env = "OFFLOAD_KEK_PKCS11_PIN";
+  // Raw KEK files still read (records wrapped under them are re-wrapped under the current KEK).
+  std::vector<std::string> kek_previous_files;
+  // How often the token is asked for a newer KEK (rotation); records are then re-wrapped.
+  absl::Duration kek_refresh_interval = absl::Seconds(30);
+  // DeleteKey / DestroyKeyVersion wait at least this long before wiping key material; zero wipes
+  // at once.
+  absl::Duration key_deletion_wait = absl::Hours(24 * 7);
   std::string keystore = "file";  // file | postgres
   std::string postgres_dsn;       // empty: the environment variable OFFLOAD_POSTGRES_DSN
   int max_batch_items = 1024;
