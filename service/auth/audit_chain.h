@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <string>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -35,6 +36,10 @@ class AuditChain final {
   void Resume(absl::string_view line);
   // `json`, a JSON object on one line, with its mac added as the last member.
   std::string Seal(absl::string_view json);
+  // The mac of the last line sealed or resumed from (hex; empty at the start of a chain), and
+  // a return to it (a writer that could not write what it sealed since).
+  const std::string& previous_mac() const { return previous_mac_; }
+  void Restore(std::string previous_mac) { previous_mac_ = std::move(previous_mac); }
 
  private:
   std::string key_;

@@ -1,9 +1,11 @@
 #include "service/auth/authorizer.h"
 
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -11,6 +13,7 @@
 #include "google/protobuf/reflection.h"
 #include "service/auth/tls.h"
 #include "service/common/log.h"
+#include "service/common/status_macros.h"
 
 namespace offload::auth {
 namespace {
@@ -54,6 +57,94 @@ absl::StatusOr<std::shared_ptr<const Policy>> ReadPolicy(const std::string& path
   return std::make_shared<const Policy>(*std::move(policy));
 }
 
+// The field `name` of `message` if it is a singular field of `type`, else null.
+const FieldDescriptor* Field(const Message& message, const char* name, FieldDescriptor::Type type) {
+  const FieldDescriptor* f = message.GetDescriptor()->FindFieldByName(name);
+  return f != nullptr && f->type() == type && !f->is_repeated() ? f : nullptr;
+}
+
+std::string StringOf(const Message& m, const char* name) {
+  const FieldDescriptor* f = Field(m, name, FieldDescriptor::TYPE_STRING);
+  return f != nullptr ? m.GetReflection()->GetString(m, f) : std::string();
+}
+
+// The field `name` (uint32) of `m`, if `m` has it.
+std::optional<uint32_t> Uint32Of(const Message& m, const char* name) {
+  const FieldDescriptor* f = Field(m, name, FieldDescriptor::TYPE_UINT32);
+  if (f == nullptr) return std::nullopt;
+  return m.GetReflection()->GetUInt32(m, f);
+}
+
+bool BoolOf(const Message& m, const char* name) {
+  const FieldDescriptor* f = Field(m, name, FieldDescriptor::TYPE_BOOL);
+  return f != nullptr && m.GetReflection()->GetBool(m, f);
+}
+
+// One item: its key id from `request`, the version `response` says it used (else the one
+// `request` asked for), whether `response` came from a memo.
+void DescribeItem(const Message& request, const Message* response, DataPlaneCall* call,
+                  absl::flat_hash_set<std::pair<std::string, uint32_t>>* seen) {
+  DataPlaneCall::Key key{StringOf(request, "key_id"), 0};
+  std::optional<uint32_t> version;
+  if (response != nullptr) version = Uint32Of(*response, "key_version");
+  if (!version.has_value() || *version == 0) version = Uint32Of(request, "key_version");
+  key.version = version.value_or(0);
+  if (response != nullptr && BoolOf(*response, "memo_hit")) ++call->memo_hits;
+  if (!seen->insert({key.key_id, key.version}).second) return;
+  if (call->keys.size() < DataPlaneCall::kMaxKeys) {
+    call->keys.push_back(std::move(key));
+  } else {
+    ++call->more_keys;
+  }
+}
+
+thread_local absl::InsecureBitGen sample_bits;
+
+// `text` as a JSON string (quoted) onto `out`. ASCII is escaped here; anything else goes through
+// nlohmann (which replaces invalid UTF-8).
+void AppendJsonString(std::string* out, absl::string_view text) {
+  for (const char c : text) {
+    if (static_cast<unsigned char>(c) >= 0x80) {
+      out->append(nlohmann::json(std::string(text))
+                      .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+      return;
+    }
+  }
+  out->push_back('"');
+  for (const char c : text) {
+    switch (c) {
+      case '"': out->append("\\\""); break;
+      case '\\': out->append("\\\\"); break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          absl::StrAppend(out, "\\u00", absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2));
+        } else {
+          out->push_back(c);
+        }
+    }
+  }
+  out->push_back('"');
+}
+
+// ",\"name\":" then the string `value`.
+void AppendMember(std::string* out, absl::string_view name, absl::string_view value) {
+  absl::StrAppend(out, ",\"", name, "\":");
+  AppendJsonString(out, value);
+}
+
+// Now as "2024-01-02T03:04:05.678Z", formatting the seconds once per second per thread.
+std::string Iso8601NowFast() {
+  thread_local int64_t second = -1;
+  thread_local std::string prefix;  // "2024-01-02T03:04:05"
+  const int64_t ms = absl::ToUnixMillis(absl::Now());
+  if (ms / 1000 != second) {
+    second = ms / 1000;
+    prefix = absl::FormatTime("%Y-%m-%dT%H:%M:%S", absl::FromUnixSeconds(second),
+                              absl::UTCTimeZone());
+  }
+  return absl::StrCat(prefix, ".", absl::Dec(ms % 1000, absl::kZeroPad3), "Z");
+}
+
 std::string Iso8601Now() {
   return absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone());
 }
@@ -86,6 +177,51 @@ std::vector<std::string> KeyIdsOf(const Message& message) {
   return out;
 }
 
+DataPlaneCall DescribeDataPlaneCall(const Message& request, const Message* response, bool batch) {
+  DataPlaneCall call;
+  absl::flat_hash_set<std::pair<std::string, uint32_t>> seen;
+  if (!batch) {
+    DescribeItem(request, response, &call, &seen);
+    return call;
+  }
+  const FieldDescriptor* items = request.GetDescriptor()->FindFieldByName("items");
+  if (items == nullptr || !items->is_repeated() || items->type() != FieldDescriptor::TYPE_MESSAGE) {
+    return call;
+  }
+  const FieldDescriptor* results =
+      response != nullptr ? response->GetDescriptor()->FindFieldByName("results") : nullptr;
+  if (results != nullptr &&
+      (!results->is_repeated() || results->type() != FieldDescriptor::TYPE_MESSAGE)) {
+    results = nullptr;
+  }
+  const int n = request.GetReflection()->FieldSize(request, items);
+  const int answered = results != nullptr ? response->GetReflection()->FieldSize(*response, results) : 0;
+  call.items = n;
+  for (int i = 0; i < n; ++i) {
+    const Message& item = request.GetReflection()->GetRepeatedMessage(request, items, i);
+    const Message* result =
+        i < answered ? &response->GetReflection()->GetRepeatedMessage(*response, results, i)
+                     : nullptr;
+    if (result != nullptr) {
+      // {status, response}: the item's own answer is `response`, set when it succeeded.
+      const FieldDescriptor* status = Field(*result, "status", FieldDescriptor::TYPE_MESSAGE);
+      if (status != nullptr && result->GetReflection()->HasField(*result, status)) {
+        const Message& s = result->GetReflection()->GetMessage(*result, status);
+        const FieldDescriptor* code = Field(s, "code", FieldDescriptor::TYPE_INT32);
+        if (code != nullptr && s.GetReflection()->GetInt32(s, code) != 0) ++call.failed_items;
+      }
+      const FieldDescriptor* inner = Field(*result, "response", FieldDescriptor::TYPE_MESSAGE);
+      if (inner != nullptr) {
+        result = result->GetReflection()->HasField(*result, inner)
+                     ? &result->GetReflection()->GetMessage(*result, inner)
+                     : nullptr;
+      }
+    }
+    DescribeItem(item, result, &call, &seen);
+  }
+  return call;
+}
+
 absl::StatusOr<std::unique_ptr<Authorizer>> Authorizer::Create(Options options) {
   if (!options.policy_file.empty() && !options.mtls && !options.tokens && !options.forwarded) {
     return absl::InvalidArgumentError(
@@ -105,30 +241,87 @@ absl::StatusOr<std::unique_ptr<Authorizer>> Authorizer::Create(Options options) 
   if (!a->options_.audit_chain_key.empty() && a->options_.audit_file.empty()) {
     return absl::InvalidArgumentError("audit_chain_key_file: needs audit_log_file");
   }
+  if (a->options_.audit_fail_closed && a->options_.audit_file.empty()) {
+    return absl::InvalidArgumentError("audit_fail_closed: needs audit_log_file");
+  }
+  if (!(a->options_.audit_data_plane >= 0 && a->options_.audit_data_plane <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "audit_data_plane: expected a fraction in [0, 1], got ", a->options_.audit_data_plane));
+  }
   if (!a->options_.audit_file.empty()) {
-    std::string last_line;  // a chain goes on from the file's last line
-    if (!a->options_.audit_chain_key.empty()) {
-      std::ifstream existing(a->options_.audit_file, std::ios::binary);
-      for (std::string line; std::getline(existing, line);) {
-        if (!line.empty()) last_line = std::move(line);
-      }
-    }
-    a->audit_ = std::fopen(a->options_.audit_file.c_str(), "a");
-    if (a->audit_ == nullptr) {
-      return absl::UnavailableError(
-          absl::StrCat("audit_file: cannot open ", a->options_.audit_file, " for appending"));
-    }
-    if (!a->options_.audit_chain_key.empty()) {
-      absl::MutexLock lock(&a->audit_mu_);
-      a->chain_ = std::make_unique<AuditChain>(a->options_.audit_chain_key);
-      a->chain_->Resume(last_line);
-    }
+    // A chain goes on from the file's last line (AuditSink).
+    AuditSink::Options sink;
+    sink.path = a->options_.audit_file;
+    sink.chain_key = a->options_.audit_chain_key;
+    OFFLOAD_ASSIGN_OR_RETURN(a->sink_, AuditSink::Open(std::move(sink)));
   }
   return a;
 }
 
-Authorizer::~Authorizer() {
-  if (audit_ != nullptr) std::fclose(audit_);
+Authorizer::~Authorizer() = default;
+
+void Authorizer::FlushAudit() {
+  if (sink_ != nullptr) sink_->Flush();
+}
+
+Authorizer::AuditStats Authorizer::audit_stats() const {
+  AuditStats stats;
+  stats.data_plane_lines = data_plane_lines_.load(std::memory_order_relaxed);
+  stats.refused = audit_refused_.load(std::memory_order_relaxed);
+  if (sink_ != nullptr) stats.sink = sink_->stats();
+  return stats;
+}
+
+bool Authorizer::SampleDataPlane() const {
+  const double rate = options_.audit_data_plane;
+  if (rate <= 0) return false;
+  if (rate >= 1) return true;
+  return absl::Bernoulli(sample_bits, rate);
+}
+
+void Authorizer::AuditDataPlane(const Peer& peer, absl::string_view path,
+                                absl::string_view transport, const DataPlaneCall& call,
+                                absl::StatusCode code, AuditSink::Done done) {
+  data_plane_lines_.fetch_add(1, std::memory_order_relaxed);
+  // Built by hand: nlohmann's ordered_json costs several microseconds a line, on the calling
+  // thread (an event loop, for a memo hit).
+  std::string line = "{\"ts\":\"";
+  line.reserve(384);
+  absl::StrAppend(&line, Iso8601NowFast(), "\",\"event\":\"data_plane\"");
+  AppendMember(&line, "transport", transport);
+  AppendMember(&line, "identity", peer.identity.empty() ? "anonymous" : peer.identity);
+  AppendMember(&line, "identity_source", peer.identity.empty() ? "none" : peer.identity_source);
+  AppendMember(&line, "peer", peer.address);
+  if (!peer.forwarded_client.empty()) {
+    AppendMember(&line, "forwarded_client", peer.forwarded_client);
+  }
+  AppendMember(&line, "method", path);
+  if (call.items < 0) {
+    AppendMember(&line, "key_id", call.keys.empty() ? "" : call.keys.front().key_id);
+    if (!call.keys.empty() && call.keys.front().version != 0) {
+      absl::StrAppend(&line, ",\"version\":", call.keys.front().version);
+    }
+    absl::StrAppend(&line, ",\"memo_hit\":", call.memo_hits > 0 ? "true" : "false");
+  } else {
+    absl::StrAppend(&line, ",\"items\":", call.items, ",\"keys\":[");
+    for (size_t i = 0; i < call.keys.size(); ++i) {
+      line.append(i == 0 ? "{\"key_id\":" : ",{\"key_id\":");
+      AppendJsonString(&line, call.keys[i].key_id);
+      if (call.keys[i].version != 0) absl::StrAppend(&line, ",\"version\":", call.keys[i].version);
+      line.push_back('}');
+    }
+    line.push_back(']');
+    if (call.more_keys > 0) absl::StrAppend(&line, ",\"more_keys\":", call.more_keys);
+    absl::StrAppend(&line, ",\"memo_hits\":", call.memo_hits, ",\"failed_items\":",
+                    call.failed_items);
+  }
+  AppendMember(&line, "code", absl::StatusCodeToString(code));
+  line.push_back('}');
+  if (sink_ == nullptr) {
+    AuditOrdered(nlohmann::ordered_json::parse(line), std::move(done));
+    return;
+  }
+  sink_->Append(std::move(line), std::move(done));
 }
 
 std::shared_ptr<const Policy> Authorizer::CurrentPolicy() {
@@ -152,22 +345,35 @@ std::shared_ptr<const Policy> Authorizer::CurrentPolicy() {
   return policy_;
 }
 
-void Authorizer::Audit(absl::string_view event, nlohmann::json fields) {
-  if (audit_ == nullptr) {
+void Authorizer::Audit(absl::string_view event, nlohmann::json fields, AuditSink::Done done) {
+  if (sink_ == nullptr) {
     fields["audit"] = true;
     Log(LogLevel::kInfo, event, std::move(fields));
+    if (done) done(true);
     return;
   }
   nlohmann::ordered_json line;
   line["ts"] = Iso8601Now();
   line["event"] = std::string(event);
   for (auto& [k, v] : fields.items()) line[k] = v;
-  std::string text = line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  absl::MutexLock lock(&audit_mu_);
-  if (chain_ != nullptr) text = chain_->Seal(text);
-  std::fwrite(text.data(), 1, text.size(), audit_);
-  std::fputc('\n', audit_);
-  std::fflush(audit_);
+  AuditOrdered(std::move(line), std::move(done));
+}
+
+void Authorizer::AuditOrdered(nlohmann::ordered_json line, AuditSink::Done done) {
+  if (sink_ == nullptr) {
+    // The main log: its own "ts" and "event".
+    const std::string event = line["event"].get<std::string>();
+    nlohmann::json fields;
+    for (auto& [k, v] : line.items()) {
+      if (k != "ts" && k != "event") fields[k] = v;
+    }
+    fields["audit"] = true;
+    Log(LogLevel::kInfo, event, std::move(fields));
+    if (done) done(true);
+    return;
+  }
+  sink_->Append(line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                std::move(done));
 }
 
 absl::Status Authorizer::Authorize(const Peer& peer, absl::string_view path,
@@ -224,9 +430,12 @@ void Authorizer::AuditUnauthenticated(const Peer& peer, absl::string_view path,
 
 void Authorizer::AuditKeyCall(const Peer& peer, absl::string_view path, const Message& request,
                               const absl::Status& status, uint32_t version,
-                              absl::string_view transport) {
+                              absl::string_view transport, AuditSink::Done done) {
   absl::StatusOr<Operation> op = OperationOf(path);
-  if (!op.ok() || !op->admin) return;
+  if (!op.ok() || !op->admin) {
+    if (done) done(true);
+    return;
+  }
   const std::vector<std::string> key_ids = KeyIdsOf(request);
   nlohmann::json fields = {{"transport", std::string(transport)},
                            {"identity", peer.identity},
@@ -238,7 +447,7 @@ void Authorizer::AuditKeyCall(const Peer& peer, absl::string_view path, const Me
   if (version != 0) fields["version"] = version;
   if (!status.ok()) fields["reason"] = std::string(status.message());
   Audit(status.ok() ? "key_" + op->name.substr(5) : std::string("key_call_failed"),
-        std::move(fields));
+        std::move(fields), std::move(done));
 }
 
 void Authorizer::AuditHandshakeRefused(absl::string_view transport,

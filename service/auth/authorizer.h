@@ -18,7 +18,17 @@
 // calls are for the policy's admins only (none without a policy). The policy file is re-read when it changes (looked at
 // once per second at most); a policy that does not parse keeps the previous one and logs an
 // error. Audit lines carry identities, methods, key ids, codes and reasons: never key material or
-// messages. Thread-safety: every method may be called from any thread.
+// messages.
+//
+// Data plane (issue 26): with `audit_data_plane` > 0, that fraction of the calls of the methods
+// that use a key (ops::kDataPlaneAudited: Sign, Derive, Box, AEAD...) is audited, one
+// "data_plane" line per call (AuditDataPlane): identity, peer, method, key id and the version
+// the call used, code, batch items, memo hits. With `audit_fail_closed`, a call that must be
+// audited is refused (UNAVAILABLE) while the audit file is known unwritable (AuditUnwritable),
+// and the transport holds a call's answer until its line is written (the `done` of the Audit*
+// calls), answering UNAVAILABLE instead when it could not be. Lines go through an AuditSink: no
+// thread that audits waits for the disk.
+// Thread-safety: every method may be called from any thread.
 #ifndef SERVICE_AUTH_AUTHORIZER_H_
 #define SERVICE_AUTH_AUTHORIZER_H_
 
@@ -39,6 +49,7 @@
 #include "absl/time/time.h"
 #include "google/protobuf/message.h"
 #include "service/auth/audit_chain.h"
+#include "service/auth/audit_sink.h"
 #include "service/auth/policy.h"
 
 namespace offload::auth {
@@ -60,6 +71,26 @@ struct Peer {
 // Every `key_id` string field in `message`, recursively (batch items included), deduplicated.
 std::vector<std::string> KeyIdsOf(const google::protobuf::Message& message);
 
+// What a data-plane audit line says about a finished call: read from its request and response.
+struct DataPlaneCall {
+  struct Key {
+    std::string key_id;
+    uint32_t version = 0;  // 0: not known (the response names none and the request asked for 0)
+  };
+  std::vector<Key> keys;   // distinct (key id, version), in the request's order, at most kMaxKeys
+  size_t more_keys = 0;    // distinct pairs beyond kMaxKeys
+  int items = -1;          // a batch's items; -1 for a single call
+  int memo_hits = 0;       // results served from a memo
+  int failed_items = 0;    // batch items that ended with an error of their own
+  static constexpr size_t kMaxKeys = 256;
+};
+// The key ids (`key_id`), the versions used (the response's `key_version`, else the request's),
+// and memo hits (`memo_hit`) of a call; for a batch (`batch`), per item of `items` and
+// `results` (each {status, response}).
+// `response` may be null (the call failed: versions are the requested ones).
+DataPlaneCall DescribeDataPlaneCall(const google::protobuf::Message& request,
+                                    const google::protobuf::Message* response, bool batch);
+
 class Authorizer {
  public:
   struct Options {
@@ -72,6 +103,15 @@ class Authorizer {
     // With audit_file: each line carries an HMAC chaining it to the one before (AuditChain),
     // under this key (at least 32 bytes); empty: plain lines.
     std::string audit_chain_key;
+    // The fraction of data-plane calls audited: 0 none, 1 every one.
+    double audit_data_plane = 0;
+    // Refuse calls that must be audited while the audit file is unwritable (needs audit_file).
+    bool audit_fail_closed = false;
+  };
+  struct AuditStats {
+    uint64_t data_plane_lines = 0;  // data-plane lines handed to the audit file (or main log)
+    uint64_t refused = 0;           // calls refused (fail-closed) for an unwritable audit file
+    AuditSink::Stats sink;          // all zero without an audit file
   };
   struct Counts {
     uint64_t unauthenticated = 0;
@@ -81,7 +121,7 @@ class Authorizer {
   };
 
   // InvalidArgument if the policy file cannot be read or parsed, or is given without a source of
-  // identities;
+  // identities, or audit_fail_closed / audit_chain_key without audit_file;
   // Unavailable if the audit file cannot be opened for appending.
   static absl::StatusOr<std::unique_ptr<Authorizer>> Create(Options options);
   ~Authorizer();
@@ -93,9 +133,29 @@ class Authorizer {
 
   // Audits a finished key-management call (create, import, rotate, delete), successful or not.
   // Other methods are ignored. `version` is the key's current version after the call, 0 if none.
+  // `done` (may be null) hears whether the line was written (see AuditSink::Done).
   void AuditKeyCall(const Peer& peer, absl::string_view path,
                     const google::protobuf::Message& request, const absl::Status& status,
-                    uint32_t version, absl::string_view transport);
+                    uint32_t version, absl::string_view transport,
+                    AuditSink::Done done = nullptr);
+
+  // Whether this data-plane call is to be audited: a draw at `audit_data_plane` (none at 0 or 1).
+  bool SampleDataPlane() const;
+  // Audits a finished data-plane call whose `code` is its outcome. `done` as for AuditKeyCall.
+  void AuditDataPlane(const Peer& peer, absl::string_view path, absl::string_view transport,
+                      const DataPlaneCall& call, absl::StatusCode code,
+                      AuditSink::Done done = nullptr);
+  // Fail-closed and the audit file known unwritable: calls that must be audited are refused
+  // (each refusal counted by CountAuditRefusal).
+  bool AuditUnwritable() const {
+    return options_.audit_fail_closed && sink_ != nullptr && !sink_->healthy();
+  }
+  void CountAuditRefusal() { audit_refused_.fetch_add(1, std::memory_order_relaxed); }
+  bool audit_fail_closed() const { return options_.audit_fail_closed; }
+  double audit_data_plane() const { return options_.audit_data_plane; }
+  // Waits until every line audited so far is written (or lost).
+  void FlushAudit();
+  AuditStats audit_stats() const;
 
   // Audits and counts a call refused before Authorize for who it claims to be (a bad token, an
   // unreadable forwarded identity): `status` is the refusal, its message the reason.
@@ -125,12 +185,13 @@ class Authorizer {
  private:
   explicit Authorizer(Options options) : options_(std::move(options)) {}
   std::shared_ptr<const Policy> CurrentPolicy();
-  void Audit(absl::string_view event, nlohmann::json fields);
+  void Audit(absl::string_view event, nlohmann::json fields, AuditSink::Done done = nullptr);
+  void AuditOrdered(nlohmann::ordered_json line, AuditSink::Done done);
 
   const Options options_;
-  std::FILE* audit_ = nullptr;  // null: the main log
-  absl::Mutex audit_mu_;
-  std::unique_ptr<AuditChain> chain_ ABSL_GUARDED_BY(audit_mu_);  // null: plain lines
+  std::unique_ptr<AuditSink> sink_;  // null: the main log
+  std::atomic<uint64_t> data_plane_lines_{0};
+  std::atomic<uint64_t> audit_refused_{0};
   absl::Mutex policy_mu_;
   std::shared_ptr<const Policy> policy_ ABSL_GUARDED_BY(policy_mu_);
   int64_t policy_stamp_ ABSL_GUARDED_BY(policy_mu_) = 0;

@@ -23,6 +23,7 @@
 #include "service/common/status_macros.h"
 #include "service/http/reflection.h"
 #include "service/http/rpc_codec.h"
+#include "service/ops/methods.h"
 
 namespace offload::http {
 namespace {
@@ -96,6 +97,11 @@ int BatchSize(const Message& request) {
 }
 
 thread_local absl::InsecureBitGen bitgen;
+
+// The answer to a call that must be audited while the audit file cannot be written
+// (--audit_fail_closed).
+constexpr absl::string_view kAuditUnwritable =
+    "audit log unwritable: calls that must be audited are refused (--audit_fail_closed)";
 
 httpd::Response Plain(int status, absl::string_view text, HeaderList headers = {}) {
   headers.emplace_back("content-type", "text/plain; charset=utf-8");
@@ -236,6 +242,8 @@ struct Gateway::Shared {
   const auth::ForwardedIdentity* forwarded_identity = nullptr;
   auth::TokenVerifier* tokens = nullptr;
   absl::flat_hash_map<const Method*, metrics::MethodMetrics*> method_metrics;
+  // The methods audited per call (ops::kDataPlaneAudited); empty when --audit_data_plane is off.
+  absl::flat_hash_set<const Method*> data_plane;
   std::atomic<bool> draining{false};
   CompressionOptions compression;
 
@@ -615,6 +623,18 @@ class Call final : public std::enable_shared_from_this<Call> {
       return Finish(absl::DeadlineExceededError("deadline passed before the call started"));
     }
     const Method* m = method_;
+    if (auth::Authorizer* authorizer = shared_->authorizer; authorizer != nullptr) {
+      // Decided per call, before any work: whether it is audited (a draw at
+      // --audit_data_plane), and, fail-closed, refused while its line could not be written.
+      audit_data_ = !shared_->data_plane.empty() && shared_->data_plane.contains(m) &&
+                    authorizer->SampleDataPlane();
+      if ((audit_data_ || m->key_lifecycle) && authorizer->AuditUnwritable()) {
+        audit_data_ = false;
+        audit_skip_ = true;
+        authorizer->CountAuditRefusal();
+        return Finish(absl::UnavailableError(kAuditUnwritable));
+      }
+    }
     if (m->batch) {
       if (absl::Status s = Admit(); !s.ok()) return Finish(s);
       if (m->from_memo) {
@@ -684,12 +704,6 @@ class Call final : public std::enable_shared_from_this<Call> {
         shared_->admission != nullptr && request_ != nullptr) {
       shared_->admission->CountDeadlineDrop();
     }
-    if (method_->key_lifecycle && shared_->authorizer != nullptr && request_ != nullptr) {
-      const auto* info = dynamic_cast<const v1::KeyInfo*>(response_.get());
-      shared_->authorizer->AuditKeyCall(
-          peer_, method_->path, *request_, status,
-          status.ok() && info != nullptr ? info->current_version() : 0, TransportName());
-    }
     metrics::ItemCounts counts;
     httpd::Response out;
     if (status.ok()) {
@@ -704,9 +718,64 @@ class Call final : public std::enable_shared_from_this<Call> {
       out = EncodeError(status, http_status);
     }
     for (auto& h : extra) out.headers.push_back(std::move(h));
+    AddCors(&out);
+    auth::Authorizer* authorizer = shared_->authorizer;
+    if (authorizer != nullptr && request_ != nullptr && !audit_skip_ &&
+        (audit_data_ || method_->key_lifecycle)) {
+      const bool fail_closed = authorizer->audit_fail_closed();
+      if (fail_closed || method_->key_lifecycle) {
+        // The answer waits for its line (a key lifecycle call's always; every audited call's
+        // when fail-closed): sent once the line is written; UNAVAILABLE in its place when it
+        // could not be and fail-closed is on. The writer thread calls back: nothing here waits
+        // for the disk.
+        auto held = std::make_shared<httpd::Response>(std::move(out));
+        return AuditCall(status, [self = shared_from_this(), held, status, counts,
+                                  fail_closed](bool written) {
+          self->Deliver(written || !fail_closed, std::move(*held), status, counts);
+        });
+      }
+      AuditCall(status, nullptr);
+    }
+    Deliver(true, std::move(out), status, counts);
+  }
+
+  // The call's audit line (a data-plane call, or a key lifecycle call); `done` as
+  // auth::AuditSink::Done.
+  void AuditCall(const absl::Status& status, auth::AuditSink::Done done) {
+    auth::Authorizer* authorizer = shared_->authorizer;
+    if (method_->key_lifecycle) {
+      const auto* info = dynamic_cast<const v1::KeyInfo*>(response_.get());
+      return authorizer->AuditKeyCall(peer_, method_->path, *request_, status,
+                                      status.ok() && info != nullptr ? info->current_version() : 0,
+                                      TransportName(), std::move(done));
+    }
+    auth::DataPlaneCall call = auth::DescribeDataPlaneCall(
+        *request_, status.ok() ? response_.get() : nullptr, method_->batch);
+    if (shared_open_.plaintext != nullptr && !call.keys.empty()) {
+      // [issue 15] a memo hit answered from the memo's buffer: the response message is empty.
+      call.keys.front().version = shared_open_.key_version;
+      call.memo_hits = shared_open_.memo_hit ? 1 : 0;
+    }
+    authorizer->AuditDataPlane(peer_, method_->path, TransportName(), call, status.code(),
+                               std::move(done));
+  }
+
+  void AddCors(httpd::Response* out) {
     shared_->cors.AddResponseHeaders(
         origin_.has_value() ? std::optional<absl::string_view>(*origin_) : std::nullopt,
-        &out.headers);
+        &out->headers);
+  }
+
+  // Sends `out` (the answer for `status`), or, when its audit line was not `written`
+  // (fail-closed), UNAVAILABLE in its place. Any thread.
+  void Deliver(bool written, httpd::Response out, absl::Status status,
+               metrics::ItemCounts counts) {
+    if (!written) {
+      status = absl::UnavailableError(kAuditUnwritable);
+      counts = method_->batch ? metrics::ItemCounts{} : CountOne(status.code(), nullptr);
+      out = EncodeError(status, 0);
+      AddCors(&out);
+    }
     Record(status, counts);
     if (shared_->count_bytes) {
       shared_->bytes.sent[static_cast<int>(sent_encoding_)].fetch_add(out.body_size(),
@@ -898,6 +967,8 @@ class Call final : public std::enable_shared_from_this<Call> {
   std::unique_ptr<Message> response_;
   ops::Operations::OpenResult shared_open_;  // [issue 15] a Connect proto AEAD Open memo hit
   int batch_size_ = 0;
+  bool audit_data_ = false;  // a data-plane call drawn for the audit (Run)
+  bool audit_skip_ = false;  // refused for an unwritable audit file: no line
   auth::Peer peer_;
   ops::Admission::Ticket ticket_;
 };
@@ -972,6 +1043,13 @@ Gateway::Gateway(const MethodTable* table, ops::WorkerPool* pool, metrics::Metri
   shared_->tokens = options_.tokens;
   shared_->compression = options_.compression;
   InitHealth(table_, shared_.get());
+  if (options_.authorizer != nullptr && options_.authorizer->audit_data_plane() > 0) {
+    for (const ops::DataPlaneMethod& d : ops::kDataPlaneAudited) {
+      if (const Method* m = table_->Find(absl::StrCat("/", d.service, "/", d.name))) {
+        shared_->data_plane.insert(m);
+      }
+    }
+  }
   if (metrics == nullptr) return;
   // The HTTP port counts its connections and bodies; another port (gRPC) only its defences and
   // memory, by its name. Calls are counted by method on every port alike.

@@ -206,6 +206,15 @@ ABSL_FLAG(std::string, audit_chain_key_file, "",
           "`offloadctl audit verify`. Keep the key away from the audit file's readers.");
 ABSL_FLAG(std::string, audit_log_file, "",
           "Append-only JSON-lines audit trail (key lifecycle, refusals); empty: the main log.");
+ABSL_FLAG(std::string, audit_data_plane, "off",
+          "Audit data-plane calls (Sign, Derive, Box, AEAD Seal/Open/Rewrap and their batches), "
+          "one line per call: identity, peer, method, key id and version used, code, items, "
+          "memo hits (never payloads): off, all, or the fraction drawn per call (0.01).");
+ABSL_FLAG(bool, audit_fail_closed, false,
+          "With --audit_log_file: while the audit file cannot be written, calls that must be "
+          "audited (key lifecycle, drawn data-plane calls) are refused UNAVAILABLE, and no call "
+          "is answered before its line is written. Off: lines that cannot be written are lost "
+          "(counted) and calls go on.");
 ABSL_FLAG(int64_t, max_queued_items, 16384,
           "Items admitted and not yet finished, all callers; beyond: RESOURCE_EXHAUSTED at once. "
           "0 = no bound.");
@@ -332,6 +341,19 @@ int main(int argc, char** argv) {
   config.policy_file = absl::GetFlag(FLAGS_policy_file);
   config.audit_log_file = absl::GetFlag(FLAGS_audit_log_file);
   config.audit_chain_key_file = absl::GetFlag(FLAGS_audit_chain_key_file);
+  {
+    const std::string v = absl::GetFlag(FLAGS_audit_data_plane);
+    double rate = 0;
+    if (v == "all") {
+      rate = 1;
+    } else if (v != "off" && (!absl::SimpleAtod(v, &rate) || !(rate >= 0 && rate <= 1))) {
+      offload::Log(offload::LogLevel::kError, "server_failed",
+                   {{"error", "audit_data_plane: expected off, all or a fraction in [0, 1], got " + v}});
+      return 1;
+    }
+    config.audit_data_plane = rate;
+  }
+  config.audit_fail_closed = absl::GetFlag(FLAGS_audit_fail_closed);
   config.max_queued_items = absl::GetFlag(FLAGS_max_queued_items);
   config.max_client_inflight = absl::GetFlag(FLAGS_max_client_inflight);
   config.grpc_max_concurrent_streams = absl::GetFlag(FLAGS_grpc_max_concurrent_streams);

@@ -327,6 +327,28 @@ void RegisterGuardMetrics(metrics::Metrics& m, ops::Admission& admission,
   m.AddPullCounter("offload_forwarded_identity_ignored_total",
                    "Forwarded identity headers from peers that are not trusted proxies (ignored)",
                    {}, [&authorizer] { return double(authorizer.counts().forwarded_ignored); });
+  // The audit trail (issue 26): data-plane lines, the file's writes, and fail-closed refusals.
+  m.AddPullCounter("offload_audit_data_plane_lines_total",
+                   "Data-plane calls audited (--audit_data_plane): lines handed to the audit log",
+                   {}, [&authorizer] { return double(authorizer.audit_stats().data_plane_lines); });
+  m.AddPullCounter("offload_audit_lines_written_total",
+                   "Lines written to --audit_log_file (the kernel took them; no fsync)", {},
+                   [&authorizer] { return double(authorizer.audit_stats().sink.lines_written); });
+  m.AddPullCounter("offload_audit_write_failures_total",
+                   "Failed writes or re-opens of --audit_log_file (probes included)", {},
+                   [&authorizer] { return double(authorizer.audit_stats().sink.write_failures); });
+  m.AddPullCounter("offload_audit_lines_lost_total",
+                   "Audit lines that could not be written (the file unwritable, or the writer's "
+                   "queue full); under --audit_fail_closed their calls were answered UNAVAILABLE",
+                   {}, [&authorizer] { return double(authorizer.audit_stats().sink.lines_lost); });
+  m.AddPullCounter("offload_audit_refused_total",
+                   "Calls refused UNAVAILABLE before they ran because the audit log was "
+                   "unwritable (--audit_fail_closed)",
+                   {}, [&authorizer] { return double(authorizer.audit_stats().refused); });
+  m.AddPullGauge("offload_audit_log_writable",
+                 "1 while --audit_log_file takes writes (or there is none), 0 from a failed write "
+                 "until a re-open probe succeeds",
+                 {}, [&authorizer] { return authorizer.audit_stats().sink.healthy ? 1.0 : 0.0; });
   // Registered with or without --jwks_file (all 0 without), so that dashboards find them.
   using TokenCounts = auth::TokenVerifier::Counts;
   const auto token_counts = [tokens] { return tokens != nullptr ? tokens->counts() : TokenCounts{}; };
@@ -541,6 +563,8 @@ absl::Status RunServer(const ServerConfig& config) {
   auth_options.require_identity = config.require_identity;
   auth_options.policy_file = config.policy_file;
   auth_options.audit_file = config.audit_log_file;
+  auth_options.audit_data_plane = config.audit_data_plane;
+  auth_options.audit_fail_closed = config.audit_fail_closed;
   if (!config.audit_chain_key_file.empty()) {
     OFFLOAD_ASSIGN_OR_RETURN(auth_options.audit_chain_key,
                              auth::ReadAuditKey(config.audit_chain_key_file));

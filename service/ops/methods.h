@@ -48,6 +48,24 @@ inline constexpr absl::string_view kAeadService = "offload.v1.AeadService";
 inline constexpr absl::string_view kServices[] = {kKeyService, kEd25519Service, kX25519Service,
                                                   kBoxService, kAeadService};
 
+// The RPCs that use a key's secret, audited per call under --audit_data_plane (one line each:
+// identity, key id, the version used, outcome; auth::Authorizer::AuditDataPlane). A new RPC
+// that uses a key opts in with one line here. (Verify uses no key; KeyService is audited as
+// key lifecycle.)
+struct DataPlaneMethod {
+  absl::string_view service;
+  absl::string_view name;
+};
+inline constexpr DataPlaneMethod kDataPlaneAudited[] = {
+    {kEd25519Service, "Sign"},  {kEd25519Service, "BatchSign"},
+    {kX25519Service, "Derive"}, {kX25519Service, "BatchDerive"},
+    {kBoxService, "Seal"},      {kBoxService, "BatchSeal"},
+    {kBoxService, "Open"},      {kBoxService, "BatchOpen"},
+    {kAeadService, "Seal"},     {kAeadService, "BatchSeal"},
+    {kAeadService, "Open"},     {kAeadService, "BatchOpen"},
+    {kAeadService, "Rewrap"},   {kAeadService, "BatchRewrap"},
+};
+
 // A key manager call: fills `response` or returns the error.
 template <typename Request, typename Response>
 using KeyFn = absl::Status (*)(keys::KeyManager* keys, const Request& request, Response* response);
