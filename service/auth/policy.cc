@@ -22,6 +22,14 @@ const absl::flat_hash_map<std::string, Operation>& OperationsByPath() {
     add("KeyService", "ImportKey", {"keys.import", true, true});
     add("KeyService", "RotateKey", {"keys.rotate", true, true});
     add("KeyService", "DeleteKey", {"keys.delete", true, true});
+    add("KeyService", "CancelKeyDeletion", {"keys.restore", true, true});
+    add("KeyService", "DisableKey", {"keys.disable", true, true});
+    add("KeyService", "EnableKey", {"keys.enable", true, true});
+    add("KeyService", "DisableKeyVersion", {"keys.disable", true, true});
+    add("KeyService", "EnableKeyVersion", {"keys.enable", true, true});
+    add("KeyService", "DestroyKeyVersion", {"keys.delete", true, true});
+    add("KeyService", "RestoreKeyVersion", {"keys.restore", true, true});
+    add("KeyService", "SetMinDecryptionVersion", {"keys.configure", true, true});
     add("KeyService", "GetKey", {"keys.get", false, true});
     add("KeyService", "ListKeys", {"keys.list", false, false});
     for (const char* m : {"Sign", "BatchSign"}) add("Ed25519Service", m, {"ed25519.sign"});
@@ -37,6 +45,7 @@ const absl::flat_hash_map<std::string, Operation>& OperationsByPath() {
       add("BoxService", m, {"box.open"});
       add("AeadService", m, {"aead.open"});
     }
+    for (const char* m : {"Rewrap", "BatchRewrap"}) add("AeadService", m, {"aead.rewrap"});
     return t;
   }();
   return *table;

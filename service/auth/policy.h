@@ -11,9 +11,12 @@
 //   }
 //
 // Clients, key ids and operations are shell-style patterns (fnmatch: `*`, `?`, `[...]`).
-// Operations: keys.create keys.import keys.rotate keys.delete keys.get keys.list ed25519.sign
-// ed25519.verify x25519.derive box.seal box.open aead.seal aead.open (a batch RPC is its single
-// twin's operation). The key-management operations are for admins; a grant may also give
+// Operations: keys.create keys.import keys.rotate keys.delete keys.restore keys.disable
+// keys.enable keys.configure keys.get keys.list ed25519.sign ed25519.verify x25519.derive box.seal
+// box.open aead.seal aead.open aead.rewrap (a batch RPC is its single twin's operation; DeleteKey
+// and DestroyKeyVersion are keys.delete, CancelKeyDeletion and RestoreKeyVersion keys.restore,
+// DisableKey(Version) keys.disable, EnableKey(Version) keys.enable, SetMinDecryptionVersion
+// keys.configure). The key-management operations are for admins; a grant may also give
 // keys.get (on its keys) and keys.list.
 //
 //   absl::StatusOr<Policy> policy = Policy::Parse(json_text);

@@ -65,7 +65,15 @@ TEST(MethodTable, CoversEveryMethodWithTheProtoTypes) {
   EXPECT_EQ(audited, (std::set<std::string>{"/offload.v1.KeyService/CreateKey",
                                             "/offload.v1.KeyService/ImportKey",
                                             "/offload.v1.KeyService/RotateKey",
-                                            "/offload.v1.KeyService/DeleteKey"}));
+                                            "/offload.v1.KeyService/DeleteKey",
+                                            "/offload.v1.KeyService/CancelKeyDeletion",
+                                            "/offload.v1.KeyService/DisableKey",
+                                            "/offload.v1.KeyService/EnableKey",
+                                            "/offload.v1.KeyService/DisableKeyVersion",
+                                            "/offload.v1.KeyService/EnableKeyVersion",
+                                            "/offload.v1.KeyService/DestroyKeyVersion",
+                                            "/offload.v1.KeyService/RestoreKeyVersion",
+                                            "/offload.v1.KeyService/SetMinDecryptionVersion"}));
   EXPECT_EQ(table.Find("/offload.v1.KeyService/Nope"), nullptr);
   EXPECT_EQ(table.Find("offload.v1.KeyService/GetKey"), nullptr);
 }

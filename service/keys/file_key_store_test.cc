@@ -39,7 +39,7 @@ KeyRecord MakeRecord(const std::string& id, v1::KeyType type, int versions) {
     KeyVersionRecord v;
     v.version = static_cast<uint32_t>(i * 2 - 1);  // 1, 3, 5: gaps are allowed
     v.created_unix_seconds = 1700000000 + i;
-    v.secret = RandomSecret();
+    { SecretBytes r = RandomSecret(); v.secret.assign(r.begin(), r.end()); }
     if (type == v1::KEY_TYPE_ED25519 || type == v1::KEY_TYPE_X25519) {
       v.public_key.resize(32);
       randombytes_buf(v.public_key.data(), 32);

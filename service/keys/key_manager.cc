@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <limits>
+#include <thread>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -61,6 +62,12 @@ absl::StatusOr<std::shared_ptr<const ManagedKeyVersion>> PrepareVersion(
   prepared->version = version->version;
   prepared->instance = next_instance.fetch_add(1, std::memory_order_relaxed);
   prepared->created_unix_seconds = version->created_unix_seconds;
+  prepared->state = version->state;
+  prepared->destroy_unix_seconds = version->destroy_unix_seconds;
+  if (version->state == v1::KEY_VERSION_STATE_DESTROYED) {
+    prepared->public_key = version->public_key;  // kept for the record; no secret to check it by
+    return std::shared_ptr<const ManagedKeyVersion>(std::move(prepared));
+  }
   switch (type) {
     case v1::KEY_TYPE_ED25519: {
       OFFLOAD_ASSIGN_OR_RETURN(prepared->signer,
@@ -113,10 +120,14 @@ absl::StatusOr<std::shared_ptr<const ManagedKey>> PrepareKey(
   key->type = record->type;
   key->options = record->options;
   key->current_version = record->current_version;
+  key->disabled = record->disabled;
+  key->deletion_unix_seconds = record->deletion_unix_seconds;
+  key->min_decryption_version = record->min_decryption_version;
   key->versions.reserve(record->versions.size());
   for (size_t i = 0; i < record->versions.size(); ++i) {
     KeyVersionRecord& v = record->versions[i];
-    if (i < reuse.size() && reuse[i]->version == v.version) {
+    if (i < reuse.size() && reuse[i]->version == v.version && reuse[i]->state == v.state &&
+        reuse[i]->destroy_unix_seconds == v.destroy_unix_seconds) {
       key->versions.push_back(reuse[i]);
       continue;
     }
@@ -155,7 +166,7 @@ absl::Status NotFound(absl::string_view key_id) {
   return absl::NotFoundError(absl::StrCat("key \"", key_id, "\" not found"));
 }
 
-KeyVersionRecord NewVersion(uint32_t version, SecretBytes secret) {
+KeyVersionRecord NewVersion(uint32_t version, KeyBytes secret) {
   KeyVersionRecord v;
   v.version = version;
   v.created_unix_seconds = absl::ToUnixSeconds(absl::Now());
@@ -166,7 +177,9 @@ KeyVersionRecord NewVersion(uint32_t version, SecretBytes secret) {
 // True iff `a` and `b` hold the same key: same id, type, options, versions and secrets.
 bool RecordsEqual(const KeyRecord& a, const KeyRecord& b) {
   if (a.key_id != b.key_id || a.type != b.type || a.current_version != b.current_version ||
-      a.versions.size() != b.versions.size() ||
+      a.versions.size() != b.versions.size() || a.disabled != b.disabled ||
+      a.deletion_unix_seconds != b.deletion_unix_seconds ||
+      a.min_decryption_version != b.min_decryption_version ||
       a.options.SerializeAsString() != b.options.SerializeAsString()) {
     return false;
   }
@@ -174,6 +187,7 @@ bool RecordsEqual(const KeyRecord& a, const KeyRecord& b) {
     const KeyVersionRecord& x = a.versions[i];
     const KeyVersionRecord& y = b.versions[i];
     if (x.version != y.version || x.created_unix_seconds != y.created_unix_seconds ||
+        x.state != y.state || x.destroy_unix_seconds != y.destroy_unix_seconds ||
         x.public_key != y.public_key || !SecretEquals(x.secret, y.secret)) {
       return false;
     }
@@ -181,8 +195,29 @@ bool RecordsEqual(const KeyRecord& a, const KeyRecord& b) {
   return true;
 }
 
-SecretBytes RandomSecret() {
-  SecretBytes secret(kKeySecretSize);
+// Wipes and frees `v`'s secret and marks it destroyed at `now` (kept if it was set already).
+void DestroyVersion(KeyVersionRecord* v, int64_t now) {
+  KeyBytes().swap(v->secret);
+  v->state = v1::KEY_VERSION_STATE_DESTROYED;
+  if (v->destroy_unix_seconds == 0) v->destroy_unix_seconds = now;
+}
+
+std::string TimeText(int64_t unix_seconds) {
+  return absl::FormatTime(absl::RFC3339_sec, absl::FromUnixSeconds(unix_seconds),
+                          absl::UTCTimeZone());
+}
+
+absl::Status PendingDeletion(absl::string_view key_id, int64_t when) {
+  return absl::FailedPreconditionError(absl::StrCat("key \"", key_id,
+                                                    "\" is scheduled for deletion at ",
+                                                    TimeText(when), " (CancelKeyDeletion keeps it)"));
+}
+
+// Returned by a change that finds nothing to do (DestroyDue's steps): nothing is written.
+absl::Status NothingDue() { return absl::AbortedError("nothing due"); }
+
+KeyBytes RandomSecret() {
+  KeyBytes secret(kKeySecretSize);
   randombytes_buf(secret.data(), secret.size());
   return secret;
 }
@@ -198,6 +233,48 @@ const ManagedKeyVersion* ManagedKey::Version(uint32_t version) const {
   return it != versions.end() && (*it)->version == version ? it->get() : nullptr;
 }
 
+v1::KeyState ManagedKey::State() const {
+  if (deletion_unix_seconds != 0) return v1::KEY_STATE_PENDING_DELETION;
+  return disabled ? v1::KEY_STATE_DISABLED : v1::KEY_STATE_ENABLED;
+}
+
+absl::Status ManagedKey::CheckUsable() const {
+  if (deletion_unix_seconds != 0) return PendingDeletion(key_id, deletion_unix_seconds);
+  if (disabled) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("key \"", key_id, "\" is disabled (EnableKey makes it usable)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const ManagedKeyVersion*> ManagedKey::UsableVersion(uint32_t version,
+                                                                   KeyUse use) const {
+  const ManagedKeyVersion* v = Version(version);
+  if (v == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("key_version: key '", key_id, "' has no version ", version));
+  }
+  switch (v->state) {
+    case v1::KEY_VERSION_STATE_ENABLED:
+      break;
+    case v1::KEY_VERSION_STATE_DESTROYED:
+      return absl::FailedPreconditionError(absl::StrCat(
+          "key_version: version ", v->version, " of key '", key_id, "' was destroyed at ",
+          TimeText(v->destroy_unix_seconds)));
+    default:
+      return absl::FailedPreconditionError(
+          absl::StrCat("key_version: version ", v->version, " of key '", key_id,
+                       "' is disabled (EnableKeyVersion makes it usable)"));
+  }
+  if (use == KeyUse::kConsume && v->version < min_decryption_version) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("key_version: version ", v->version, " of key '", key_id,
+                     "' is below its min_decryption_version ", min_decryption_version,
+                     " (Rewrap moves envelopes to the current version)"));
+  }
+  return v;
+}
+
 v1::KeyInfo ManagedKey::Info() const {
   v1::KeyInfo info;
   info.set_key_id(key_id);
@@ -209,18 +286,73 @@ v1::KeyInfo ManagedKey::Info() const {
     vi->set_version(v->version);
     vi->set_public_key(v->public_key.data(), v->public_key.size());
     vi->set_created_unix_seconds(v->created_unix_seconds);
+    vi->set_state(v->state);
+    vi->set_destroy_unix_seconds(v->destroy_unix_seconds);
   }
+  info.set_state(State());
+  info.set_deletion_unix_seconds(deletion_unix_seconds);
+  info.set_min_decryption_version(min_decryption_version);
   return info;
 }
 
-KeyManager::KeyManager(std::unique_ptr<KeyStore> store, crypto::BackendChoice backends)
-    : store_(std::move(store)), backends_(backends) {}
+struct KeyManager::Reaper {
+  absl::Mutex mu;
+  bool stop ABSL_GUARDED_BY(mu) = false;
+  std::thread thread;
+};
+
+KeyManager::KeyManager(std::unique_ptr<KeyStore> store, crypto::BackendChoice backends,
+                       Options options)
+    : store_(std::move(store)), backends_(backends), options_(std::move(options)) {}
+
+KeyManager::~KeyManager() { StopReaper(); }
+
+void KeyManager::StopReaper() {
+  if (reaper_ == nullptr) return;
+  {
+    absl::MutexLock lock(&reaper_->mu);
+    reaper_->stop = true;
+  }
+  reaper_->thread.join();
+  reaper_.reset();
+}
+
+void KeyManager::StartReaper(absl::Duration interval) {
+  if (reaper_ != nullptr) return;
+  reaper_ = std::make_unique<Reaper>();
+  reaper_->thread = std::thread([this, interval] {
+    Reaper& r = *reaper_;
+    while (true) {
+      {
+        absl::MutexLock lock(&r.mu);
+        auto stopped = [&r]() ABSL_SHARED_LOCKS_REQUIRED(r.mu) { return r.stop; };
+        if (r.mu.AwaitWithTimeout(absl::Condition(&stopped), interval)) return;
+      }
+      absl::StatusOr<int> destroyed = DestroyDue();
+      if (!destroyed.ok()) {
+        Log(LogLevel::kWarning, "key_destruction_failed",
+            {{"error", std::string(destroyed.status().message())}});
+      }
+    }
+  });
+}
 
 absl::StatusOr<std::unique_ptr<KeyManager>> KeyManager::Create(std::unique_ptr<KeyStore> store,
                                                                 crypto::BackendChoice backends) {
+  return Create(std::move(store), backends, Options());
+}
+
+absl::StatusOr<std::unique_ptr<KeyManager>> KeyManager::Create(std::unique_ptr<KeyStore> store,
+                                                                crypto::BackendChoice backends,
+                                                                Options options) {
   if (store == nullptr) return absl::InvalidArgumentError("store: must not be null");
+  if (options.deletion_wait < absl::ZeroDuration() ||
+      options.deletion_wait > kMaxDeletionWait) {
+    return absl::InvalidArgumentError("deletion_wait: expected 0 to 10 years");
+  }
   OFFLOAD_RETURN_IF_ERROR(crypto::InitCrypto());
-  std::unique_ptr<KeyManager> manager(new KeyManager(std::move(store), backends));
+  std::unique_ptr<KeyManager> manager(
+      new KeyManager(std::move(store), backends, std::move(options)));
   OFFLOAD_ASSIGN_OR_RETURN(std::vector<KeyRecord> records, manager->store_->LoadAll());
 
   absl::MutexLock write_lock(&manager->write_mu_);
@@ -231,7 +363,8 @@ absl::StatusOr<std::unique_ptr<KeyManager>> KeyManager::Create(std::unique_ptr<K
     }
     OFFLOAD_ASSIGN_OR_RETURN(std::shared_ptr<const ManagedKey> key,
                              PrepareKey(&record, manager->backends_));
-    if (!manager->keys_.emplace(record.key_id, std::move(key)).second) {
+    if (manager->records_.contains(record.key_id) ||
+        (!record.IsTombstone() && !manager->keys_.emplace(record.key_id, std::move(key)).second)) {
       return absl::DataLossError(
           absl::StrCat("stored key \"", record.key_id, "\" appears more than once"));
     }
@@ -258,7 +391,7 @@ absl::StatusOr<v1::KeyInfo> KeyManager::ImportKey(const v1::ImportKeyRequest& re
   OFFLOAD_RETURN_IF_ERROR(CheckTypeAndOptions(request.type(), request.options()));
   const absl::Span<const uint8_t> given(reinterpret_cast<const uint8_t*>(request.secret().data()),
                                         request.secret().size());
-  SecretBytes secret;
+  KeyBytes secret;
   if (request.type() == v1::KEY_TYPE_ED25519) {
     if (given.size() == crypto::kEd25519NaclSecretKeySize) {
       const absl::Span<const uint8_t> seed = given.first(crypto::kEd25519SeedSize);
@@ -266,9 +399,9 @@ absl::StatusOr<v1::KeyInfo> KeyManager::ImportKey(const v1::ImportKeyRequest& re
       if (!SecretEquals(derived, given.subspan(crypto::kEd25519SeedSize))) {
         return absl::InvalidArgumentError("secret: public half does not match the seed");
       }
-      secret = MakeSecret(seed);
+      secret.assign(seed.begin(), seed.end());
     } else if (given.size() == crypto::kEd25519SeedSize) {
-      secret = MakeSecret(given);
+      secret.assign(given.begin(), given.end());
     } else {
       return absl::InvalidArgumentError(
           absl::StrCat("secret: expected 32 or 64 bytes, got ", given.size()));
@@ -278,7 +411,7 @@ absl::StatusOr<v1::KeyInfo> KeyManager::ImportKey(const v1::ImportKeyRequest& re
       return absl::InvalidArgumentError(
           absl::StrCat("secret: expected ", kKeySecretSize, " bytes, got ", given.size()));
     }
-    secret = MakeSecret(given);
+    secret.assign(given.begin(), given.end());
   }
   KeyRecord record;
   record.key_id = request.key_id();
@@ -291,17 +424,28 @@ absl::StatusOr<v1::KeyInfo> KeyManager::ImportKey(const v1::ImportKeyRequest& re
 
 absl::StatusOr<v1::KeyInfo> KeyManager::AddKey(KeyRecord record) {
   absl::MutexLock write_lock(&write_mu_);
+  // A destroyed key's tombstone does not hold its id: remove it now rather than at the reaper's
+  // next round.
+  if (auto held = records_.find(record.key_id);
+      held != records_.end() && held->second.IsTombstone()) {
+    OFFLOAD_RETURN_IF_ERROR(RemoveLocked(record.key_id));
+  }
   if (records_.contains(record.key_id)) {
     return absl::AlreadyExistsError(absl::StrCat("key_id: \"", record.key_id, "\" already exists"));
   }
   // Prepare first: a key whose crypto objects cannot be built is never persisted.
   OFFLOAD_ASSIGN_OR_RETURN(std::shared_ptr<const ManagedKey> key, PrepareKey(&record, backends_));
   // Insert, not Put: with a shared store another replica may have created this id already.
-  if (absl::Status inserted = store_->Insert(record); !inserted.ok()) {
+  absl::Status inserted = store_->Insert(record);
+  if (absl::IsAlreadyExists(inserted)) {
+    // Its change notification has not arrived yet: catch up with the stored key now.
+    absl::StatusOr<KeyRecord> stored = store_->Load(record.key_id);
+    const bool tombstone = stored.ok() && stored->IsTombstone();
+    if (stored.ok()) ApplyStoredLocked(record.key_id, &*stored).IgnoreError();
+    if (tombstone && RemoveLocked(record.key_id).ok()) inserted = store_->Insert(record);
+  }
+  if (!inserted.ok()) {
     if (absl::IsAlreadyExists(inserted)) {
-      // Its change notification has not arrived yet: catch up with the stored key now.
-      absl::StatusOr<KeyRecord> stored = store_->Load(record.key_id);
-      if (stored.ok()) ApplyStoredLocked(record.key_id, &*stored).IgnoreError();
       return absl::AlreadyExistsError(
           absl::StrCat("key_id: \"", record.key_id, "\" already exists"));
     }
@@ -342,9 +486,18 @@ std::vector<v1::KeyInfo> KeyManager::ListKeys() const {
   return infos;
 }
 
-absl::StatusOr<v1::KeyInfo> KeyManager::RotateKey(absl::string_view key_id) {
+absl::StatusOr<v1::KeyInfo> KeyManager::MutateKey(absl::string_view key_id,
+                                                   absl::string_view event, bool reuse_prepared,
+                                                   const ChangeFn& change) {
   OFFLOAD_RETURN_IF_ERROR(ValidateKeyId(key_id));
   absl::MutexLock write_lock(&write_mu_);
+  return MutateKeyLocked(key_id, event, reuse_prepared, change);
+}
+
+absl::StatusOr<v1::KeyInfo> KeyManager::MutateKeyLocked(absl::string_view key_id,
+                                                         absl::string_view event,
+                                                         bool reuse_prepared,
+                                                         const ChangeFn& change) {
   if (!records_.contains(key_id)) {
     // Perhaps created through another replica, its notification still on the way.
     absl::StatusOr<KeyRecord> stored = store_->Load(key_id);
@@ -354,23 +507,22 @@ absl::StatusOr<v1::KeyInfo> KeyManager::RotateKey(absl::string_view key_id) {
   auto it = records_.find(key_id);
   if (it == records_.end()) return NotFound(key_id);
   std::shared_ptr<const ManagedKey> previous = Find(key_id);
-  if (previous == nullptr) return absl::InternalError("key snapshot missing for a stored record");
 
-  // The new version is numbered after the STORED record, read and written atomically, so that two
-  // replicas rotating at once make two versions instead of one overwriting the other.
+  // The change is made to the STORED record, read and written atomically, so that two replicas
+  // changing a key at once (two rotations: two versions) never overwrite each other.
   std::shared_ptr<const ManagedKey> key;
   KeyRecord updated;
+  bool gone = false;  // the store holds no live key of this id
   absl::Status written =
       store_->Update(key_id, [&](KeyRecord stored) -> absl::StatusOr<KeyRecord> {
-        const uint32_t last = stored.versions.empty() ? 0 : stored.versions.back().version;
-        if (last == std::numeric_limits<uint32_t>::max()) {
-          return absl::FailedPreconditionError(
-              absl::StrCat("key \"", key_id, "\": no version number left to rotate to"));
+        if (stored.IsTombstone()) {
+          gone = true;
+          return NotFound(key_id);
         }
         // Prepared versions are reused only when the stored record is the one we hold.
-        const bool held = RecordsEqual(stored, it->second);
-        stored.versions.push_back(NewVersion(last + 1, RandomSecret()));
-        stored.current_version = last + 1;
+        const bool held =
+            reuse_prepared && previous != nullptr && RecordsEqual(stored, it->second);
+        OFFLOAD_RETURN_IF_ERROR(change(&stored));
         OFFLOAD_ASSIGN_OR_RETURN(
             key, PrepareKey(&stored, backends_,
                             held ? previous->versions
@@ -378,33 +530,262 @@ absl::StatusOr<v1::KeyInfo> KeyManager::RotateKey(absl::string_view key_id) {
         updated = stored;
         return stored;
       });
-  if (absl::IsNotFound(written)) {
-    // Deleted through another replica.
-    ApplyStoredLocked(key_id, nullptr).IgnoreError();
-    return NotFound(key_id);
+  if (absl::IsNotFound(written) && (gone || key == nullptr)) {
+    // Deleted through another replica (or destroyed): catch up.
+    absl::StatusOr<KeyRecord> stored = store_->Load(key_id);
+    if (stored.ok()) {
+      ApplyStoredLocked(key_id, &*stored).IgnoreError();
+    } else if (absl::IsNotFound(stored.status())) {
+      ApplyStoredLocked(key_id, nullptr).IgnoreError();
+    }
+    if (gone || !stored.ok()) return NotFound(key_id);
   }
   OFFLOAD_RETURN_IF_ERROR(written);
+  it = records_.find(key_id);
+  if (it == records_.end()) return absl::InternalError("key record vanished during a change");
   it->second = std::move(updated);
   {
     absl::MutexLock lock(&mu_);
-    keys_[key->key_id] = key;
+    if (it->second.IsTombstone()) {
+      keys_.erase(key_id);
+    } else {
+      keys_[key->key_id] = key;
+    }
   }
   NotifyListeners(key_id);
-  Log(LogLevel::kInfo, "key_rotated",
+  Log(LogLevel::kInfo, event,
       {{"key_id", key->key_id}, {"type", v1::KeyType_Name(key->type)},
-       {"version", key->current_version}});
+       {"version", key->current_version}, {"state", v1::KeyState_Name(key->State())}});
   return key->Info();
 }
 
-absl::Status KeyManager::DeleteKey(absl::string_view key_id) {
+absl::StatusOr<v1::KeyInfo> KeyManager::RotateKey(absl::string_view key_id) {
+  return MutateKey(key_id, "key_rotated", /*reuse_prepared=*/true, [&](KeyRecord* stored) {
+    if (stored->deletion_unix_seconds != 0) {
+      return PendingDeletion(key_id, stored->deletion_unix_seconds);
+    }
+    if (stored->disabled) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("key \"", key_id, "\" is disabled: enable it before rotating"));
+    }
+    const uint32_t last = stored->versions.empty() ? 0 : stored->versions.back().version;
+    if (last == std::numeric_limits<uint32_t>::max()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("key \"", key_id, "\": no version number left to rotate to"));
+    }
+    stored->versions.push_back(NewVersion(last + 1, RandomSecret()));
+    stored->current_version = last + 1;
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<absl::Duration> KeyManager::WaitFor(int64_t requested_seconds) const {
+  if (requested_seconds < 0) {
+    return absl::InvalidArgumentError("wait_seconds: must not be negative");
+  }
+  const absl::Duration wait =
+      requested_seconds == 0 ? options_.deletion_wait : absl::Seconds(requested_seconds);
+  if (wait < options_.deletion_wait) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("wait_seconds: ", requested_seconds, " is shorter than this server's ",
+                     absl::ToInt64Seconds(options_.deletion_wait),
+                     " (--key_deletion_wait); ask for that or more, or 0 for it"));
+  }
+  if (wait > kMaxDeletionWait) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "wait_seconds: ", requested_seconds, " is more than 10 years (",
+        absl::ToInt64Seconds(kMaxDeletionWait), " seconds)"));
+  }
+  return wait;
+}
+
+absl::StatusOr<v1::DeleteKeyResponse> KeyManager::DeleteKey(const v1::DeleteKeyRequest& request) {
+  const std::string& key_id = request.key_id();
   OFFLOAD_RETURN_IF_ERROR(ValidateKeyId(key_id));
-  absl::MutexLock write_lock(&write_mu_);
-  // The store decides, not the held view: with a shared store the key may have been created or
-  // deleted through another replica a moment ago.
-  if (absl::Status deleted = store_->Delete(key_id); !deleted.ok()) {
-    if (!absl::IsNotFound(deleted)) return deleted;
-    ApplyStoredLocked(key_id, nullptr).IgnoreError();
-    return NotFound(key_id);
+  OFFLOAD_ASSIGN_OR_RETURN(const absl::Duration wait, WaitFor(request.wait_seconds()));
+  v1::DeleteKeyResponse response;
+  if (wait == absl::ZeroDuration()) {
+    // No waiting period configured: destroyed at once.
+    absl::MutexLock write_lock(&write_mu_);
+    std::shared_ptr<const ManagedKey> key = Find(key_id);
+    if (key != nullptr && key->deletion_unix_seconds != 0) {
+      return PendingDeletion(key_id, key->deletion_unix_seconds);
+    }
+    // The store decides, not the held view: with a shared store the key may have been created or
+    // deleted through another replica a moment ago.
+    if (absl::Status deleted = store_->Delete(key_id); !deleted.ok()) {
+      if (!absl::IsNotFound(deleted)) return deleted;
+      ApplyStoredLocked(key_id, nullptr).IgnoreError();
+      return NotFound(key_id);
+    }
+    records_.erase(key_id);
+    {
+      absl::MutexLock lock(&mu_);
+      keys_.erase(key_id);
+    }
+    NotifyListeners(key_id);
+    Log(LogLevel::kInfo, "key_deleted", {{"key_id", key_id}});
+    response.set_deletion_unix_seconds(absl::ToUnixSeconds(Now()));
+    return response;
+  }
+  const int64_t when = absl::ToUnixSeconds(Now() + wait + absl::Seconds(1) - absl::Nanoseconds(1));
+  OFFLOAD_ASSIGN_OR_RETURN(
+      *response.mutable_key(),
+      MutateKey(key_id, "key_deletion_scheduled", false, [&](KeyRecord* stored) {
+        if (stored->deletion_unix_seconds != 0) {
+          return PendingDeletion(key_id, stored->deletion_unix_seconds);
+        }
+        stored->deletion_unix_seconds = when;
+        return absl::OkStatus();
+      }));
+  response.set_deletion_unix_seconds(when);
+  return response;
+}
+
+absl::Status KeyManager::DeleteKey(absl::string_view key_id) {
+  v1::DeleteKeyRequest request;
+  request.set_key_id(std::string(key_id));
+  return DeleteKey(request).status();
+}
+
+absl::StatusOr<v1::KeyInfo> KeyManager::CancelKeyDeletion(absl::string_view key_id) {
+  return MutateKey(key_id, "key_deletion_cancelled", false, [&](KeyRecord* stored) {
+    if (stored->deletion_unix_seconds == 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("key \"", key_id, "\" is not scheduled for deletion"));
+    }
+    stored->deletion_unix_seconds = 0;
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<v1::KeyInfo> KeyManager::DisableKey(absl::string_view key_id) {
+  return MutateKey(key_id, "key_disabled", false, [&](KeyRecord* stored) {
+    if (stored->deletion_unix_seconds != 0) {
+      return PendingDeletion(key_id, stored->deletion_unix_seconds);
+    }
+    stored->disabled = true;
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<v1::KeyInfo> KeyManager::EnableKey(absl::string_view key_id) {
+  return MutateKey(key_id, "key_enabled", false, [&](KeyRecord* stored) {
+    if (stored->deletion_unix_seconds != 0) {
+      return PendingDeletion(key_id, stored->deletion_unix_seconds);
+    }
+    stored->disabled = false;
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<v1::KeyInfo> KeyManager::MutateVersion(
+    const v1::KeyVersionRequest& request, absl::string_view event,
+    const std::function<absl::Status(KeyRecord*, KeyVersionRecord*)>& change) {
+  if (request.version() == 0) {
+    return absl::InvalidArgumentError(
+        "version: expected an explicit version (the current one cannot be disabled or destroyed)");
+  }
+  const std::string& key_id = request.key_id();
+  return MutateKey(key_id, event, false, [&](KeyRecord* stored) {
+    if (stored->deletion_unix_seconds != 0) {
+      return PendingDeletion(key_id, stored->deletion_unix_seconds);
+    }
+    for (KeyVersionRecord& v : stored->versions) {
+      if (v.version != request.version()) continue;
+      if (v.state == v1::KEY_VERSION_STATE_DESTROYED) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "version: version ", v.version, " of key \"", key_id, "\" was destroyed"));
+      }
+      return change(stored, &v);
+    }
+    return absl::NotFoundError(
+        absl::StrCat("version: key \"", key_id, "\" has no version ", request.version()));
+  });
+}
+
+absl::StatusOr<v1::KeyInfo> KeyManager::DisableKeyVersion(const v1::KeyVersionRequest& request) {
+  return MutateVersion(request, "key_version_disabled",
+                       [&](KeyRecord* stored, KeyVersionRecord* v) {
+                         if (v->version == stored->current_version) {
+                           return absl::FailedPreconditionError(absl::StrCat(
+                               "version: ", v->version,
+                               " is the current version; rotate the key first"));
+                         }
+                         if (v->state == v1::KEY_VERSION_STATE_ENABLED) {
+                           v->state = v1::KEY_VERSION_STATE_DISABLED;
+                         }
+                         return absl::OkStatus();
+                       });
+}
+
+absl::StatusOr<v1::KeyInfo> KeyManager::EnableKeyVersion(const v1::KeyVersionRequest& request) {
+  return MutateVersion(request, "key_version_enabled", [&](KeyRecord*, KeyVersionRecord* v) {
+    if (v->state == v1::KEY_VERSION_STATE_DESTROY_SCHEDULED) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "version: ", v->version,
+          " is scheduled for destruction; RestoreKeyVersion first"));
+    }
+    v->state = v1::KEY_VERSION_STATE_ENABLED;
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<v1::KeyInfo> KeyManager::DestroyKeyVersion(const v1::KeyVersionRequest& request) {
+  OFFLOAD_ASSIGN_OR_RETURN(const absl::Duration wait, WaitFor(request.wait_seconds()));
+  const int64_t now = absl::ToUnixSeconds(Now());
+  const int64_t when = absl::ToUnixSeconds(Now() + wait + absl::Seconds(1) - absl::Nanoseconds(1));
+  return MutateVersion(request, "key_version_destruction_scheduled",
+                       [&](KeyRecord*, KeyVersionRecord* v) {
+                         if (v->state != v1::KEY_VERSION_STATE_DISABLED) {
+                           return absl::FailedPreconditionError(absl::StrCat(
+                               "version: ", v->version, " is ", v1::KeyVersionState_Name(v->state),
+                               "; only a disabled version can be destroyed"));
+                         }
+                         if (wait == absl::ZeroDuration()) {
+                           DestroyVersion(v, now);
+                         } else {
+                           v->state = v1::KEY_VERSION_STATE_DESTROY_SCHEDULED;
+                           v->destroy_unix_seconds = when;
+                         }
+                         return absl::OkStatus();
+                       });
+}
+
+absl::StatusOr<v1::KeyInfo> KeyManager::RestoreKeyVersion(const v1::KeyVersionRequest& request) {
+  return MutateVersion(request, "key_version_restored", [&](KeyRecord*, KeyVersionRecord* v) {
+    if (v->state != v1::KEY_VERSION_STATE_DESTROY_SCHEDULED) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "version: ", v->version, " is not scheduled for destruction"));
+    }
+    v->state = v1::KEY_VERSION_STATE_DISABLED;
+    v->destroy_unix_seconds = 0;
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<v1::KeyInfo> KeyManager::SetMinDecryptionVersion(
+    const v1::SetMinDecryptionVersionRequest& request) {
+  const std::string& key_id = request.key_id();
+  return MutateKey(key_id, "key_min_decryption_version_set", false, [&](KeyRecord* stored) {
+    if (stored->type == v1::KEY_TYPE_ED25519) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "key \"", key_id, "\" is an Ed25519 key: min_decryption_version is for AEAD and "
+          "X25519 keys"));
+    }
+    if (request.min_decryption_version() > stored->current_version) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "min_decryption_version: ", request.min_decryption_version(),
+          " is above the current version ", stored->current_version));
+    }
+    stored->min_decryption_version = request.min_decryption_version();
+    return absl::OkStatus();
+  });
+}
+
+absl::Status KeyManager::RemoveLocked(absl::string_view key_id) {
+  if (absl::Status deleted = store_->Delete(key_id); !deleted.ok() && !absl::IsNotFound(deleted)) {
+    return deleted;
   }
   records_.erase(key_id);
   {
@@ -412,8 +793,73 @@ absl::Status KeyManager::DeleteKey(absl::string_view key_id) {
     keys_.erase(key_id);
   }
   NotifyListeners(key_id);
-  Log(LogLevel::kInfo, "key_deleted", {{"key_id", std::string(key_id)}});
   return absl::OkStatus();
+}
+
+absl::StatusOr<int> KeyManager::DestroyDue() {
+  const int64_t now = absl::ToUnixSeconds(Now());
+  absl::MutexLock write_lock(&write_mu_);
+  std::vector<std::string> keys_due, versions_due, tombstones;
+  for (const auto& [id, record] : records_) {
+    if (record.IsTombstone()) {
+      tombstones.push_back(id);
+    } else if (record.deletion_unix_seconds != 0 && record.deletion_unix_seconds <= now) {
+      keys_due.push_back(id);
+    } else {
+      for (const KeyVersionRecord& v : record.versions) {
+        if (v.state == v1::KEY_VERSION_STATE_DESTROY_SCHEDULED && v.destroy_unix_seconds <= now) {
+          versions_due.push_back(id);
+          break;
+        }
+      }
+    }
+  }
+  int destroyed = 0;
+  absl::Status first_error;
+  const auto note = [&first_error](const absl::Status& s) {
+    if (!s.ok() && !absl::IsAborted(s) && !absl::IsNotFound(s) && first_error.ok()) {
+      first_error = s;
+    }
+  };
+  for (const std::string& id : keys_due) {
+    // Wipe first (an atomic re-check of the stored record: a cancel through another replica
+    // wins), then remove the tombstone.
+    absl::StatusOr<v1::KeyInfo> wiped =
+        MutateKeyLocked(id, "key_destroyed", false, [&](KeyRecord* stored) {
+          if (stored->deletion_unix_seconds == 0 || stored->deletion_unix_seconds > now) {
+            return NothingDue();
+          }
+          for (KeyVersionRecord& v : stored->versions) DestroyVersion(&v, now);
+          return absl::OkStatus();
+        });
+    note(wiped.status());
+    if (wiped.ok()) {
+      ++destroyed;
+      tombstones.push_back(id);
+    } else if (absl::IsAborted(wiped.status())) {
+      // The stored record differs from the held one: catch up.
+      absl::StatusOr<KeyRecord> stored = store_->Load(id);
+      if (stored.ok()) ApplyStoredLocked(id, &*stored).IgnoreError();
+    }
+  }
+  for (const std::string& id : versions_due) {
+    absl::StatusOr<v1::KeyInfo> wiped =
+        MutateKeyLocked(id, "key_version_destroyed", false, [&](KeyRecord* stored) {
+          bool any = false;
+          for (KeyVersionRecord& v : stored->versions) {
+            if (v.state == v1::KEY_VERSION_STATE_DESTROY_SCHEDULED &&
+                v.destroy_unix_seconds <= now) {
+              DestroyVersion(&v, v.destroy_unix_seconds);
+              any = true;
+            }
+          }
+          return any ? absl::OkStatus() : NothingDue();
+        });
+    note(wiped.status());
+    if (wiped.ok()) ++destroyed;
+  }
+  for (const std::string& id : tombstones) note(RemoveLocked(id));
+  return first_error.ok() ? absl::StatusOr<int>(destroyed) : first_error;
 }
 
 absl::StatusOr<bool> KeyManager::ApplyStoredLocked(absl::string_view key_id, KeyRecord* stored) {
@@ -440,10 +886,15 @@ absl::StatusOr<bool> KeyManager::ApplyStoredLocked(absl::string_view key_id, Key
   // Nothing reused: new instances, so memo entries of the old snapshot can never match.
   OFFLOAD_ASSIGN_OR_RETURN(std::shared_ptr<const ManagedKey> key, PrepareKey(stored, backends_));
   const bool existed = it != records_.end();
+  const bool tombstone = stored->IsTombstone();
   records_.insert_or_assign(std::string(key_id), std::move(*stored));
   {
     absl::MutexLock lock(&mu_);
-    keys_[key->key_id] = key;
+    if (tombstone) {
+      keys_.erase(key_id);
+    } else {
+      keys_[key->key_id] = key;
+    }
   }
   NotifyListeners(key_id);
   Log(LogLevel::kInfo, "key_reloaded",

@@ -68,7 +68,10 @@ class KeyManagerTest : public ::testing::Test {
     auto store = FileKeyStore::Open(dir_.path(), kek_);
     EXPECT_TRUE(store.ok()) << store.status();
     if (!store.ok()) return nullptr;
-    auto manager = KeyManager::Create(std::move(*store), backends);
+    // DeleteKey at once, as before lifecycle states (key_lifecycle_test.cc covers the wait).
+    KeyManager::Options options;
+    options.deletion_wait = absl::ZeroDuration();
+    auto manager = KeyManager::Create(std::move(*store), backends, options);
     EXPECT_TRUE(manager.ok()) << manager.status();
     return manager.ok() ? std::move(*manager) : nullptr;
   }

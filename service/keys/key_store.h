@@ -4,7 +4,7 @@
 //   OFFLOAD_ASSIGN_OR_RETURN(std::vector<KeyRecord> all, store->LoadAll());
 //   OFFLOAD_RETURN_IF_ERROR(store->Put(record));      // durable when it returns OK
 //
-// A record carries a key's secrets in wiping buffers; backends encrypt them under the
+// A record carries a key's secrets in locked, wiped buffers (KeyBytes); backends encrypt them under the
 // key-encryption key before they leave the process (see envelope.h and record_codec.h, which every
 // backend shares). Thread-safety: implementations must allow calls from any thread; KeyManager
 // additionally serialises its mutations.
@@ -21,6 +21,7 @@
 #include "absl/strings/string_view.h"
 #include "offload/v1/keys.pb.h"
 #include "service/common/secret_bytes.h"
+#include "service/common/secure_memory.h"
 
 namespace offload::keys {
 
@@ -31,8 +32,10 @@ inline constexpr size_t kKeySecretSize = 32;
 struct KeyVersionRecord {
   uint32_t version = 0;
   int64_t created_unix_seconds = 0;
-  SecretBytes secret;
+  KeyBytes secret;  // in locked memory (secure_memory.h); empty once the version is DESTROYED
   std::vector<uint8_t> public_key;  // 32 bytes for Ed25519 / X25519, empty for AEAD types
+  v1::KeyVersionState state = v1::KEY_VERSION_STATE_ENABLED;
+  int64_t destroy_unix_seconds = 0;  // DESTROY_SCHEDULED / DESTROYED: when the secret goes/went
 };
 
 struct KeyRecord {
@@ -41,6 +44,13 @@ struct KeyRecord {
   v1::KeyOptions options;
   uint32_t current_version = 0;
   std::vector<KeyVersionRecord> versions;  // oldest first, versions strictly increasing
+  bool disabled = false;
+  int64_t deletion_unix_seconds = 0;  // non-zero: scheduled for destruction at this time
+  uint32_t min_decryption_version = 0;
+
+  // Every version destroyed: what is left between the wipe of a deleted key and the removal of
+  // its record. Never served; the key id counts as free.
+  bool IsTombstone() const;
 };
 
 class KeyStore {

@@ -64,7 +64,7 @@ KeyRecord AeadRecord(const std::string& id, uint8_t fill, uint32_t versions = 1)
     KeyVersionRecord kv;
     kv.version = v;
     kv.created_unix_seconds = 1700000000 + v;
-    kv.secret = SecretBytes(kKeySecretSize, static_cast<uint8_t>(fill + v));
+    kv.secret = KeyBytes(kKeySecretSize, static_cast<uint8_t>(fill + v));
     r.versions.push_back(std::move(kv));
   }
   r.current_version = versions;
@@ -175,7 +175,7 @@ TEST_F(PostgresKeyStoreTest, RejectsInvalidRecords) {
   auto store = OpenStore();
   ASSERT_NE(store, nullptr);
   KeyRecord bad = AeadRecord("k", 1);
-  bad.versions[0].secret = SecretBytes(31, 1);
+  bad.versions[0].secret = KeyBytes(31, 1);
   EXPECT_EQ(store->Put(bad).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(store->Insert(bad).code(), absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(store->Put(AeadRecord("k", 1)).ok());
@@ -207,7 +207,7 @@ TEST_F(PostgresKeyStoreTest, UpdatesFromTwoConnectionsDoNotOverwriteEachOther) {
       absl::Status s = store->Update("k", [](KeyRecord r) -> absl::StatusOr<KeyRecord> {
         KeyVersionRecord v;
         v.version = r.versions.back().version + 1;
-        v.secret = SecretBytes(32, static_cast<uint8_t>(v.version));
+        v.secret = KeyBytes(32, static_cast<uint8_t>(v.version));
         r.versions.push_back(std::move(v));
         r.current_version = r.versions.back().version;
         return r;
@@ -331,8 +331,10 @@ TEST_F(PostgresKeyStoreTest, ListenerHearsEveryCommittedChangeAndResyncsAfterRec
 // through ReloadKey / Resync, with new version instances and change listeners run.
 TEST_F(PostgresKeyStoreTest, KeyManagersShareKeysThroughTheStore) {
   const crypto::BackendChoice backends = crypto::BackendChoice::All(crypto::Backend::kLibsodium);
-  auto a = KeyManager::Create(OpenStore(), backends);
-  auto b = KeyManager::Create(OpenStore(), backends);
+  KeyManager::Options at_once;  // DeleteKey destroys at once (the wait: the lifecycle test below)
+  at_once.deletion_wait = absl::ZeroDuration();
+  auto a = KeyManager::Create(OpenStore(), backends, at_once);
+  auto b = KeyManager::Create(OpenStore(), backends, at_once);
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_TRUE(b.ok()) << b.status();
   KeyManager& ka = **a;
@@ -390,8 +392,10 @@ TEST_F(PostgresKeyStoreTest, KeyManagersShareKeysThroughTheStore) {
 // The wiring the server uses: a listener driving a key manager, end to end through NOTIFY.
 TEST_F(PostgresKeyStoreTest, ListenerKeepsAKeyManagerCurrent) {
   const crypto::BackendChoice backends = crypto::BackendChoice::All(crypto::Backend::kLibsodium);
-  auto a = KeyManager::Create(OpenStore(), backends);
-  auto b = KeyManager::Create(OpenStore(), backends);
+  KeyManager::Options at_once;
+  at_once.deletion_wait = absl::ZeroDuration();
+  auto a = KeyManager::Create(OpenStore(), backends, at_once);
+  auto b = KeyManager::Create(OpenStore(), backends, at_once);
   ASSERT_TRUE(a.ok() && b.ok());
   KeyManager* kb = b->get();
   auto listener = PostgresChangeListener::Start(
@@ -416,6 +420,65 @@ TEST_F(PostgresKeyStoreTest, ListenerKeepsAKeyManagerCurrent) {
   }));
   ASSERT_TRUE((*a)->DeleteKey("k1").ok());
   EXPECT_TRUE(wait([&] { return kb->Find("k1") == nullptr; }));
+}
+
+// Lifecycle across two replicas with a shared test clock: every change is made to the stored
+// record, so a replica acting on a stale view never undoes what the other did.
+TEST_F(PostgresKeyStoreTest, LifecycleAcrossManagers) {
+  const crypto::BackendChoice backends = crypto::BackendChoice::All(crypto::Backend::kLibsodium);
+  absl::Time now = absl::FromUnixSeconds(1'900'000'000);
+  KeyManager::Options options;
+  options.deletion_wait = absl::Hours(1);
+  options.clock = [&now] { return now; };
+  auto a = KeyManager::Create(OpenStore(), backends, options);
+  auto b = KeyManager::Create(OpenStore(), backends, options);
+  ASSERT_TRUE(a.ok() && b.ok());
+  KeyManager& ka = **a;
+  KeyManager& kb = **b;
+  v1::CreateKeyRequest create;
+  create.set_key_id("life");
+  create.set_type(v1::KEY_TYPE_AES256_GCM);
+  ASSERT_TRUE(ka.CreateKey(create).ok());
+  ASSERT_TRUE(kb.ReloadKey("life").ok());
+
+  // A disables; B, told by the store, refuses too.
+  ASSERT_TRUE(ka.DisableKey("life").ok());
+  ASSERT_TRUE(kb.ReloadKey("life").ok());
+  EXPECT_EQ(kb.Find("life")->CheckUsable().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(kb.EnableKey("life").ok());
+  ASSERT_TRUE(ka.ReloadKey("life").ok());
+  EXPECT_TRUE(ka.Find("life")->CheckUsable().ok());
+
+  // A schedules deletion, B (stale: it has not reloaded) cancels: the store has the cancel, and
+  // A's reaper, past the time, destroys nothing.
+  ASSERT_TRUE(ka.DeleteKey("life").ok());
+  auto cancelled = kb.CancelKeyDeletion("life");
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  now += absl::Hours(2);
+  auto destroyed = ka.DestroyDue();
+  ASSERT_TRUE(destroyed.ok()) << destroyed.status();
+  EXPECT_EQ(*destroyed, 0);
+  ASSERT_NE(ka.Find("life"), nullptr);
+  EXPECT_TRUE(ka.Find("life")->CheckUsable().ok()) << "A caught up with the cancel";
+
+  // Scheduled again through B; both reapers run after the wait: the key is destroyed once, and
+  // gone from both and from the store.
+  ASSERT_TRUE(kb.DeleteKey("life").ok());
+  ASSERT_TRUE(ka.ReloadKey("life").ok());
+  now += absl::Hours(2);
+  auto by_a = ka.DestroyDue();
+  auto by_b = kb.DestroyDue();
+  ASSERT_TRUE(by_a.ok()) << by_a.status();
+  ASSERT_TRUE(by_b.ok()) << by_b.status();
+  EXPECT_EQ(*by_a + *by_b, 1);
+  ASSERT_TRUE(ka.Resync().ok());
+  ASSERT_TRUE(kb.Resync().ok());
+  EXPECT_EQ(ka.Find("life"), nullptr);
+  EXPECT_EQ(kb.Find("life"), nullptr);
+  auto stored = OpenStore()->LoadAll();
+  ASSERT_TRUE(stored.ok());
+  EXPECT_TRUE(stored->empty());
+  ASSERT_TRUE(kb.CreateKey(create).ok()) << "the id is free again";
 }
 
 // ---- lost connections ----------------------------------------------------------------------
@@ -532,7 +595,7 @@ KeyStore::UpdateFn AddVersion(int* calls, const std::function<void()>& on_first_
     if (++*calls == 1 && on_first_call) on_first_call();
     KeyVersionRecord v;
     v.version = r.versions.back().version + 1;
-    v.secret = SecretBytes(32, static_cast<uint8_t>(v.version));
+    v.secret = KeyBytes(32, static_cast<uint8_t>(v.version));
     r.versions.push_back(std::move(v));
     r.current_version = r.versions.back().version;
     return r;

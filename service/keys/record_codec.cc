@@ -42,7 +42,12 @@ void ToProto(const KeyRecord& record, pb::KeyRecord* out) {
     pv->set_created_unix_seconds(v.created_unix_seconds);
     pv->set_secret(v.secret.data(), v.secret.size());
     pv->set_public_key(v.public_key.data(), v.public_key.size());
+    pv->set_state(v.state);
+    pv->set_destroy_unix_seconds(v.destroy_unix_seconds);
   }
+  out->set_disabled(record.disabled);
+  out->set_deletion_unix_seconds(record.deletion_unix_seconds);
+  out->set_min_decryption_version(record.min_decryption_version);
 }
 
 // Moves `in` into a KeyRecord; the caller wipes `in` afterwards.
@@ -59,8 +64,14 @@ absl::StatusOr<KeyRecord> FromProto(const pb::KeyRecord& in) {
     v.created_unix_seconds = pv.created_unix_seconds();
     v.secret.assign(pv.secret().begin(), pv.secret().end());
     v.public_key.assign(pv.public_key().begin(), pv.public_key().end());
+    v.state = pv.state() == v1::KEY_VERSION_STATE_UNSPECIFIED ? v1::KEY_VERSION_STATE_ENABLED
+                                                              : pv.state();
+    v.destroy_unix_seconds = pv.destroy_unix_seconds();
     record.versions.push_back(std::move(v));
   }
+  record.disabled = in.disabled();
+  record.deletion_unix_seconds = in.deletion_unix_seconds();
+  record.min_decryption_version = in.min_decryption_version();
   absl::Status valid = ValidateKeyRecord(record);
   if (!valid.ok()) return absl::DataLossError(absl::StrCat("stored key record: ", valid.message()));
   return record;
@@ -87,6 +98,14 @@ absl::Status ParseFromSecret(absl::Span<const uint8_t> bytes, Message* message) 
 }
 
 }  // namespace
+
+bool KeyRecord::IsTombstone() const {
+  if (versions.empty()) return false;
+  for (const KeyVersionRecord& v : versions) {
+    if (v.state != v1::KEY_VERSION_STATE_DESTROYED) return false;
+  }
+  return true;
+}
 
 bool IsKnownKeyType(v1::KeyType type) {
   switch (type) {
@@ -120,6 +139,19 @@ absl::Status ValidateKeyRecord(const KeyRecord& record) {
   const size_t public_size = IsAeadKeyType(record.type) ? 0 : 32;
   uint32_t previous = 0;
   bool has_current = false;
+  const bool tombstone = record.IsTombstone();
+  if (tombstone && record.deletion_unix_seconds == 0) {
+    return absl::InvalidArgumentError(
+        "versions: every version is destroyed, but the key is not scheduled for deletion");
+  }
+  if (record.deletion_unix_seconds < 0) {
+    return absl::InvalidArgumentError("deletion_unix_seconds: must not be negative");
+  }
+  if (record.min_decryption_version > record.current_version) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("min_decryption_version: ", record.min_decryption_version,
+                     " is above the current version ", record.current_version));
+  }
   for (const KeyVersionRecord& v : record.versions) {
     if (v.version <= previous) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -128,9 +160,35 @@ absl::Status ValidateKeyRecord(const KeyRecord& record) {
     }
     previous = v.version;
     has_current |= v.version == record.current_version;
-    if (v.secret.size() != kKeySecretSize) {
+    switch (v.state) {
+      case v1::KEY_VERSION_STATE_ENABLED:
+      case v1::KEY_VERSION_STATE_DISABLED:
+        if (v.destroy_unix_seconds != 0) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "version ", v.version, " destroy_unix_seconds: set on a version not being destroyed"));
+        }
+        break;
+      case v1::KEY_VERSION_STATE_DESTROY_SCHEDULED:
+      case v1::KEY_VERSION_STATE_DESTROYED:
+        if (v.destroy_unix_seconds <= 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("version ", v.version, " destroy_unix_seconds: expected a time"));
+        }
+        break;
+      default:
+        return absl::InvalidArgumentError(absl::StrCat("version ", v.version, " state: unknown ",
+                                                       static_cast<int>(v.state)));
+    }
+    if (!tombstone && v.version == record.current_version &&
+        v.state != v1::KEY_VERSION_STATE_ENABLED) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "version ", v.version, " state: the current version must be enabled"));
+    }
+    const size_t secret_size =
+        v.state == v1::KEY_VERSION_STATE_DESTROYED ? 0 : kKeySecretSize;
+    if (v.secret.size() != secret_size) {
       return absl::InvalidArgumentError(absl::StrCat("version ", v.version, " secret: expected ",
-                                                     kKeySecretSize, " bytes, got ",
+                                                     secret_size, " bytes, got ",
                                                      v.secret.size()));
     }
     if (v.public_key.size() != public_size) {

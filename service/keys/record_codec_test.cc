@@ -33,7 +33,7 @@ KeyRecord Valid() {
   for (uint32_t v : {1u, 2u}) {
     KeyVersionRecord kv;
     kv.version = v;
-    kv.secret = Random(32);
+    { SecretBytes r = Random(32); kv.secret.assign(r.begin(), r.end()); }
     kv.public_key.assign(32, 7);
     r.versions.push_back(kv);
   }

@@ -15,6 +15,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -506,6 +507,10 @@ absl::Status RunServer(const ServerConfig& config) {
   // A rotated or deleted key's entries go at once (they could never be served again anyway:
   // entries are named by key version instances that are never reused).
   key_manager->AddChangeListener([&memo](absl::string_view key_id) { memo.DropKey(key_id); });
+  // Deletions and version destructions whose wait has ended are carried out within a second;
+  // stopped before the memo goes (its listener drops the memo's entries).
+  key_manager->StartReaper(absl::Seconds(1));
+  absl::Cleanup stop_reaper = [&key_manager] { key_manager->StopReaper(); };
   // With a shared store, changes made through other replicas arrive by NOTIFY (stopped before
   // the memo and the key manager go: declared after both).
   std::unique_ptr<keys::PostgresChangeListener> store_listener;

@@ -21,7 +21,7 @@
 //   AeadOpen        MemoFirst, and a transport may answer with the memo's plaintext buffer
 //                   (Operations::AeadOpenFromMemoShared / AeadOpenFreshShared);
 //   Keys            a key manager call on a worker; `audited` ones (lifecycle: create, import,
-//                   rotate, delete) are audited by the transport.
+//                   rotate, delete, disable, enable, ...) are audited by the transport.
 #ifndef SERVICE_OPS_METHODS_H_
 #define SERVICE_OPS_METHODS_H_
 
@@ -122,8 +122,51 @@ void ForEachMethod(Visitor& v) {
       });
   v.template Keys<v1::DeleteKeyRequest, v1::DeleteKeyResponse>(
       "DeleteKey", /*audited=*/true,
-      [](keys::KeyManager* k, const v1::DeleteKeyRequest& q, v1::DeleteKeyResponse*) {
-        return k->DeleteKey(q.key_id());
+      [](keys::KeyManager* k, const v1::DeleteKeyRequest& q, v1::DeleteKeyResponse* r) {
+        absl::StatusOr<v1::DeleteKeyResponse> done = k->DeleteKey(q);
+        if (!done.ok()) return done.status();
+        *r = *std::move(done);
+        return absl::OkStatus();
+      });
+  v.template Keys<v1::CancelKeyDeletionRequest, v1::KeyInfo>(
+      "CancelKeyDeletion", /*audited=*/true,
+      [](keys::KeyManager* k, const v1::CancelKeyDeletionRequest& q, v1::KeyInfo* r) {
+        return Store(k->CancelKeyDeletion(q.key_id()), r);
+      });
+  v.template Keys<v1::DisableKeyRequest, v1::KeyInfo>(
+      "DisableKey", /*audited=*/true,
+      [](keys::KeyManager* k, const v1::DisableKeyRequest& q, v1::KeyInfo* r) {
+        return Store(k->DisableKey(q.key_id()), r);
+      });
+  v.template Keys<v1::EnableKeyRequest, v1::KeyInfo>(
+      "EnableKey", /*audited=*/true,
+      [](keys::KeyManager* k, const v1::EnableKeyRequest& q, v1::KeyInfo* r) {
+        return Store(k->EnableKey(q.key_id()), r);
+      });
+  v.template Keys<v1::KeyVersionRequest, v1::KeyInfo>(
+      "DisableKeyVersion", /*audited=*/true,
+      [](keys::KeyManager* k, const v1::KeyVersionRequest& q, v1::KeyInfo* r) {
+        return Store(k->DisableKeyVersion(q), r);
+      });
+  v.template Keys<v1::KeyVersionRequest, v1::KeyInfo>(
+      "EnableKeyVersion", /*audited=*/true,
+      [](keys::KeyManager* k, const v1::KeyVersionRequest& q, v1::KeyInfo* r) {
+        return Store(k->EnableKeyVersion(q), r);
+      });
+  v.template Keys<v1::KeyVersionRequest, v1::KeyInfo>(
+      "DestroyKeyVersion", /*audited=*/true,
+      [](keys::KeyManager* k, const v1::KeyVersionRequest& q, v1::KeyInfo* r) {
+        return Store(k->DestroyKeyVersion(q), r);
+      });
+  v.template Keys<v1::KeyVersionRequest, v1::KeyInfo>(
+      "RestoreKeyVersion", /*audited=*/true,
+      [](keys::KeyManager* k, const v1::KeyVersionRequest& q, v1::KeyInfo* r) {
+        return Store(k->RestoreKeyVersion(q), r);
+      });
+  v.template Keys<v1::SetMinDecryptionVersionRequest, v1::KeyInfo>(
+      "SetMinDecryptionVersion", /*audited=*/true,
+      [](keys::KeyManager* k, const v1::SetMinDecryptionVersionRequest& q, v1::KeyInfo* r) {
+        return Store(k->SetMinDecryptionVersion(q), r);
       });
 
   v.Unary(kEd25519Service, "Sign", &O::Sign);
@@ -143,6 +186,8 @@ void ForEachMethod(Visitor& v) {
   v.Batch(kAeadService, "BatchSeal", &O::BatchAeadSeal);
   v.AeadOpen(kAeadService, "Open");
   v.Batch(kAeadService, "BatchOpen", &O::BatchAeadOpen);
+  v.Unary(kAeadService, "Rewrap", &O::AeadRewrap);
+  v.Batch(kAeadService, "BatchRewrap", &O::BatchAeadRewrap);
 }
 
 }  // namespace offload::ops

@@ -69,6 +69,7 @@ absl::StatusOr<KeyPtr> FindKey(const keys::KeyManager& manager, const std::strin
     return absl::FailedPreconditionError(absl::StrCat("key_id: key '", key_id, "' is ",
                                                       TypeName(key->type), ", expected ", wanted));
   }
+  OFFLOAD_RETURN_IF_ERROR(key->CheckUsable());  // disabled, or pending deletion
   return key;
 }
 
@@ -78,14 +79,11 @@ absl::StatusOr<KeyPtr> FindKeyOfType(const keys::KeyManager& manager, const std:
       manager, key_id, [type](v1::KeyType t) { return t == type; }, TypeName(type));
 }
 
+// A version named by the caller or an envelope, for opening or deriving: it must exist, be
+// enabled and not be below the key's min_decryption_version.
 absl::StatusOr<const keys::ManagedKeyVersion*> FindVersion(const keys::ManagedKey& key,
                                                            uint32_t version) {
-  const keys::ManagedKeyVersion* v = key.Version(version);
-  if (v == nullptr) {
-    return absl::NotFoundError(
-        absl::StrCat("key_version: key '", key.key_id, "' has no version ", version));
-  }
-  return v;
+  return key.UsableVersion(version, keys::KeyUse::kConsume);
 }
 
 // `out` is a fresh ItemStatus: an OK status leaves its message unset, which spares the heap
@@ -292,6 +290,7 @@ absl::Status Operations::BoxOpen(const v1::BoxOpenRequest& request,
     return opened;
   }
   response->set_memo_hit(hit);
+  response->set_key_version(version->version);
   return absl::OkStatus();
 }
 
@@ -316,6 +315,38 @@ absl::Status Operations::AeadSeal(const v1::AeadSealRequest& request,
                                       ciphertext_and_tag, Bytes(request.associated_data())),
                     ciphertext_and_tag, Bytes(request.plaintext()));
   response->set_key_version(version->version);
+  return absl::OkStatus();
+}
+
+absl::Status Operations::AeadRewrap(const v1::AeadRewrapRequest& request,
+                                    v1::AeadRewrapResponse* response) const {
+  OFFLOAD_ASSIGN_OR_RETURN(KeyPtr key, FindKey(*keys_, request.key_id(), IsAeadType, "an AEAD type"));
+  const keys::ManagedKeyVersion* current = key->Current();
+  const crypto::Aead& sealer = *current->aead;
+  const size_t nonce_size = crypto::AeadNonceSize(sealer.algorithm());
+  OFFLOAD_ASSIGN_OR_RETURN(const EnvelopeView view,
+                           ParseEnvelope(Bytes(request.envelope()), nonce_size));
+  if (view.key_version == 0) {
+    return absl::InvalidArgumentError("envelope: key version 0 does not exist");
+  }
+  OFFLOAD_ASSIGN_OR_RETURN(const keys::ManagedKeyVersion* old, FindVersion(*key, view.key_version));
+  SecretBytes plaintext(view.plaintext_size());
+  OFFLOAD_RETURN_IF_ERROR(old->aead->Open(view.nonce, Bytes(request.associated_data()),
+                                          view.ciphertext_and_tag, absl::MakeSpan(plaintext)));
+  absl::Span<uint8_t> envelope =
+      Resize(response->mutable_envelope(), EnvelopeSize(nonce_size, plaintext.size()));
+  uint8_t nonce[24];
+  randombytes_buf(nonce, nonce_size);
+  WriteEnvelopeHeader(current->version, absl::MakeConstSpan(nonce, nonce_size), envelope);
+  if (absl::Status sealed = sealer.Seal(absl::MakeConstSpan(nonce, nonce_size),
+                                        Bytes(request.associated_data()), plaintext,
+                                        envelope.subspan(kEnvelopeHeaderPrefix + nonce_size));
+      !sealed.ok()) {
+    response->Clear();
+    return sealed;
+  }
+  response->set_key_version(current->version);
+  response->set_previous_key_version(old->version);
   return absl::OkStatus();
 }
 
@@ -621,6 +652,11 @@ void Operations::BatchAeadSeal(const v1::BatchAeadSealRequest& request,
 void Operations::BatchAeadOpen(const v1::BatchAeadOpenRequest& request,
                                v1::BatchAeadOpenResponse* response, Done done, Alive alive) const {
   BatchOf(request, response, &Operations::AeadOpen, std::move(done), std::move(alive));
+}
+void Operations::BatchAeadRewrap(const v1::BatchAeadRewrapRequest& request,
+                                 v1::BatchAeadRewrapResponse* response, Done done,
+                                 Alive alive) const {
+  BatchOf(request, response, &Operations::AeadRewrap, std::move(done), std::move(alive));
 }
 
 void Operations::BatchVerify(const v1::BatchVerifyRequest& request,

@@ -84,6 +84,10 @@ class Operations final {
   absl::Status BoxSeal(const v1::BoxSealRequest& request, v1::BoxSealResponse* response) const;
   absl::Status BoxOpen(const v1::BoxOpenRequest& request, v1::BoxOpenResponse* response) const;
   absl::Status AeadSeal(const v1::AeadSealRequest& request, v1::AeadSealResponse* response) const;
+  // Opens the envelope (any version the key may still open) and seals the plaintext under the
+  // current version; the plaintext stays in wiped memory. No memo is read or written.
+  absl::Status AeadRewrap(const v1::AeadRewrapRequest& request,
+                          v1::AeadRewrapResponse* response) const;
   absl::Status AeadOpen(const v1::AeadOpenRequest& request, v1::AeadOpenResponse* response) const;
 
   // AeadOpen in two steps, as Verify. AeadOpenFromMemo finds the key, parses the envelope and
@@ -179,6 +183,9 @@ class Operations final {
                      Done done, Alive alive = nullptr) const;
   void BatchAeadOpen(const v1::BatchAeadOpenRequest& request, v1::BatchAeadOpenResponse* response,
                      Done done, Alive alive = nullptr) const;
+  void BatchAeadRewrap(const v1::BatchAeadRewrapRequest& request,
+                       v1::BatchAeadRewrapResponse* response, Done done,
+                       Alive alive = nullptr) const;
 
   const Options& options() const { return options_; }
 

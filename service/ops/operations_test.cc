@@ -654,6 +654,64 @@ TEST_F(OperationsTest, RotationDropsEntriesAndOldVersionStillOpens) {
   EXPECT_TRUE(response.memo_hit());
 }
 
+TEST_F(OperationsTest, DisabledKeyAndVersionRefuseEvenMemoHits) {
+  CreateKey("k", v1::KEY_TYPE_AES256_GCM);
+  const std::string v1_envelope = Seal("k", "one");
+  v1::AeadOpenResponse response;
+  ASSERT_TRUE(Open("k", v1_envelope, &response).ok());
+  ASSERT_TRUE(response.memo_hit());
+  ASSERT_TRUE(keys_->DisableKey("k").ok());
+  EXPECT_EQ(memo_->open_stats().entries, 0u) << "dropped at once";
+  absl::Status s = Open("k", v1_envelope, &response);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  v1::AeadSealRequest seal;
+  seal.set_key_id("k");
+  v1::AeadSealResponse sealed;
+  EXPECT_EQ(ops_->AeadSeal(seal, &sealed).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(keys_->EnableKey("k").ok());
+  ASSERT_TRUE(Open("k", v1_envelope, &response).ok());
+  EXPECT_EQ(response.plaintext(), "one");
+
+  ASSERT_TRUE(keys_->RotateKey("k").ok());
+  v1::KeyVersionRequest version;
+  version.set_key_id("k");
+  version.set_version(1);
+  ASSERT_TRUE(keys_->DisableKeyVersion(version).ok());
+  s = Open("k", v1_envelope, &response);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(std::string(s.message()).find("disabled"), std::string::npos) << s;
+}
+
+TEST_F(OperationsTest, RewrapMovesAnEnvelopeToTheCurrentVersion) {
+  CreateKey("k", v1::KEY_TYPE_XCHACHA20_POLY1305);
+  const std::string old = Seal("k", "the plaintext");
+  ASSERT_TRUE(keys_->RotateKey("k").ok());
+  ASSERT_TRUE(keys_->RotateKey("k").ok());
+  v1::AeadRewrapRequest request;
+  request.set_key_id("k");
+  request.set_envelope(old);
+  v1::AeadRewrapResponse rewrapped;
+  ASSERT_TRUE(ops_->AeadRewrap(request, &rewrapped).ok());
+  EXPECT_EQ(rewrapped.key_version(), 3u);
+  EXPECT_EQ(rewrapped.previous_key_version(), 1u);
+  v1::AeadOpenResponse response;
+  ASSERT_TRUE(Open("k", rewrapped.envelope(), &response).ok());
+  EXPECT_EQ(response.plaintext(), "the plaintext");
+  EXPECT_EQ(response.key_version(), 3u);
+
+  v1::SetMinDecryptionVersionRequest min;
+  min.set_key_id("k");
+  min.set_min_decryption_version(2);
+  ASSERT_TRUE(keys_->SetMinDecryptionVersion(min).ok());
+  EXPECT_EQ(ops_->AeadRewrap(request, &rewrapped).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Open("k", old, &response).code(), absl::StatusCode::kFailedPrecondition);
+  request.set_envelope(old.substr(0, 10));
+  EXPECT_EQ(ops_->AeadRewrap(request, &rewrapped).code(), absl::StatusCode::kInvalidArgument);
+  request.set_envelope(rewrapped.envelope());
+  request.set_associated_data("not the same");
+  EXPECT_EQ(ops_->AeadRewrap(request, &rewrapped).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(OperationsTest, HitNeverCrossesKeys) {
   // Two keys with the same secret: equal ciphertexts, yet each key has its own entries.
   std::string secret(32, 's');

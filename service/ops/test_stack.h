@@ -37,7 +37,11 @@ struct TestStack {
     randombytes_buf(kek.data(), kek.size());
     auto store = keys::FileKeyStore::Open(stack->dir, std::move(kek));
     if (!store.ok()) return store.status();
-    auto manager = keys::KeyManager::Create(*std::move(store), crypto::BackendChoice{});
+    // DeleteKey destroys at once here; service/keys/key_lifecycle_test.cc covers the wait.
+    keys::KeyManager::Options key_options;
+    key_options.deletion_wait = absl::ZeroDuration();
+    auto manager =
+        keys::KeyManager::Create(*std::move(store), crypto::BackendChoice{}, key_options);
     if (!manager.ok()) return manager.status();
     stack->keys = *std::move(manager);
     stack->memo = std::make_unique<memo::Memo>(memo_options);

@@ -66,7 +66,7 @@ class CrashRecoveryTest(ServerTestCase):
               flush=True)
         self.rng = random.Random(SEED)
         kek = "%064x" % self.rng.getrandbits(256)
-        self.server = Server("crash", kek_hex=kek)
+        self.server = Server("crash", kek_hex=kek, args=["--key_deletion_wait=0"])
         self.servers = [self.server]
         self.records = {}       # key id -> Record (acknowledged creations)
         self.attempted = set()  # every id a CreateKey was sent for

@@ -44,7 +44,7 @@ class PythonClientTest(ServerTestCase):
 
     @classmethod
     def setUpClass(cls):
-        cls.server = Server("pyclient")
+        cls.server = Server("pyclient", args=["--key_deletion_wait=0"])  # DeleteKey at once: the tests re-create ids
         cls.servers = [cls.server]
         cls.server.start()
         s = cls.server

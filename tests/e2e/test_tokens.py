@@ -123,7 +123,8 @@ class TokensTest(harness.ServerTestCase):
         cls.server = TokenServer("tokens", args=[
             "--jwks_file=" + cls.jwks, "--token_issuer=" + ISSUER,
             "--token_audience=" + AUDIENCE, "--policy_file=" + policy,
-            "--audit_log_file=" + cls.audit, "--require_identity", "--max_token_bytes=4096"])
+            "--audit_log_file=" + cls.audit, "--require_identity", "--max_token_bytes=4096",
+            "--key_deletion_wait=0"])  # the grants test deletes and re-creates a key id
         cls.servers = [cls.server]
         cls.server.start()
         cls.ports = {

@@ -134,7 +134,11 @@ World* NewWorld(crypto::BackendChoice backends, int max_batch_items) {
       absl::StrCat(KeySetDir(), "/", keys::FileKeyStore::kFileName),
       absl::StrCat(world->dir, "/", keys::FileKeyStore::kFileName));
   auto store = OrDie(keys::FileKeyStore::Open(world->dir, FixedSecret(0xA0)), "open world store");
-  world->keys = OrDie(keys::KeyManager::Create(std::move(store), backends), "world manager");
+  keys::KeyManager::Options key_options;
+  key_options.deletion_wait = absl::ZeroDuration();
+  key_options.clock = [world] { return world->Now(); };
+  world->keys =
+      OrDie(keys::KeyManager::Create(std::move(store), backends, key_options), "world manager");
   memo::MemoOptions memo_options;
   // Small, so that eviction runs within a fuzzing run too.
   memo_options.verify_bytes = 64 << 10;

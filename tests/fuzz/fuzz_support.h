@@ -14,6 +14,7 @@
 #ifndef TESTS_FUZZ_FUZZ_SUPPORT_H_
 #define TESTS_FUZZ_FUZZ_SUPPORT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -22,6 +23,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/time/time.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -58,6 +60,11 @@ inline constexpr const char* kKeyIdChoices[] = {
 inline constexpr size_t kKeyIdChoiceCount = sizeof(kKeyIdChoices) / sizeof(kKeyIdChoices[0]);
 
 struct World {
+  // The key manager's clock: starts at a fixed time and moves only by AdvanceClock, so that a
+  // scheduled deletion or destruction happens at the same call of every run of an input.
+  absl::Time Now() const { return absl::FromUnixSeconds(now_seconds.load()); }
+  void AdvanceClock(int64_t seconds) { now_seconds += seconds; }
+  std::atomic<int64_t> now_seconds{1'900'000'000};
   std::string dir;
   std::unique_ptr<keys::KeyManager> keys;
   std::unique_ptr<memo::Memo> memo;
@@ -66,7 +73,8 @@ struct World {
 };
 
 // A new world over a copy of the process's key set, with `backends` and a small memo (so that
-// eviction runs too). Never freed: it lives until the fuzzer exits. Aborts on failure.
+// eviction runs too). Its key manager destroys deleted keys at once unless a request asks for a
+// wait (wait_seconds), measured on the world's clock. Never freed: it lives until the fuzzer exits. Aborts on failure.
 World* NewWorld(crypto::BackendChoice backends, int max_batch_items = 16);
 
 // The key-encryption key of key_store_fuzzer's store (and of its seeds): fixed and public.

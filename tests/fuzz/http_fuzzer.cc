@@ -152,8 +152,11 @@ absl::Status Serve(const Request& r, std::string* out) {
       !s.ok()) {
     return s;
   }
-  // Deleting or rotating the fixed keys would change what later inputs find.
-  if ((method->method == "DeleteKey" || method->method == "RotateKey") && IsFixedKey(*request)) {
+  // Deleting, rotating or disabling the fixed keys (or their versions) would change what later
+  // inputs find: every KeyService call that changes a key leaves them alone.
+  if (method->service == "offload.v1.KeyService" && method->method != "CreateKey" &&
+      method->method != "ImportKey" && method->method != "GetKey" &&
+      method->method != "ListKeys" && IsFixedKey(*request)) {
     return absl::FailedPreconditionError("fuzz: fixed key left alone");
   }
   const absl::Status status = WaitForBatch([&](ops::Operations::Done done) {
@@ -267,7 +270,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const v1::KeyInfo& info : keys.ListKeys()) {
       bool fixed = false;
       for (size_t i = 0; i < 6; ++i) fixed |= info.key_id() == kKeyIdChoices[i];
-      if (!fixed) FUZZ_CHECK(keys.DeleteKey(info.key_id()).ok(), info.key_id());
+      if (fixed) continue;
+      if (info.state() == v1::KEY_STATE_PENDING_DELETION) {
+        FUZZ_CHECK(keys.CancelKeyDeletion(info.key_id()).ok(), info.key_id());
+      }
+      FUZZ_CHECK(keys.DeleteKey(info.key_id()).ok(), info.key_id());
     }
   }
   return 0;

@@ -1,11 +1,13 @@
 // KeyService request handling: input = a sequence of calls, each a selector byte (CreateKey,
-// ImportKey, GetKey, ListKeys, RotateKey, DeleteKey), a length byte and that many bytes of
-// serialised request. The calls run on the KeyManager the gRPC and HTTP handlers call, over a real
+// ImportKey, GetKey, ListKeys, RotateKey, DeleteKey, CancelKeyDeletion, Disable/EnableKey, the
+// four version calls, SetMinDecryptionVersion, or time passing and DestroyDue on the world's
+// clock), a length byte and that many bytes of serialised request. The calls run on the KeyManager the gRPC and HTTP handlers call, over a real
 // file key store (atomic rewrite of keys.db on every change).
 // Invariants: only documented codes; an acknowledged create / import / rotate / delete is what
 // GetKey and ListKeys show afterwards, and what a second KeyManager loading a copy of keys.db
 // sees (so it was persisted); an imported Ed25519 seed gives its RFC 8032 public key; ListKeys is
-// sorted and unique; key ids in results are valid.
+// sorted and unique; key ids in results are valid; the current version is always enabled; no
+// deletion is left once it is due.
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -41,6 +43,12 @@ void CheckInfo(const v1::KeyInfo& info) {
   FUZZ_CHECK(keys::ValidateKeyId(info.key_id()).ok(), info.key_id());
   FUZZ_CHECK(info.versions_size() >= 1, Describe(info));
   FUZZ_CHECK(info.versions(info.versions_size() - 1).version() == info.current_version(),
+             Describe(info));
+  FUZZ_CHECK(info.versions(info.versions_size() - 1).state() == v1::KEY_VERSION_STATE_ENABLED,
+             "current version not enabled: ", Describe(info));
+  FUZZ_CHECK(info.min_decryption_version() <= info.current_version(), Describe(info));
+  FUZZ_CHECK((info.state() == v1::KEY_STATE_PENDING_DELETION) ==
+                 (info.deletion_unix_seconds() != 0),
              Describe(info));
   const bool aead = info.type() >= v1::KEY_TYPE_CHACHA20_POLY1305;
   for (const auto& v : info.versions()) {
@@ -85,7 +93,7 @@ bool Parse(absl::string_view bytes, Request* q) {
 // One call; returns whether it changed the store.
 bool Call(uint8_t selector, absl::string_view bytes) {
   keys::KeyManager& keys = *TheWorld()->keys;
-  switch (selector % 6) {
+  switch (selector % 12) {
     case 0: {
       v1::CreateKeyRequest q;
       if (!Parse(bytes, &q)) return false;
@@ -148,17 +156,81 @@ bool Call(uint8_t selector, absl::string_view bytes) {
       CheckSameAsStored(*r);
       return true;
     }
-    default: {
+    case 5: {
+      // DeleteKey, at once or (wait_seconds) scheduled on the world's clock.
       v1::DeleteKeyRequest q;
       if (!Parse(bytes, &q)) return false;
-      const bool existed = keys.Find(q.key_id()) != nullptr;
-      const absl::Status s = keys.DeleteKey(q.key_id());
-      FUZZ_CHECK(IsOneOf(s.code(), kKeyCodes), s.ToString());
-      FUZZ_CHECK(s.ok() == existed, s.ToString());
-      if (!s.ok()) return false;
-      FUZZ_CHECK(keys.GetKey(q.key_id()).status().code() == absl::StatusCode::kNotFound,
-                 "deleted key still there");
+      q.set_wait_seconds(q.wait_seconds() % 100000);
+      const std::shared_ptr<const keys::ManagedKey> held = keys.Find(q.key_id());
+      const absl::StatusOr<v1::DeleteKeyResponse> r = keys.DeleteKey(q);
+      FUZZ_CHECK(IsOneOf(r.status().code(), kKeyCodes), r.status().ToString());
+      if (q.wait_seconds() >= 0 && held != nullptr && held->deletion_unix_seconds == 0) {
+        FUZZ_CHECK(r.ok(), r.status().ToString());
+      }
+      if (!r.ok()) return false;
+      if (q.wait_seconds() == 0) {
+        FUZZ_CHECK(keys.GetKey(q.key_id()).status().code() == absl::StatusCode::kNotFound,
+                   "deleted key still there");
+      } else {
+        CheckSameAsStored(r->key());
+        FUZZ_CHECK(r->key().state() == v1::KEY_STATE_PENDING_DELETION, Describe(r->key()));
+      }
       return true;
+    }
+    case 6: {
+      v1::CancelKeyDeletionRequest q;
+      if (!Parse(bytes, &q)) return false;
+      const absl::StatusOr<v1::KeyInfo> r = keys.CancelKeyDeletion(q.key_id());
+      FUZZ_CHECK(IsOneOf(r.status().code(), kKeyCodes), r.status().ToString());
+      if (r.ok()) CheckSameAsStored(*r);
+      return r.ok();
+    }
+    case 7: {
+      v1::DisableKeyRequest q;
+      if (!Parse(bytes, &q)) return false;
+      const absl::StatusOr<v1::KeyInfo> r =
+          bytes.size() % 2 == 0 ? keys.DisableKey(q.key_id()) : keys.EnableKey(q.key_id());
+      FUZZ_CHECK(IsOneOf(r.status().code(), kKeyCodes), r.status().ToString());
+      if (r.ok()) CheckSameAsStored(*r);
+      return r.ok();
+    }
+    case 8: {
+      v1::KeyVersionRequest q;
+      if (!Parse(bytes, &q)) return false;
+      q.set_wait_seconds(q.wait_seconds() % 100000);
+      absl::StatusOr<v1::KeyInfo> r;
+      switch (q.version() % 4) {
+        case 0: r = keys.DisableKeyVersion(q); break;
+        case 1: r = keys.EnableKeyVersion(q); break;
+        case 2: r = keys.DestroyKeyVersion(q); break;
+        default: r = keys.RestoreKeyVersion(q); break;
+      }
+      FUZZ_CHECK(IsOneOf(r.status().code(), kKeyCodes), r.status().ToString());
+      if (r.ok()) CheckSameAsStored(*r);
+      return r.ok();
+    }
+    case 9: {
+      v1::SetMinDecryptionVersionRequest q;
+      if (!Parse(bytes, &q)) return false;
+      const absl::StatusOr<v1::KeyInfo> r = keys.SetMinDecryptionVersion(q);
+      FUZZ_CHECK(IsOneOf(r.status().code(), kKeyCodes), r.status().ToString());
+      if (r.ok()) CheckSameAsStored(*r);
+      return r.ok();
+    }
+    default: {
+      // Time passes (up to a day), and whatever is due is destroyed.
+      int64_t seconds = 0;
+      for (char c : bytes.substr(0, 3)) seconds = seconds * 256 + static_cast<uint8_t>(c);
+      TheWorld()->AdvanceClock(seconds % 86401);
+      const absl::StatusOr<int> destroyed = keys.DestroyDue();
+      FUZZ_CHECK(destroyed.ok(), destroyed.status().ToString());
+      for (const v1::KeyInfo& info : keys.ListKeys()) {
+        CheckInfo(info);
+        FUZZ_CHECK(info.deletion_unix_seconds() == 0 ||
+                       info.deletion_unix_seconds() > absl::ToUnixSeconds(TheWorld()->Now()),
+                   "a due deletion was left: ", Describe(info));
+      }
+      return *destroyed > 0;
     }
   }
 }
@@ -188,6 +260,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (const v1::KeyInfo& info : all) versions += info.versions_size();
   if (all.size() > kMaxKeys || versions > kMaxVersions) {
     for (const v1::KeyInfo& info : all) {
+      if (info.state() == v1::KEY_STATE_PENDING_DELETION) {
+        FUZZ_CHECK(keys.CancelKeyDeletion(info.key_id()).ok(), info.key_id());
+      }
       FUZZ_CHECK(keys.DeleteKey(info.key_id()).ok(), info.key_id());
     }
   }

@@ -49,7 +49,7 @@ class PostgresReconnectTest(harness.ServerTestCase):
         cls.pg = pg_support.start_for_class(cls)
         kek = secrets.token_hex(32)
         cls.replicas = [harness.Server("pgr%d" % i, backend="libsodium", kek_hex=kek,
-                                       args=["--keystore=postgres"])
+                                       args=["--keystore=postgres", "--key_deletion_wait=0"])
                         for i in range(REPLICAS)]
         cls.servers = cls.replicas
         for r in cls.replicas:

@@ -153,7 +153,7 @@ class ScaleOutTest(harness.ServerTestCase):
         cls.metrics_addresses = ["127.0.0.1:%d" % harness.free_port() for _ in range(REPLICAS)]
         cls.replicas = [
             harness.Server("replica%d" % i, backend="libsodium", kek_hex=kek,
-                           args=["--keystore=postgres",
+                           args=["--keystore=postgres", "--key_deletion_wait=0",
                                  "--http_address=" + cls.http_addresses[i],
                                  "--metrics_address=" + cls.metrics_addresses[i]])
             for i in range(REPLICAS)]

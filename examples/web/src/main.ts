@@ -359,8 +359,10 @@ async function main(): Promise<void> {
   for (const keyId of [results.keys.x25519, results.keys.aead]) {
     if (!keyId) continue;
     try {
-      await lanes[1].api.keys.deleteKey({ keyId }, callOptions);
-      results.cleanup.lines.push(`DeleteKey ${keyId}: ok`);
+      // Deletion is scheduled (the server's --key_deletion_wait); CancelKeyDeletion undoes it.
+      const deleted = await lanes[1].api.keys.deleteKey({ keyId }, callOptions);
+      const when = new Date(Number(deleted.deletionUnixSeconds) * 1000).toISOString();
+      results.cleanup.lines.push(`DeleteKey ${keyId}: destroyed at ${when}`);
       addLine("cleanup", results.cleanup.lines.at(-1)!, "ok");
     } catch (e) {
       results.cleanup.ok = false;

@@ -24,7 +24,7 @@ import {
   VerifyRequestSchema,
   VerifyResponseSchema,
 } from "../gen/offload/v1/ed25519_pb.js";
-import { KeyService, KeyType, KeyInfoSchema } from "../gen/offload/v1/keys_pb.js";
+import { KeyService, KeyState, KeyType, KeyInfoSchema } from "../gen/offload/v1/keys_pb.js";
 import { DeriveOutput, DeriveResponseSchema, X25519Service } from "../gen/offload/v1/x25519_pb.js";
 import { startServer } from "./server.mjs";
 
@@ -263,8 +263,17 @@ describe("every transport answers as plain gRPC", () => {
         );
         assert.equal(await codeOf(c.keys.createKey({ keyId, type: KeyType.ED25519 })), Code.AlreadyExists);
         assert.equal(await codeOf(c.keys.getKey({ keyId: "no-such-key" })), Code.NotFound);
+        // Deletion is scheduled: the key stays, refusing calls, until the wait ends or it is
+        // cancelled.
+        const deleted = await c.keys.deleteKey({ keyId });
+        assert.equal(deleted.key.state, KeyState.PENDING_DELETION);
+        assert.ok(Number(deleted.deletionUnixSeconds) > Date.now() / 1000);
+        assert.equal((await grpc.keys.getKey({ keyId })).state, KeyState.PENDING_DELETION);
+        assert.equal(await codeOf(c.ed25519.sign({ keyId, message: new Uint8Array(1) })),
+                     Code.FailedPrecondition);
+        assert.equal(await codeOf(c.keys.deleteKey({ keyId })), Code.FailedPrecondition);
+        assert.equal((await c.keys.cancelKeyDeletion({ keyId })).state, KeyState.ENABLED);
         await c.keys.deleteKey({ keyId });
-        assert.equal(await codeOf(grpc.keys.getKey({ keyId })), Code.NotFound);
       });
 
       it("deadline", async () => {
