@@ -207,7 +207,28 @@ OFFLOAD_API offload_status_t offload_key_import(offload_client_t* client, const 
                                                 offload_key_type_t type, const uint8_t* secret,
                                                 size_t secret_len, uint8_t* public_key,
                                                 size_t* public_key_len);
+/* Key lifecycle (see proto/offload/v1/keys.proto). Deleting a key only schedules its destruction:
+ * after the server's --key_deletion_wait (7 days by default), or after `wait_seconds` when that is
+ * longer (0: the server's wait; shorter than the server's, or more than 10 years, is
+ * INVALID_ARGUMENT). Until then every call with the key is refused with
+ * OFFLOAD_FAILED_PRECONDITION, a second deletion too, and offload_key_cancel_deletion brings it
+ * back as it was. `*deletion_unix_seconds` (may be NULL) is set to when it will be destroyed. A
+ * server run with --key_deletion_wait=0 destroys at once (then that time is now). */
+OFFLOAD_API offload_status_t offload_key_schedule_deletion(offload_client_t* client,
+                                                           const char* key_id,
+                                                           uint64_t wait_seconds,
+                                                           int64_t* deletion_unix_seconds);
+/* offload_key_schedule_deletion with the server's wait. (Before key lifecycle states this removed
+ * the key at once; the key id stays taken until the destruction.) */
 OFFLOAD_API offload_status_t offload_key_delete(offload_client_t* client, const char* key_id);
+/* FAILED_PRECONDITION unless the key is scheduled for deletion. */
+OFFLOAD_API offload_status_t offload_key_cancel_deletion(offload_client_t* client,
+                                                         const char* key_id);
+/* A disabled key refuses every call (OFFLOAD_FAILED_PRECONDITION) and keeps its material; both
+ * are no-ops on a key already in the state asked, FAILED_PRECONDITION while it is scheduled for
+ * deletion. */
+OFFLOAD_API offload_status_t offload_key_disable(offload_client_t* client, const char* key_id);
+OFFLOAD_API offload_status_t offload_key_enable(offload_client_t* client, const char* key_id);
 
 /* --- Ed25519. `*valid` is 1 or 0 on OFFLOAD_OK (an invalid signature is not an error). */
 OFFLOAD_API offload_status_t offload_verify(offload_client_t* client, const uint8_t* public_key,

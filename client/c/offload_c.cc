@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <limits>
 #include <exception>
 #include <memory>
 #include <new>
@@ -16,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "client/cpp/client.h"
 #include "client/cpp/credentials.h"
 
@@ -285,11 +287,50 @@ offload_status_t offload_key_import(offload_client_t* client, const char* key_id
   });
 }
 
+offload_status_t offload_key_schedule_deletion(offload_client_t* client, const char* key_id,
+                                               uint64_t wait_seconds,
+                                               int64_t* deletion_unix_seconds) {
+  return Guard([&]() -> offload_status_t {
+    OFFLOAD_CHECK_CLIENT(client);
+    OFFLOAD_CHECK_KEY_ID(key_id);
+    const absl::Duration wait = absl::Seconds(static_cast<int64_t>(
+        std::min<uint64_t>(wait_seconds, std::numeric_limits<int64_t>::max())));
+    auto r = client->impl->DeleteKey(key_id, wait);
+    if (!r.ok()) return FromStatus(r.status());
+    if (deletion_unix_seconds != nullptr) *deletion_unix_seconds = r->deletion_unix_seconds();
+    return OFFLOAD_OK;
+  });
+}
+
 offload_status_t offload_key_delete(offload_client_t* client, const char* key_id) {
   return Guard([&]() -> offload_status_t {
     OFFLOAD_CHECK_CLIENT(client);
     OFFLOAD_CHECK_KEY_ID(key_id);
     return FromStatus(client->impl->DeleteKey(key_id));
+  });
+}
+
+offload_status_t offload_key_cancel_deletion(offload_client_t* client, const char* key_id) {
+  return Guard([&]() -> offload_status_t {
+    OFFLOAD_CHECK_CLIENT(client);
+    OFFLOAD_CHECK_KEY_ID(key_id);
+    return FromStatus(client->impl->CancelKeyDeletion(key_id).status());
+  });
+}
+
+offload_status_t offload_key_disable(offload_client_t* client, const char* key_id) {
+  return Guard([&]() -> offload_status_t {
+    OFFLOAD_CHECK_CLIENT(client);
+    OFFLOAD_CHECK_KEY_ID(key_id);
+    return FromStatus(client->impl->DisableKey(key_id).status());
+  });
+}
+
+offload_status_t offload_key_enable(offload_client_t* client, const char* key_id) {
+  return Guard([&]() -> offload_status_t {
+    OFFLOAD_CHECK_CLIENT(client);
+    OFFLOAD_CHECK_KEY_ID(key_id);
+    return FromStatus(client->impl->EnableKey(key_id).status());
   });
 }
 

@@ -302,9 +302,40 @@ static void tour(offload_client_t* client) {
                  OFFLOAD_INVALID_ARGUMENT);
   }
 
-  /* --- Delete. */
+  /* --- Lifecycle: disable and enable; a deletion is scheduled (the server's 7-day default
+     wait), refuses every call meanwhile, and can be cancelled. */
+  sig_len = sizeof(sig);
+  CHECK_STATUS(offload_key_disable(client, "c-ed"), OFFLOAD_OK);
+  CHECK_STATUS(offload_key_disable(client, "c-ed"), OFFLOAD_OK); /* already disabled: a no-op */
+  CHECK_STATUS(offload_sign(client, "c-ed", msg, 1, sig, &sig_len, NULL),
+               OFFLOAD_FAILED_PRECONDITION);
+  CHECK_STATUS(offload_key_enable(client, "c-ed"), OFFLOAD_OK);
+  CHECK_STATUS(offload_sign(client, "c-ed", msg, 1, sig, &sig_len, NULL), OFFLOAD_OK);
+  CHECK_STATUS(offload_key_disable(client, "c-none"), OFFLOAD_NOT_FOUND);
+  CHECK_STATUS(offload_key_cancel_deletion(client, "c-ed"), OFFLOAD_FAILED_PRECONDITION);
+  {
+    const int64_t week = 7 * 24 * 3600;
+    const int64_t now = (int64_t)time(NULL);
+    int64_t when = 0;
+    /* Shorter than the server's wait: refused. */
+    CHECK_STATUS(offload_key_schedule_deletion(client, "c-ed", 3600, &when),
+                 OFFLOAD_INVALID_ARGUMENT);
+    CHECK_STATUS(offload_key_schedule_deletion(client, "c-ed", 0, &when), OFFLOAD_OK);
+    CHECK(when >= now + week && when <= now + week + 120);
+    CHECK_STATUS(offload_sign(client, "c-ed", msg, 1, sig, &sig_len, NULL),
+                 OFFLOAD_FAILED_PRECONDITION);
+    CHECK(strstr(offload_last_error(), "scheduled for deletion") != NULL);
+    CHECK_STATUS(offload_key_delete(client, "c-ed"), OFFLOAD_FAILED_PRECONDITION);
+    CHECK_STATUS(offload_key_enable(client, "c-ed"), OFFLOAD_FAILED_PRECONDITION);
+    CHECK_STATUS(offload_key_cancel_deletion(client, "c-ed"), OFFLOAD_OK);
+    CHECK_STATUS(offload_sign(client, "c-ed", msg, 1, sig, &sig_len, NULL), OFFLOAD_OK);
+    /* A longer wait than the server's, asked for. */
+    CHECK_STATUS(offload_key_schedule_deletion(client, "c-ed", 30 * 24 * 3600, NULL), OFFLOAD_OK);
+    CHECK_STATUS(offload_key_cancel_deletion(client, "c-ed"), OFFLOAD_OK);
+  }
   CHECK_STATUS(offload_key_delete(client, "c-ed"), OFFLOAD_OK);
-  CHECK_STATUS(offload_key_delete(client, "c-ed"), OFFLOAD_NOT_FOUND);
+  CHECK_STATUS(offload_key_delete(client, "c-ed"), OFFLOAD_FAILED_PRECONDITION);
+  CHECK_STATUS(offload_key_delete(client, "c-none"), OFFLOAD_NOT_FOUND);
 }
 
 /* The whole file at `path`, NUL-terminated (free it), or NULL. */

@@ -34,7 +34,7 @@ except ImportError:  # the token tests are skipped
     jwt = None
 
 OK, INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, BUFFER_TOO_SMALL = 0, 3, 5, 6, 100
-PERMISSION_DENIED, UNAUTHENTICATED = 7, 16
+PERMISSION_DENIED, FAILED_PRECONDITION, UNAUTHENTICATED = 7, 9, 16
 ED25519, X25519, XCHACHA = 1, 2, 4
 RAW, BOX = 1, 2
 
@@ -80,6 +80,12 @@ def load():
         "offload_key_import": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int,
                                               ctypes.c_char_p, ctypes.c_size_t, u8p, szp]),
         "offload_key_delete": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p]),
+        "offload_key_schedule_deletion": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p,
+                                                         ctypes.c_uint64,
+                                                         ctypes.POINTER(ctypes.c_int64)]),
+        "offload_key_cancel_deletion": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p]),
+        "offload_key_disable": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p]),
+        "offload_key_enable": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p]),
         "offload_verify": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t,
                                           ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p,
                                           ctypes.c_size_t, ctypes.POINTER(ctypes.c_int)]),
@@ -247,12 +253,29 @@ class CtypesTest(harness.ServerTestCase):
         self.assertEqual(LIB.offload_aead_open(self.c, b"py-aead", env, len(env), b"ad", 2, small,
                                                ctypes.byref(n)), BUFFER_TOO_SMALL)
         self.assertEqual(n.value, 12)
-        check(LIB.offload_key_delete(self.c, b"py-aead"))
+        # Disabled, then scheduled for deletion (the server's 7-day wait): refused meanwhile,
+        # back as it was once cancelled.
         n = ctypes.c_size_t(64)
         buf = (ctypes.c_uint8 * 64)()
+        check(LIB.offload_key_disable(self.c, b"py-aead"))
         self.assertEqual(LIB.offload_aead_open(self.c, b"py-aead", env, len(env), b"ad", 2, buf,
-                                               ctypes.byref(n)), NOT_FOUND)
-        self.assertEqual(LIB.offload_key_delete(self.c, b"py-aead"), NOT_FOUND)
+                                               ctypes.byref(n)), FAILED_PRECONDITION)
+        self.assertIn(b"disabled", LIB.offload_last_error())
+        check(LIB.offload_key_enable(self.c, b"py-aead"))
+        when = ctypes.c_int64(0)
+        now = int(time.time())
+        check(LIB.offload_key_schedule_deletion(self.c, b"py-aead", 0, ctypes.byref(when)))
+        self.assertGreaterEqual(when.value, now + 7 * 24 * 3600)
+        self.assertLessEqual(when.value, now + 7 * 24 * 3600 + 120)
+        n = ctypes.c_size_t(64)
+        self.assertEqual(LIB.offload_aead_open(self.c, b"py-aead", env, len(env), b"ad", 2, buf,
+                                               ctypes.byref(n)), FAILED_PRECONDITION)
+        self.assertEqual(LIB.offload_key_delete(self.c, b"py-aead"), FAILED_PRECONDITION)
+        check(LIB.offload_key_cancel_deletion(self.c, b"py-aead"))
+        self.assertEqual(out_call(LIB.offload_aead_open, self.c, b"py-aead", env, len(env),
+                                  b"ad", 2), b"secret state")
+        check(LIB.offload_key_delete(self.c, b"py-aead"))
+        self.assertEqual(LIB.offload_key_delete(self.c, b"py-never"), NOT_FOUND)
 
 
 ISSUER, AUDIENCE = "https://id.ctypes-test.example", "crypto-offload"

@@ -132,6 +132,18 @@ absl::Time EarliestDeadline(const Items& items) {
   return t;
 }
 
+// A deletion wait as the request's whole seconds, rounded up (0: the server's wait).
+absl::StatusOr<int64_t> WaitSeconds(absl::Duration wait) {
+  if (wait < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("wait: expected >= 0, got ", absl::FormatDuration(wait)));
+  }
+  if (wait == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError("wait: expected a finite duration, got inf");
+  }
+  return absl::ToInt64Seconds(absl::Ceil(wait, absl::Seconds(1)));
+}
+
 // Connection failovers of one call beyond which it waits on its endpoint instead (a bound for
 // pathological settings, e.g. endpoint_down_initial = 0, where marks never hold).
 constexpr int kMaxConnectFailovers = 16;
@@ -529,15 +541,120 @@ absl::StatusOr<v1::KeyInfo> Client::RotateKey(absl::string_view key_id) {
   });
 }
 
-absl::Status Client::DeleteKey(absl::string_view key_id) {
-  return Run([&]() -> absl::Status {
+absl::StatusOr<v1::DeleteKeyResponse> Client::DeleteKey(absl::string_view key_id,
+                                                        absl::Duration wait) {
+  return Run([&]() -> absl::StatusOr<v1::DeleteKeyResponse> {
     v1::DeleteKeyRequest req;
     req.set_key_id(std::string(key_id));
-    v1::DeleteKeyResponse resp;
-    return Invoke(key_id, {}, absl::Now() + options_.timeout, false,
-                  [&](const Endpoint& e, grpc::ClientContext* ctx) {
-                    return e.keys->DeleteKey(ctx, req, &resp);
-                  });
+    absl::StatusOr<int64_t> wait_seconds = WaitSeconds(wait);
+    if (!wait_seconds.ok()) return wait_seconds.status();
+    req.set_wait_seconds(*wait_seconds);
+    return InvokeUnary<v1::DeleteKeyResponse>(
+        key_id, [&](const Endpoint& e, grpc::ClientContext* ctx, v1::DeleteKeyResponse* resp) {
+          return e.keys->DeleteKey(ctx, req, resp);
+        });
+  });
+}
+
+absl::Status Client::DeleteKey(absl::string_view key_id) {
+  return DeleteKey(key_id, absl::ZeroDuration()).status();
+}
+
+absl::StatusOr<v1::KeyInfo> Client::CancelKeyDeletion(absl::string_view key_id) {
+  return Run([&]() -> absl::StatusOr<v1::KeyInfo> {
+    v1::CancelKeyDeletionRequest req;
+    req.set_key_id(std::string(key_id));
+    return InvokeUnary<v1::KeyInfo>(key_id, [&](const Endpoint& e, grpc::ClientContext* ctx,
+                                                v1::KeyInfo* resp) {
+      return e.keys->CancelKeyDeletion(ctx, req, resp);
+    });
+  });
+}
+
+absl::StatusOr<v1::KeyInfo> Client::DisableKey(absl::string_view key_id) {
+  return Run([&]() -> absl::StatusOr<v1::KeyInfo> {
+    v1::DisableKeyRequest req;
+    req.set_key_id(std::string(key_id));
+    return InvokeUnary<v1::KeyInfo>(key_id, [&](const Endpoint& e, grpc::ClientContext* ctx,
+                                                v1::KeyInfo* resp) {
+      return e.keys->DisableKey(ctx, req, resp);
+    });
+  });
+}
+
+absl::StatusOr<v1::KeyInfo> Client::EnableKey(absl::string_view key_id) {
+  return Run([&]() -> absl::StatusOr<v1::KeyInfo> {
+    v1::EnableKeyRequest req;
+    req.set_key_id(std::string(key_id));
+    return InvokeUnary<v1::KeyInfo>(key_id, [&](const Endpoint& e, grpc::ClientContext* ctx,
+                                                v1::KeyInfo* resp) {
+      return e.keys->EnableKey(ctx, req, resp);
+    });
+  });
+}
+
+template <typename Rpc>
+absl::StatusOr<v1::KeyInfo> Client::KeyVersionCall(absl::string_view key_id, uint32_t version,
+                                                   absl::Duration wait, Rpc rpc) {
+  return Run([&]() -> absl::StatusOr<v1::KeyInfo> {
+    v1::KeyVersionRequest req;
+    req.set_key_id(std::string(key_id));
+    req.set_version(version);
+    absl::StatusOr<int64_t> wait_seconds = WaitSeconds(wait);
+    if (!wait_seconds.ok()) return wait_seconds.status();
+    req.set_wait_seconds(*wait_seconds);
+    return InvokeUnary<v1::KeyInfo>(key_id, [&](const Endpoint& e, grpc::ClientContext* ctx,
+                                                v1::KeyInfo* resp) {
+      return rpc(*e.keys, ctx, req, resp);
+    });
+  });
+}
+
+absl::StatusOr<v1::KeyInfo> Client::DisableKeyVersion(absl::string_view key_id,
+                                                      uint32_t version) {
+  return KeyVersionCall(key_id, version, absl::ZeroDuration(),
+                        [](v1::KeyService::Stub& s, grpc::ClientContext* ctx,
+                           const v1::KeyVersionRequest& req, v1::KeyInfo* resp) {
+                          return s.DisableKeyVersion(ctx, req, resp);
+                        });
+}
+
+absl::StatusOr<v1::KeyInfo> Client::EnableKeyVersion(absl::string_view key_id, uint32_t version) {
+  return KeyVersionCall(key_id, version, absl::ZeroDuration(),
+                        [](v1::KeyService::Stub& s, grpc::ClientContext* ctx,
+                           const v1::KeyVersionRequest& req, v1::KeyInfo* resp) {
+                          return s.EnableKeyVersion(ctx, req, resp);
+                        });
+}
+
+absl::StatusOr<v1::KeyInfo> Client::DestroyKeyVersion(absl::string_view key_id, uint32_t version,
+                                                      absl::Duration wait) {
+  return KeyVersionCall(key_id, version, wait,
+                        [](v1::KeyService::Stub& s, grpc::ClientContext* ctx,
+                           const v1::KeyVersionRequest& req, v1::KeyInfo* resp) {
+                          return s.DestroyKeyVersion(ctx, req, resp);
+                        });
+}
+
+absl::StatusOr<v1::KeyInfo> Client::RestoreKeyVersion(absl::string_view key_id,
+                                                      uint32_t version) {
+  return KeyVersionCall(key_id, version, absl::ZeroDuration(),
+                        [](v1::KeyService::Stub& s, grpc::ClientContext* ctx,
+                           const v1::KeyVersionRequest& req, v1::KeyInfo* resp) {
+                          return s.RestoreKeyVersion(ctx, req, resp);
+                        });
+}
+
+absl::StatusOr<v1::KeyInfo> Client::SetMinDecryptionVersion(absl::string_view key_id,
+                                                            uint32_t version) {
+  return Run([&]() -> absl::StatusOr<v1::KeyInfo> {
+    v1::SetMinDecryptionVersionRequest req;
+    req.set_key_id(std::string(key_id));
+    req.set_min_decryption_version(version);
+    return InvokeUnary<v1::KeyInfo>(key_id, [&](const Endpoint& e, grpc::ClientContext* ctx,
+                                                v1::KeyInfo* resp) {
+      return e.keys->SetMinDecryptionVersion(ctx, req, resp);
+    });
   });
 }
 
@@ -754,6 +871,31 @@ absl::StatusOr<v1::BatchAeadOpenResponse> Client::BatchAeadOpen(
         request, [](const v1::AeadOpenRequest& r) { return r.key_id(); },
         [](const Endpoint& e, grpc::ClientContext* ctx, const v1::BatchAeadOpenRequest& req,
            v1::BatchAeadOpenResponse* resp) { return e.aead->BatchOpen(ctx, req, resp); });
+  });
+}
+
+absl::StatusOr<v1::AeadRewrapResponse> Client::AeadRewrap(absl::string_view key_id,
+                                                          absl::string_view envelope,
+                                                          absl::string_view associated_data) {
+  return Run([&]() -> absl::StatusOr<v1::AeadRewrapResponse> {
+    v1::AeadRewrapRequest req;
+    req.set_key_id(std::string(key_id));
+    req.set_envelope(std::string(envelope));
+    req.set_associated_data(std::string(associated_data));
+    return InvokeUnary<v1::AeadRewrapResponse>(
+        key_id, [&](const Endpoint& e, grpc::ClientContext* ctx, v1::AeadRewrapResponse* resp) {
+          return e.aead->Rewrap(ctx, req, resp);
+        });
+  });
+}
+
+absl::StatusOr<v1::BatchAeadRewrapResponse> Client::BatchAeadRewrap(
+    const v1::BatchAeadRewrapRequest& request) {
+  return Run([&] {
+    return SplitBatch<v1::BatchAeadRewrapRequest, v1::BatchAeadRewrapResponse>(
+        request, [](const v1::AeadRewrapRequest& r) { return r.key_id(); },
+        [](const Endpoint& e, grpc::ClientContext* ctx, const v1::BatchAeadRewrapRequest& req,
+           v1::BatchAeadRewrapResponse* resp) { return e.aead->BatchRewrap(ctx, req, resp); });
   });
 }
 

@@ -156,7 +156,31 @@ class Client final {
   absl::StatusOr<v1::KeyInfo> GetKey(absl::string_view key_id);
   absl::StatusOr<v1::ListKeysResponse> ListKeys();
   absl::StatusOr<v1::KeyInfo> RotateKey(absl::string_view key_id);
+
+  // Key lifecycle (offload/v1/keys.proto). DeleteKey schedules the key's destruction after the
+  // server's --key_deletion_wait, or after `wait` when that is longer (zero: the server's wait;
+  // rounded up to whole seconds; shorter than the server's is INVALID_ARGUMENT). Until then the
+  // key refuses every operation (FAILED_PRECONDITION) and CancelKeyDeletion brings it back. The
+  // answer holds the destruction time and the key as it is now (no key: the server's wait is 0
+  // and the key is gone at once). A retry after a lost answer says FAILED_PRECONDITION (already
+  // scheduled), as CreateKey's says ALREADY_EXISTS.
+  absl::StatusOr<v1::DeleteKeyResponse> DeleteKey(absl::string_view key_id, absl::Duration wait);
+  // DeleteKey with the server's wait, for callers of the call that used to delete at once.
   absl::Status DeleteKey(absl::string_view key_id);
+  absl::StatusOr<v1::KeyInfo> CancelKeyDeletion(absl::string_view key_id);
+  // A disabled key refuses every operation and keeps its material; no-ops in the state asked.
+  absl::StatusOr<v1::KeyInfo> DisableKey(absl::string_view key_id);
+  absl::StatusOr<v1::KeyInfo> EnableKey(absl::string_view key_id);
+  // `version`: an explicit version other than the current one (REQUIRES: version >= 1).
+  absl::StatusOr<v1::KeyInfo> DisableKeyVersion(absl::string_view key_id, uint32_t version);
+  absl::StatusOr<v1::KeyInfo> EnableKeyVersion(absl::string_view key_id, uint32_t version);
+  // A DISABLED version: its secret is wiped after the wait (as DeleteKey's `wait`) unless
+  // RestoreKeyVersion comes first.
+  absl::StatusOr<v1::KeyInfo> DestroyKeyVersion(absl::string_view key_id, uint32_t version,
+                                                absl::Duration wait = absl::ZeroDuration());
+  absl::StatusOr<v1::KeyInfo> RestoreKeyVersion(absl::string_view key_id, uint32_t version);
+  // AEAD and X25519 keys: versions below `version` are refused for opening and deriving.
+  absl::StatusOr<v1::KeyInfo> SetMinDecryptionVersion(absl::string_view key_id, uint32_t version);
 
   // --- Ed25519
   absl::StatusOr<v1::SignResponse> Sign(absl::string_view key_id, absl::string_view message);
@@ -196,6 +220,13 @@ class Client final {
                                                 absl::string_view associated_data = {});
   absl::StatusOr<v1::BatchAeadSealResponse> BatchAeadSeal(const v1::BatchAeadSealRequest& request);
   absl::StatusOr<v1::BatchAeadOpenResponse> BatchAeadOpen(const v1::BatchAeadOpenRequest& request);
+  // Opens `envelope` and seals its plaintext under the key's current version inside the service
+  // (the plaintext never leaves it), with the same `associated_data`. Not auto-batched.
+  absl::StatusOr<v1::AeadRewrapResponse> AeadRewrap(absl::string_view key_id,
+                                                    absl::string_view envelope,
+                                                    absl::string_view associated_data = {});
+  absl::StatusOr<v1::BatchAeadRewrapResponse> BatchAeadRewrap(
+      const v1::BatchAeadRewrapRequest& request);
 
   // Replaces the bearer token of every RPC started from now on (the one of ClientOptions at
   // first); an empty `token` sends none. For tokens that expire: refresh before they do. RPCs in
@@ -238,6 +269,11 @@ class Client final {
   // Splits an explicit batch by endpoint and size, runs `rpc` per chunk, merges in order.
   template <typename BatchReq, typename BatchResp, typename RouteOf, typename Rpc>
   absl::StatusOr<BatchResp> SplitBatch(const BatchReq& request, RouteOf route_of, Rpc rpc);
+  // A KeyVersionRequest for `key_id`, `version` and `wait` (DeleteKey's), sent with
+  // `rpc(stub, context, request, response*)`.
+  template <typename Rpc>
+  absl::StatusOr<v1::KeyInfo> KeyVersionCall(absl::string_view key_id, uint32_t version,
+                                             absl::Duration wait, Rpc rpc);
   // Runs one public call: counts it (calls, failed_calls) and keeps the destructor waiting.
   template <typename Fn>
   auto Run(Fn fn) -> decltype(fn());

@@ -1,5 +1,8 @@
 // The C++ client against real offload_server processes on loopback ports:
-// - the API end to end (keys, sign/verify, derive, box, AEAD, explicit batches, errors);
+// - the API end to end (keys, sign/verify, derive, box, AEAD, explicit batches, errors), and the
+//   key lifecycle: disable / enable, scheduled deletion and its cancellation, version disable /
+//   destroy / restore, min_decryption_version, Rewrap (the server wipes after 2 s, so real
+//   destructions are seen);
 // - retries: an unreachable endpoint costs no attempt (the call waits for it until its
 //   deadline), a peer that drops every call gets exactly `max_attempts` RPCs;
 // - 1,000 concurrent single Verify calls go out as exactly 4 full BatchVerify RPCs (and 200
@@ -88,6 +91,9 @@ class ClientApiTest : public ::testing::Test {
   static void SetUpTestSuite() {
     ASSERT_GE(sodium_init(), 0);
     server_ = new ServerProcess("api");
+    // Deletions and version destructions are carried out 2 s after they are asked for (the
+    // reaper runs every second), so the lifecycle tests see them happen.
+    server_->AddFlag("--key_deletion_wait=2s");
     server_->Start();
   }
   static void TearDownTestSuite() {
@@ -120,9 +126,145 @@ TEST_F(ClientApiTest, KeyLifecycle) {
   ASSERT_TRUE(list.ok());
   EXPECT_TRUE(std::any_of(list->keys().begin(), list->keys().end(),
                           [](const v1::KeyInfo& k) { return k.key_id() == "life-1"; }));
+
+  // Disabled: every operation refused, the material kept.
+  auto disabled = client_->DisableKey("life-1");
+  ASSERT_TRUE(disabled.ok()) << disabled.status();
+  EXPECT_EQ(disabled->state(), v1::KEY_STATE_DISABLED);
+  EXPECT_EQ(client_->Sign("life-1", "m").status().code(), absl::StatusCode::kFailedPrecondition);
+  auto enabled = client_->EnableKey("life-1");
+  ASSERT_TRUE(enabled.ok()) << enabled.status();
+  EXPECT_EQ(enabled->state(), v1::KEY_STATE_ENABLED);
+  auto sig = client_->Sign("life-1", "m");
+  ASSERT_TRUE(sig.ok()) << sig.status();
+
+  // DeleteKey schedules; until the time comes the key refuses everything and can come back.
+  EXPECT_EQ(client_->DeleteKey("life-1", absl::Seconds(-1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client_->DeleteKey("life-1", absl::Seconds(1)).status().code(),
+            absl::StatusCode::kInvalidArgument)  // shorter than the server's 2 s
+      << "a request may ask for a longer wait, never a shorter one";
+  const int64_t before = absl::ToUnixSeconds(absl::Now());
+  auto deleted = client_->DeleteKey("life-1", absl::Hours(1));
+  ASSERT_TRUE(deleted.ok()) << deleted.status();
+  EXPECT_GE(deleted->deletion_unix_seconds(), before + 3600);
+  EXPECT_LE(deleted->deletion_unix_seconds(), before + 3600 + 60);
+  EXPECT_EQ(deleted->key().state(), v1::KEY_STATE_PENDING_DELETION);
+  auto pending = client_->GetKey("life-1");
+  ASSERT_TRUE(pending.ok()) << pending.status();
+  EXPECT_EQ(pending->state(), v1::KEY_STATE_PENDING_DELETION);
+  EXPECT_EQ(pending->deletion_unix_seconds(), deleted->deletion_unix_seconds());
+  EXPECT_EQ(client_->Sign("life-1", "m").status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(client_->DeleteKey("life-1").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(client_->EnableKey("life-1").status().code(), absl::StatusCode::kFailedPrecondition);
+  auto cancelled = client_->CancelKeyDeletion("life-1");
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(cancelled->state(), v1::KEY_STATE_ENABLED);
+  EXPECT_EQ(cancelled->deletion_unix_seconds(), 0);
+  auto again = client_->Sign("life-1", "m");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->signature(), sig->signature());
+  EXPECT_EQ(client_->CancelKeyDeletion("life-1").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  // The old form: the server's wait (2 s here), then the key is gone and its id free.
   EXPECT_TRUE(client_->DeleteKey("life-1").ok());
-  EXPECT_EQ(client_->GetKey("life-1").status().code(), absl::StatusCode::kNotFound);
+  absl::StatusCode code = absl::StatusCode::kOk;
+  for (absl::Time give_up = absl::Now() + absl::Seconds(20); absl::Now() < give_up;) {
+    code = client_->GetKey("life-1").status().code();
+    if (code == absl::StatusCode::kNotFound) break;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  EXPECT_EQ(code, absl::StatusCode::kNotFound);
   EXPECT_EQ(client_->Sign("life-1", "m").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(client_->CreateKey("life-1", v1::KEY_TYPE_ED25519).ok());
+}
+
+TEST_F(ClientApiTest, KeyVersionsAndRewrap) {
+  ASSERT_TRUE(client_->CreateKey("life-aead", v1::KEY_TYPE_AES256_GCM).ok());
+  auto sealed = client_->AeadSeal("life-aead", "old secret", "ad");
+  ASSERT_TRUE(sealed.ok()) << sealed.status();
+  ASSERT_TRUE(client_->RotateKey("life-aead").ok());
+
+  // Rewrap: the same plaintext under version 2, opened by the client.
+  auto rewrapped = client_->AeadRewrap("life-aead", sealed->envelope(), "ad");
+  ASSERT_TRUE(rewrapped.ok()) << rewrapped.status();
+  EXPECT_EQ(rewrapped->key_version(), 2u);
+  EXPECT_EQ(rewrapped->previous_key_version(), 1u);
+  EXPECT_NE(rewrapped->envelope(), sealed->envelope());
+  auto opened = client_->AeadOpen("life-aead", rewrapped->envelope(), "ad");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  EXPECT_EQ(opened->plaintext(), "old secret");
+  EXPECT_EQ(opened->key_version(), 2u);
+  EXPECT_EQ(client_->AeadRewrap("life-aead", sealed->envelope(), "other ad").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  v1::BatchAeadRewrapRequest batch;
+  for (const std::string& envelope : {sealed->envelope(), std::string("junk")}) {
+    auto* item = batch.add_items();
+    item->set_key_id("life-aead");
+    item->set_envelope(envelope);
+    item->set_associated_data("ad");
+  }
+  auto batched = client_->BatchAeadRewrap(batch);
+  ASSERT_TRUE(batched.ok()) << batched.status();
+  ASSERT_EQ(batched->results_size(), 2);
+  EXPECT_EQ(batched->results(0).status().code(), 0);
+  EXPECT_EQ(batched->results(0).response().key_version(), 2u);
+  EXPECT_NE(batched->results(1).status().code(), 0);
+  opened = client_->AeadOpen("life-aead", batched->results(0).response().envelope(), "ad");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  EXPECT_EQ(opened->plaintext(), "old secret");
+
+  // Version 1 disabled: its envelopes are refused, the current version's are not.
+  EXPECT_EQ(client_->DisableKeyVersion("life-aead", 2).status().code(),
+            absl::StatusCode::kFailedPrecondition);  // the current version
+  auto info = client_->DisableKeyVersion("life-aead", 1);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->versions(0).state(), v1::KEY_VERSION_STATE_DISABLED);
+  EXPECT_EQ(client_->AeadOpen("life-aead", sealed->envelope(), "ad").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(client_->AeadOpen("life-aead", rewrapped->envelope(), "ad").ok());
+  ASSERT_TRUE(client_->EnableKeyVersion("life-aead", 1).ok());
+  EXPECT_TRUE(client_->AeadOpen("life-aead", sealed->envelope(), "ad").ok());
+
+  // Retired below min_decryption_version 2, then back.
+  info = client_->SetMinDecryptionVersion("life-aead", 2);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->min_decryption_version(), 2u);
+  EXPECT_EQ(client_->AeadOpen("life-aead", sealed->envelope(), "ad").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(client_->AeadRewrap("life-aead", sealed->envelope(), "ad").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(client_->SetMinDecryptionVersion("life-aead", 1).ok());
+
+  // Destroy: scheduled (restorable), then carried out after the server's 2 s.
+  EXPECT_EQ(client_->DestroyKeyVersion("life-aead", 1).status().code(),
+            absl::StatusCode::kFailedPrecondition);  // only a disabled version
+  ASSERT_TRUE(client_->DisableKeyVersion("life-aead", 1).ok());
+  info = client_->DestroyKeyVersion("life-aead", 1);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->versions(0).state(), v1::KEY_VERSION_STATE_DESTROY_SCHEDULED);
+  EXPECT_GT(info->versions(0).destroy_unix_seconds(), 0);
+  info = client_->RestoreKeyVersion("life-aead", 1);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->versions(0).state(), v1::KEY_VERSION_STATE_DISABLED);
+  ASSERT_TRUE(client_->DestroyKeyVersion("life-aead", 1, absl::Seconds(2)).ok());
+  v1::KeyVersionState state = v1::KEY_VERSION_STATE_UNSPECIFIED;
+  for (absl::Time give_up = absl::Now() + absl::Seconds(20); absl::Now() < give_up;) {
+    auto got = client_->GetKey("life-aead");
+    ASSERT_TRUE(got.ok()) << got.status();
+    state = got->versions(0).state();
+    if (state == v1::KEY_VERSION_STATE_DESTROYED) break;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  EXPECT_EQ(state, v1::KEY_VERSION_STATE_DESTROYED);
+  EXPECT_EQ(client_->RestoreKeyVersion("life-aead", 1).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(client_->AeadOpen("life-aead", sealed->envelope(), "ad").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  opened = client_->AeadOpen("life-aead", rewrapped->envelope(), "ad");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  EXPECT_EQ(opened->plaintext(), "old secret");
 }
 
 TEST_F(ClientApiTest, SignVerifyAndImportedKeyMatchesLibsodium) {

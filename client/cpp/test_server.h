@@ -283,6 +283,9 @@ class ServerProcess {
     PickPorts();
   }
 
+  // Adds a server flag ("--key_deletion_wait=2s") to every launch from now on.
+  void AddFlag(std::string flag) { flags_.push_back(std::move(flag)); }
+
   // Forks and execs the server (Prepare first if needed); does not wait for it to listen.
   void Launch() {
     const std::string binary = ServerBinary();
@@ -293,6 +296,7 @@ class ServerProcess {
                                       "--data_dir=" + dir_ + "/data",
                                       "--metrics_address=" + metrics_address_};
     args.insert(args.end(), extra_flags_.begin(), extra_flags_.end());
+    args.insert(args.end(), flags_.begin(), flags_.end());
     std::error_code ec;
     const auto size = std::filesystem::file_size(log_, ec);
     log_start_ = ec ? 0 : static_cast<size_t>(size);  // this start's lines come after
@@ -436,7 +440,8 @@ class ServerProcess {
   std::string address_;
   std::string metrics_address_;
   std::string kek_hex_;
-  std::vector<std::string> extra_flags_;
+  std::vector<std::string> extra_flags_;  // listeners' addresses (PickPorts)
+  std::vector<std::string> flags_;        // AddFlag's
   pid_t pid_ = -1;
   size_t log_start_ = 0;  // the log's size when the running process was launched
   bool started_ = false;  // answered once: its ports are known to clients and stay

@@ -2,6 +2,7 @@
 
 #include <sodium.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
@@ -15,6 +16,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -58,8 +60,35 @@ const std::vector<CommandSpec>& Commands() {
        "offloadctl keys get signer"},
       {"keys rotate", {"ID"}, {}, "Add a new random version and make it current.",
        "offloadctl keys rotate signer"},
-      {"keys delete", {"ID"}, {}, "Delete a key, every version, and its memo entries.",
+      {"keys delete", {"ID"}, {"wait"},
+       "Schedule the key's destruction after the server's --key_deletion_wait (7 days by "
+       "default), or after --wait when longer; until then it refuses every operation and "
+       "'keys cancel-deletion' brings it back. Prints when it will be destroyed.",
        "offloadctl keys delete signer"},
+      {"keys cancel-deletion", {"ID"}, {}, "Undo 'keys delete' before the wait ends: the key is "
+       "back, enabled or disabled as it was.",
+       "offloadctl keys cancel-deletion signer"},
+      {"keys disable", {"ID"}, {}, "Make the key refuse every operation (FAILED_PRECONDITION); "
+       "it keeps its material.",
+       "offloadctl keys disable signer"},
+      {"keys enable", {"ID"}, {}, "Make a disabled key usable again.",
+       "offloadctl keys enable signer"},
+      {"keys disable-version", {"ID", "V"}, {}, "Make version V (not the current one) refuse "
+       "every operation.",
+       "offloadctl keys disable-version vault 1"},
+      {"keys enable-version", {"ID", "V"}, {}, "Make a disabled version V usable again.",
+       "offloadctl keys enable-version vault 1"},
+      {"keys destroy-version", {"ID", "V"}, {"wait"},
+       "Schedule the wipe of disabled version V's secret after the server's wait (or --wait "
+       "when longer); 'keys restore-version' undoes it meanwhile.",
+       "offloadctl keys destroy-version vault 1"},
+      {"keys restore-version", {"ID", "V"}, {}, "Undo 'keys destroy-version': version V is back, "
+       "disabled.",
+       "offloadctl keys restore-version vault 1"},
+      {"keys min-decryption-version", {"ID", "V"}, {},
+       "AEAD and X25519 keys: refuse envelopes, boxes and derivations of versions below V (at "
+       "most the current version). Rewrap old envelopes first.",
+       "offloadctl keys min-decryption-version vault 2"},
       {"sign", {"ID"}, kMessageFlags,
        "Ed25519-sign a message (--message, --message_hex, --message_file or stdin) with the "
        "key's current version; prints signature, key version and public key.",
@@ -86,6 +115,12 @@ const std::vector<CommandSpec>& Commands() {
        "Open an AEAD envelope (--envelope_file is raw bytes); writes the raw plaintext (hex with "
        "--hex_output).",
        "offloadctl open vault --aad='user:42' --envelope_hex=$ENV"},
+      {"rewrap", {"ID"}, {"envelope_hex", "envelope_file", "envelopes_file", "aad", "aad_hex"},
+       "Move an AEAD envelope to the key's current version inside the service (the plaintext "
+       "never leaves it); prints the new envelope, its version and the previous one. "
+       "--envelopes_file: one hex envelope per line, rewrapped in one BatchRewrap, one line "
+       "out per line in (the new envelope, or the error); exit 2 if any failed.",
+       "offloadctl rewrap vault --aad='user:42' --envelope_hex=$ENV"},
       {"audit verify", {"FILE"}, {"key_file"},
        "Check an audit file written with --audit_chain_key_file (no server needed): every line's "
        "mac against the key (--key_file); exit 0 if all check, 1 naming the first broken line.",
@@ -209,7 +244,9 @@ absl::StatusOr<const CommandSpec*> FindCommand(absl::Span<const std::string> pos
   }
   if (one == "keys") {
     return absl::InvalidArgumentError(absl::StrCat(
-        "expected 'keys create|import|list|get|rotate|delete', got 'keys",
+        "expected 'keys create|import|list|get|rotate|delete|cancel-deletion|disable|enable|"
+        "disable-version|enable-version|destroy-version|restore-version|min-decryption-version', "
+        "got 'keys",
         positional.size() > 1 ? absl::StrCat(" ", positional[1]) : "", "'"));
   }
   return absl::InvalidArgumentError(
@@ -444,18 +481,77 @@ std::string KeyTypeName(v1::KeyType type) {
   }
 }
 
+std::string KeyStateName(v1::KeyState state) {
+  switch (state) {
+    case v1::KEY_STATE_ENABLED: return "enabled";
+    case v1::KEY_STATE_DISABLED: return "disabled";
+    case v1::KEY_STATE_PENDING_DELETION: return "pending-deletion";
+    default: return absl::StrCat("unspecified(", static_cast<int>(state), ")");
+  }
+}
+
+std::string KeyVersionStateName(v1::KeyVersionState state) {
+  switch (state) {
+    case v1::KEY_VERSION_STATE_ENABLED: return "enabled";
+    case v1::KEY_VERSION_STATE_DISABLED: return "disabled";
+    case v1::KEY_VERSION_STATE_DESTROY_SCHEDULED: return "destroy-scheduled";
+    case v1::KEY_VERSION_STATE_DESTROYED: return "destroyed";
+    default: return absl::StrCat("unspecified(", static_cast<int>(state), ")");
+  }
+}
+
+std::string FormatUnixSeconds(int64_t seconds) {
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::FromUnixSeconds(seconds),
+                          absl::UTCTimeZone());
+}
+
+absl::StatusOr<uint32_t> ParseVersionArg(absl::string_view text) {
+  uint32_t version = 0;
+  const bool digits = !text.empty() && std::all_of(text.begin(), text.end(), [](char c) {
+    return absl::ascii_isdigit(static_cast<unsigned char>(c));
+  });
+  if (!digits || !absl::SimpleAtoi(text, &version) || version == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("V: expected a key version number >= 1, got '", text, "'"));
+  }
+  return version;
+}
+
+absl::StatusOr<int64_t> WaitSeconds(absl::Duration wait) {
+  if (wait < absl::ZeroDuration() || wait == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--wait: expected a duration >= 0, got ", absl::FormatDuration(wait)));
+  }
+  return absl::ToInt64Seconds(absl::Ceil(wait, absl::Seconds(1)));
+}
+
 std::string FormatKeyInfo(const v1::KeyInfo& key) {
   std::string out = absl::StrCat("key_id: ", key.key_id(), "\ntype: ", KeyTypeName(key.type()),
                                  "\ncurrent_version: ", key.current_version(), "\n");
+  if (key.state() != v1::KEY_STATE_UNSPECIFIED) {
+    absl::StrAppend(&out, "state: ", KeyStateName(key.state()), "\n");
+  }
+  if (key.deletion_unix_seconds() != 0) {
+    absl::StrAppend(&out, "deletion: ", FormatUnixSeconds(key.deletion_unix_seconds()), "\n");
+  }
+  if (key.min_decryption_version() > 1) {
+    absl::StrAppend(&out, "min_decryption_version: ", key.min_decryption_version(), "\n");
+  }
   if (key.type() == v1::KEY_TYPE_X25519) {
     absl::StrAppend(&out, "allow_zero_shared_secret: ",
                     key.options().allow_zero_shared_secret() ? "true" : "false", "\n");
   }
   for (const v1::KeyVersionInfo& v : key.versions()) {
     absl::StrAppend(&out, "version: ", v.version(), "  created: ",
-                    absl::FormatTime("%Y-%m-%dT%H:%M:%SZ",
-                                     absl::FromUnixSeconds(v.created_unix_seconds()),
-                                     absl::UTCTimeZone()));
+                    FormatUnixSeconds(v.created_unix_seconds()));
+    if (v.state() != v1::KEY_VERSION_STATE_UNSPECIFIED) {
+      absl::StrAppend(&out, "  state: ", KeyVersionStateName(v.state()));
+    }
+    if (v.destroy_unix_seconds() != 0) {
+      absl::StrAppend(&out,
+                      v.state() == v1::KEY_VERSION_STATE_DESTROYED ? "  destroyed: " : "  destroy: ",
+                      FormatUnixSeconds(v.destroy_unix_seconds()));
+    }
     if (!v.public_key().empty()) {
       absl::StrAppend(&out, "  public_key: ", EncodeHex(v.public_key()));
     }
@@ -465,9 +561,40 @@ std::string FormatKeyInfo(const v1::KeyInfo& key) {
 }
 
 std::string FormatKeyListLine(const v1::KeyInfo& key) {
-  return absl::StrCat(key.key_id(), "  ", KeyTypeName(key.type()),
-                      "  current_version=", key.current_version(),
-                      "  versions=", key.versions_size(), "\n");
+  std::string out = absl::StrCat(key.key_id(), "  ", KeyTypeName(key.type()),
+                                 "  current_version=", key.current_version(),
+                                 "  versions=", key.versions_size());
+  if (key.state() != v1::KEY_STATE_UNSPECIFIED && key.state() != v1::KEY_STATE_ENABLED) {
+    absl::StrAppend(&out, "  state=", KeyStateName(key.state()));
+  }
+  if (key.deletion_unix_seconds() != 0) {
+    absl::StrAppend(&out, "  deletion=", FormatUnixSeconds(key.deletion_unix_seconds()));
+  }
+  if (key.min_decryption_version() > 1) {
+    absl::StrAppend(&out, "  min_decryption_version=", key.min_decryption_version());
+  }
+  std::vector<std::string> others;
+  for (const v1::KeyVersionInfo& v : key.versions()) {
+    if (v.state() != v1::KEY_VERSION_STATE_UNSPECIFIED &&
+        v.state() != v1::KEY_VERSION_STATE_ENABLED) {
+      others.push_back(absl::StrCat(v.version(), ":", KeyVersionStateName(v.state())));
+    }
+  }
+  if (!others.empty()) absl::StrAppend(&out, "  version_states=", absl::StrJoin(others, ","));
+  absl::StrAppend(&out, "\n");
+  return out;
+}
+
+std::string FormatDeleteKey(const v1::DeleteKeyResponse& response, absl::string_view key_id,
+                            absl::Time now) {
+  if (!response.has_key()) return absl::StrCat("deleted: ", key_id, "\n");
+  const absl::Time when = absl::FromUnixSeconds(response.deletion_unix_seconds());
+  const absl::Duration left = std::max(absl::ZeroDuration(), absl::Ceil(when - now,
+                                                                        absl::Seconds(1)));
+  return absl::StrCat("pending_deletion: ", key_id, "\ndeletion: ",
+                      FormatUnixSeconds(response.deletion_unix_seconds()), " (in ",
+                      absl::FormatDuration(left), ")\nto keep it: offloadctl keys cancel-deletion ",
+                      key_id, "\n");
 }
 
 absl::Status MarkRpcError(absl::Status status) {

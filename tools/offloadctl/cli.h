@@ -74,6 +74,8 @@ struct Options {
   std::optional<std::string> envelope_file;
 
   std::optional<std::string> key_file;  // audit verify: the chain's key
+  std::optional<absl::Duration> wait;   // keys delete / destroy-version: the deletion wait
+  std::optional<std::string> envelopes_file;  // rewrap: one hex envelope per line (BatchRewrap)
 
   // Names (without dashes) of every flag given on the command line, globals included.
   std::set<std::string> specified;
@@ -166,11 +168,33 @@ absl::StatusOr<v1::KeyType> ParseKeyType(absl::string_view name);
 // The short lower-case name ParseKeyType accepts, or "unspecified(N)".
 std::string KeyTypeName(v1::KeyType type);
 
-// Human-readable lines for a key: id, type, options, one line per version.
+// "enabled", "disabled", "pending-deletion" / "enabled", "disabled", "destroy-scheduled",
+// "destroyed"; "unspecified(N)" otherwise.
+std::string KeyStateName(v1::KeyState state);
+std::string KeyVersionStateName(v1::KeyVersionState state);
+
+// Seconds since the Unix epoch as "2026-01-02T03:04:05Z".
+std::string FormatUnixSeconds(int64_t seconds);
+
+// A key version argument (the V of `keys disable-version ID V`): a decimal number >= 1.
+// InvalidArgument names `V` and the text.
+absl::StatusOr<uint32_t> ParseVersionArg(absl::string_view text);
+
+// A --wait value as a request's whole seconds, rounded up. InvalidArgument if negative.
+absl::StatusOr<int64_t> WaitSeconds(absl::Duration wait);
+
+// Human-readable lines for a key: id, type, state (with its deletion time),
+// min_decryption_version, options, one line per version with its state.
 std::string FormatKeyInfo(const v1::KeyInfo& key);
 
-// One line per key for `keys list`.
+// One line per key for `keys list`: id, type, versions, and whatever is not plain enabled (the
+// key's state and deletion time, min_decryption_version, versions not enabled).
 std::string FormatKeyListLine(const v1::KeyInfo& key);
+
+// What `keys delete ID` prints: when the key will be destroyed (relative to `now`) and how to
+// keep it, or "deleted: ID" when the server destroyed it at once (no key in the answer).
+std::string FormatDeleteKey(const v1::DeleteKeyResponse& response, absl::string_view key_id,
+                            absl::Time now);
 
 // The exit code for a failed command: kExitRpcError if `status` came from the server
 // (see MarkRpcError), kExitUsage otherwise.

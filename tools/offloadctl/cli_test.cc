@@ -319,5 +319,60 @@ TEST(FormatTest, KeyInfoShowsVersionsAndPublicKeys) {
   EXPECT_EQ(FormatKeyListLine(key), "alice  x25519  current_version=2  versions=2\n");
 }
 
+TEST(FormatTest, KeyInfoShowsLifecycleStates) {
+  v1::KeyInfo key;
+  key.set_key_id("vault");
+  key.set_type(v1::KEY_TYPE_AES256_GCM);
+  key.set_current_version(3);
+  key.set_state(v1::KEY_STATE_PENDING_DELETION);
+  key.set_deletion_unix_seconds(86400);
+  key.set_min_decryption_version(2);
+  auto* a = key.add_versions();
+  a->set_version(1);
+  a->set_state(v1::KEY_VERSION_STATE_DESTROYED);
+  a->set_destroy_unix_seconds(60);
+  auto* b = key.add_versions();
+  b->set_version(2);
+  b->set_state(v1::KEY_VERSION_STATE_DISABLED);
+  auto* c = key.add_versions();
+  c->set_version(3);
+  c->set_state(v1::KEY_VERSION_STATE_ENABLED);
+  const std::string text = FormatKeyInfo(key);
+  EXPECT_THAT(text, HasSubstr("current_version: 3\nstate: pending-deletion\n"
+                              "deletion: 1970-01-02T00:00:00Z\nmin_decryption_version: 2\n"));
+  EXPECT_THAT(text, HasSubstr("version: 1  created: 1970-01-01T00:00:00Z  state: destroyed  "
+                              "destroyed: 1970-01-01T00:01:00Z\n"));
+  EXPECT_THAT(text, HasSubstr("version: 2  created: 1970-01-01T00:00:00Z  state: disabled\n"));
+  EXPECT_EQ(FormatKeyListLine(key),
+            "vault  aes256-gcm  current_version=3  versions=3  state=pending-deletion  "
+            "deletion=1970-01-02T00:00:00Z  min_decryption_version=2  "
+            "version_states=1:destroyed,2:disabled\n");
+}
+
+TEST(FormatTest, DeleteKeySaysWhenAndHowToCancel) {
+  v1::DeleteKeyResponse response;
+  response.set_deletion_unix_seconds(7200);
+  response.mutable_key()->set_state(v1::KEY_STATE_PENDING_DELETION);
+  EXPECT_EQ(FormatDeleteKey(response, "k", absl::FromUnixSeconds(3600)),
+            "pending_deletion: k\ndeletion: 1970-01-01T02:00:00Z (in 1h)\n"
+            "to keep it: offloadctl keys cancel-deletion k\n");
+  // A server with --key_deletion_wait=0 destroys at once and answers no key.
+  EXPECT_EQ(FormatDeleteKey(v1::DeleteKeyResponse(), "k", absl::FromUnixSeconds(0)),
+            "deleted: k\n");
+}
+
+TEST(ArgsTest, VersionsAndWaits) {
+  EXPECT_EQ(*ParseVersionArg("2"), 2u);
+  for (const char* bad : {"0", "", "-1", "x", "1.5", "99999999999"}) {
+    EXPECT_EQ(ParseVersionArg(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_EQ(*WaitSeconds(absl::Milliseconds(1500)), 2);
+  EXPECT_EQ(*WaitSeconds(absl::ZeroDuration()), 0);
+  EXPECT_EQ(WaitSeconds(absl::Seconds(-1)).status().code(), absl::StatusCode::kInvalidArgument);
+  const auto* spec = *FindCommand(Args({"keys", "destroy-version"}));
+  EXPECT_TRUE(CheckCommand(*spec, Args({"keys", "destroy-version", "k", "1"}), Options()).ok());
+  EXPECT_FALSE(CheckCommand(*spec, Args({"keys", "destroy-version", "k"}), Options()).ok());
+}
+
 }  // namespace
 }  // namespace offload::ctl

@@ -12,6 +12,8 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/cpp/credentials.h"
@@ -233,15 +235,83 @@ absl::StatusOr<int> KeysRotate(Client& c, const Options& o, const std::string& i
 absl::StatusOr<int> KeysDelete(Client& c, const Options& o, const std::string& id) {
   v1::DeleteKeyRequest request;
   request.set_key_id(id);
+  if (o.wait.has_value()) {
+    OFFLOAD_ASSIGN_OR_RETURN(int64_t seconds, WaitSeconds(*o.wait));
+    request.set_wait_seconds(seconds);
+  }
   v1::DeleteKeyResponse response;
   OFFLOAD_RETURN_IF_ERROR(
       c.Invoke([&](auto* ctx) { return c.keys().DeleteKey(ctx, request, &response); }));
   if (o.json) {
     OFFLOAD_RETURN_IF_ERROR(PrintJson(response));
   } else {
-    Write(absl::StrCat("deleted: ", id, "\n"));
+    Write(FormatDeleteKey(response, id, absl::Now()));
   }
   return kExitOk;
+}
+
+// The lifecycle calls that take a key id and answer the KeyInfo (`rpc(stub, ctx, &response)`).
+template <typename Rpc>
+absl::StatusOr<int> KeysChange(Client& c, const Options& o, Rpc rpc) {
+  v1::KeyInfo response;
+  OFFLOAD_RETURN_IF_ERROR(c.Invoke([&](auto* ctx) { return rpc(c.keys(), ctx, &response); }));
+  OFFLOAD_RETURN_IF_ERROR(PrintKey(o, response));
+  return kExitOk;
+}
+
+absl::StatusOr<int> KeysCancelDeletion(Client& c, const Options& o, const std::string& id) {
+  v1::CancelKeyDeletionRequest request;
+  request.set_key_id(id);
+  return KeysChange(c, o, [&](auto& stub, auto* ctx, v1::KeyInfo* r) {
+    return stub.CancelKeyDeletion(ctx, request, r);
+  });
+}
+
+absl::StatusOr<int> KeysDisable(Client& c, const Options& o, const std::string& id) {
+  v1::DisableKeyRequest request;
+  request.set_key_id(id);
+  return KeysChange(c, o, [&](auto& stub, auto* ctx, v1::KeyInfo* r) {
+    return stub.DisableKey(ctx, request, r);
+  });
+}
+
+absl::StatusOr<int> KeysEnable(Client& c, const Options& o, const std::string& id) {
+  v1::EnableKeyRequest request;
+  request.set_key_id(id);
+  return KeysChange(c, o, [&](auto& stub, auto* ctx, v1::KeyInfo* r) {
+    return stub.EnableKey(ctx, request, r);
+  });
+}
+
+// `keys disable-version|enable-version|destroy-version|restore-version ID V`.
+absl::StatusOr<int> KeysVersion(Client& c, const Options& o, const std::string& name,
+                                const std::string& id, const std::string& version_arg) {
+  v1::KeyVersionRequest request;
+  request.set_key_id(id);
+  OFFLOAD_ASSIGN_OR_RETURN(uint32_t version, ParseVersionArg(version_arg));
+  request.set_version(version);
+  if (o.wait.has_value()) {
+    OFFLOAD_ASSIGN_OR_RETURN(int64_t seconds, WaitSeconds(*o.wait));
+    request.set_wait_seconds(seconds);
+  }
+  return KeysChange(c, o, [&](v1::KeyService::Stub& stub, grpc::ClientContext* ctx,
+                              v1::KeyInfo* r) {
+    if (name == "keys disable-version") return stub.DisableKeyVersion(ctx, request, r);
+    if (name == "keys enable-version") return stub.EnableKeyVersion(ctx, request, r);
+    if (name == "keys destroy-version") return stub.DestroyKeyVersion(ctx, request, r);
+    return stub.RestoreKeyVersion(ctx, request, r);
+  });
+}
+
+absl::StatusOr<int> KeysMinDecryptionVersion(Client& c, const Options& o, const std::string& id,
+                                             const std::string& version_arg) {
+  v1::SetMinDecryptionVersionRequest request;
+  request.set_key_id(id);
+  OFFLOAD_ASSIGN_OR_RETURN(uint32_t version, ParseVersionArg(version_arg));
+  request.set_min_decryption_version(version);
+  return KeysChange(c, o, [&](auto& stub, auto* ctx, v1::KeyInfo* r) {
+    return stub.SetMinDecryptionVersion(ctx, request, r);
+  });
 }
 
 absl::StatusOr<int> Sign(Client& c, const Options& o, const std::string& id) {
@@ -374,6 +444,84 @@ absl::StatusOr<int> AeadOpen(Client& c, const Options& o, const std::string& id)
   return kExitOk;
 }
 
+// `rewrap ID --envelopes_file=PATH`: one hex envelope per line (blank lines skipped), one
+// BatchRewrap, one line out per envelope in: the new envelope's hex, or "error: CODE: message".
+absl::StatusOr<int> AeadBatchRewrap(Client& c, const Options& o, const std::string& id,
+                                    const std::string& aad) {
+  OFFLOAD_ASSIGN_OR_RETURN(std::string text, ReadFileBytes(*o.envelopes_file));
+  v1::BatchAeadRewrapRequest request;
+  int line_number = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++line_number;
+    if (absl::StripAsciiWhitespace(line).empty()) continue;
+    v1::AeadRewrapRequest* item = request.add_items();
+    item->set_key_id(id);
+    item->set_associated_data(aad);
+    OFFLOAD_ASSIGN_OR_RETURN(
+        *item->mutable_envelope(),
+        DecodeHex(absl::StrCat("--envelopes_file line ", line_number), line));
+  }
+  if (request.items_size() == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--envelopes_file: expected hex envelopes, one a line, got none in '",
+                     *o.envelopes_file, "'"));
+  }
+  v1::BatchAeadRewrapResponse response;
+  OFFLOAD_RETURN_IF_ERROR(
+      c.Invoke([&](auto* ctx) { return c.aead().BatchRewrap(ctx, request, &response); }));
+  int failed = 0;
+  for (const v1::BatchAeadRewrapResult& r : response.results()) {
+    if (r.status().code() != 0) ++failed;
+  }
+  if (o.json) {
+    OFFLOAD_RETURN_IF_ERROR(PrintJson(response));
+  } else {
+    for (const v1::BatchAeadRewrapResult& r : response.results()) {
+      if (r.status().code() != 0) {
+        Write(absl::StrCat(
+            FormatError(absl::Status(static_cast<absl::StatusCode>(r.status().code()),
+                                     r.status().message())),
+            "\n"));
+      } else {
+        Write(absl::StrCat(EncodeHex(r.response().envelope()), "\n"));
+      }
+    }
+  }
+  if (failed != 0) {
+    return MarkRpcError(absl::AbortedError(absl::StrCat(
+        failed, " of ", response.results_size(), " envelope(s) not rewrapped")));
+  }
+  return kExitOk;
+}
+
+absl::StatusOr<int> AeadRewrap(Client& c, const Options& o, const std::string& id) {
+  OFFLOAD_ASSIGN_OR_RETURN(std::string aad, ReadAad(o));
+  if (o.envelopes_file.has_value()) {
+    if (o.envelope_hex.has_value() || o.envelope_file.has_value()) {
+      return absl::InvalidArgumentError(
+          "expected at most one of --envelope_hex, --envelope_file, --envelopes_file, got 2");
+    }
+    return AeadBatchRewrap(c, o, id, aad);
+  }
+  v1::AeadRewrapRequest request;
+  request.set_key_id(id);
+  request.set_associated_data(aad);
+  OFFLOAD_ASSIGN_OR_RETURN(*request.mutable_envelope(),
+                           ReadBytesInput("envelope", nullptr, &o.envelope_hex, &o.envelope_file,
+                                          /*required=*/true, /*fallback_stdin=*/false));
+  v1::AeadRewrapResponse response;
+  OFFLOAD_RETURN_IF_ERROR(
+      c.Invoke([&](auto* ctx) { return c.aead().Rewrap(ctx, request, &response); }));
+  if (o.json) {
+    OFFLOAD_RETURN_IF_ERROR(PrintJson(response));
+  } else {
+    Write(absl::StrCat("envelope: ", EncodeHex(response.envelope()),
+                       "\nkey_version: ", response.key_version(),
+                       "\nprevious_key_version: ", response.previous_key_version(), "\n"));
+  }
+  return kExitOk;
+}
+
 // `audit verify FILE`: the file's HMAC chain (service/auth/audit_chain.h) under --key_file.
 absl::StatusOr<int> AuditVerify(const Options& o, const std::string& path) {
   if (!o.key_file.has_value()) {
@@ -405,7 +553,10 @@ absl::StatusOr<int> RunCommand(const CommandSpec& spec, absl::Span<const std::st
   if (spec.name == "audit verify") return AuditVerify(options, positional.back());
   OFFLOAD_ASSIGN_OR_RETURN(std::unique_ptr<Client> made, Client::Create(options));
   Client& client = *made;
-  const std::string id = positional.empty() ? "" : positional.back();
+  // The positional arguments after the subcommand's words: ID, then V for the version commands.
+  const size_t words = spec.name.find(' ') == std::string::npos ? 1 : 2;
+  const std::string id = positional.size() > words ? positional[words] : "";
+  const std::string arg2 = positional.size() > words + 1 ? positional[words + 1] : "";
   const std::string& n = spec.name;
   if (n == "keys create") return KeysCreate(client, options, id);
   if (n == "keys import") return KeysImport(client, options, id);
@@ -413,6 +564,16 @@ absl::StatusOr<int> RunCommand(const CommandSpec& spec, absl::Span<const std::st
   if (n == "keys get") return KeysGet(client, options, id);
   if (n == "keys rotate") return KeysRotate(client, options, id);
   if (n == "keys delete") return KeysDelete(client, options, id);
+  if (n == "keys cancel-deletion") return KeysCancelDeletion(client, options, id);
+  if (n == "keys disable") return KeysDisable(client, options, id);
+  if (n == "keys enable") return KeysEnable(client, options, id);
+  if (n == "keys disable-version" || n == "keys enable-version" || n == "keys destroy-version" ||
+      n == "keys restore-version") {
+    return KeysVersion(client, options, n, id, arg2);
+  }
+  if (n == "keys min-decryption-version") {
+    return KeysMinDecryptionVersion(client, options, id, arg2);
+  }
   if (n == "sign") return Sign(client, options, id);
   if (n == "verify") return Verify(client, options);
   if (n == "derive") return Derive(client, options, id);
@@ -420,6 +581,7 @@ absl::StatusOr<int> RunCommand(const CommandSpec& spec, absl::Span<const std::st
   if (n == "box-open") return BoxOpen(client, options, id);
   if (n == "seal") return AeadSeal(client, options, id);
   if (n == "open") return AeadOpen(client, options, id);
+  if (n == "rewrap") return AeadRewrap(client, options, id);
   return absl::InternalError(absl::StrCat("subcommand '", n, "' has no implementation"));
 }
 

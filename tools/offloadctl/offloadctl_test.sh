@@ -70,14 +70,27 @@ check_hidden() {  # check_hidden TEXT: TEXT is nowhere in what offloadctl printe
 # --- without a server ----------------------------------------------------------------------
 "$CTL" help >"$TMP/help" || { echo "FAIL: help exit $?"; failures=$((failures + 1)); }
 for cmd in "keys create" "keys import" "keys list" "keys get" "keys rotate" "keys delete" \
-           sign verify derive box-seal box-open seal open; do
+           "keys cancel-deletion" "keys disable" "keys enable" "keys disable-version" \
+           "keys enable-version" "keys destroy-version" "keys restore-version" \
+           "keys min-decryption-version" sign verify derive box-seal box-open seal open rewrap; do
   grep -q "^  $cmd" "$TMP/help" || { echo "FAIL: help lacks '$cmd'"; failures=$((failures + 1)); }
 done
 "$CTL" >/dev/null || { echo "FAIL: no args should print usage and exit 0"; failures=$((failures + 1)); }
 "$CTL" --help | grep -q "subcommands:" || { echo "FAIL: --help"; failures=$((failures + 1)); }
 
 expect 64 "error: INVALID_ARGUMENT: unknown subcommand 'frob'" -- frob
-expect 64 "expected 'keys create|import|list|get|rotate|delete'" -- keys destroy x
+expect 64 "expected 'keys create|import|list|get|rotate|delete|cancel-deletion|disable|enable|" \
+  -- keys destroy x
+expect 64 "'keys disable-version' expects ID V, got 1" -- keys disable-version k
+expect 64 "V: expected a key version number >= 1, got 'x'" -- --server=127.0.0.1:1 \
+  keys disable-version k x
+expect 64 "V: expected a key version number >= 1, got '0'" -- --server=127.0.0.1:1 \
+  keys destroy-version k 0
+expect 64 "--wait: expected a duration >= 0, got -1s" -- --server=127.0.0.1:1 keys delete k \
+  --wait=-1s
+expect 64 "flag --wait does not apply to 'keys disable'" -- keys disable k --wait=1h
+expect 64 "expected at most one of --envelope_hex, --envelope_file, --envelopes_file, got 2" -- \
+  --server=127.0.0.1:1 rewrap k --envelope_hex=00 --envelopes_file="$TMP/nope"
 expect 64 "unknown flag --mesage" -- sign k --mesage=hi
 expect 64 "bad value 'soon' for flag --timeout" -- --timeout=soon keys list
 expect 64 "flag --peer_hex does not apply to 'sign'" -- sign k --peer_hex=00 --message=x
@@ -190,7 +203,7 @@ PY
   fi
   OFFLOAD_KEK=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n') \
     "$SERVER_BIN" --grpc_address=127.0.0.1:0 --http_address="$http" --metrics_address= \
-    --data_dir="$TMP/data" "${SERVER_FLAGS[@]}" >"$TMP/server.log" 2>&1 &
+    --data_dir="$TMP/data" --key_deletion_wait=2s "${SERVER_FLAGS[@]}" >"$TMP/server.log" 2>&1 &
   SERVER_PID=$!
   port=
   for _ in $(seq 600); do  # 60 s: an ASan server on a busy machine
@@ -270,8 +283,102 @@ PY
   check "--json prints the message" grep -q '"key_id":"signer"' "$TMP/out"
   run keys list
   check "list shows 6 keys" test "$(wc -l <"$TMP/out")" -eq 6
+
+  # The key lifecycle. The server waits 2 s (--key_deletion_wait=2s) before it wipes a key or a
+  # version, so the tour sees a real destruction; a request may ask for longer, not shorter.
+  run keys disable signer
+  check "disable: state disabled" grep -qx "state: disabled" "$TMP/out"
+  expect 2 "error: FAILED_PRECONDITION:" -- "${S[@]}" sign signer --message=hello
+  run keys enable signer
+  check "enable: state enabled" grep -qx "state: enabled" "$TMP/out"
+  run sign signer --message=hello
+  check "enabled again: signs" test "$(field signature)" = "$SIG"
+  expect 2 "error: INVALID_ARGUMENT:" -- "${S[@]}" keys delete signer --wait=1s
+  run keys delete signer --wait=1h
+  check "delete: pending" grep -qx "pending_deletion: signer" "$TMP/out"
+  check "delete: says when" grep -q "^deletion: 20..-..-..T..:..:..Z (in 1h" "$TMP/out"
+  check "delete: says how to keep it" \
+    grep -qx "to keep it: offloadctl keys cancel-deletion signer" "$TMP/out"
+  run keys get signer
+  check "get: pending-deletion" grep -qx "state: pending-deletion" "$TMP/out"
+  check "get: deletion time" grep -q "^deletion: 20" "$TMP/out"
+  run keys list
+  check "list: pending-deletion" grep -q "^signer .*state=pending-deletion  deletion=20" "$TMP/out"
+  expect 2 "error: FAILED_PRECONDITION:" -- "${S[@]}" sign signer --message=hello
+  expect 2 "error: FAILED_PRECONDITION:" -- "${S[@]}" keys delete signer
+  run keys cancel-deletion signer
+  check "cancel-deletion: enabled" grep -qx "state: enabled" "$TMP/out"
+  run sign signer --message=hello
+  check "cancelled: signs as before" test "$(field signature)" = "$SIG"
+
+  # Versions and Rewrap on the rotated AEAD key: $ENV was sealed under version 1.
+  V=vault-aes256-gcm
+  run rewrap $V --aad=user:42 --envelope_hex="$ENV"
+  NEW=$(field envelope)
+  check "rewrap: version 2 from 1" test "$(field key_version)/$(field previous_key_version)" = 2/1
+  run open $V --aad=user:42 --envelope_hex="$NEW"
+  check "rewrapped envelope opens to the plaintext" test "$(cat "$TMP/out")" = 'secret note'
+  expect 2 "error: INVALID_ARGUMENT:" -- "${S[@]}" rewrap $V --aad=user:43 --envelope_hex="$ENV"
+  printf '%s\n\n%s\n00\n' "$ENV" "$NEW" >"$TMP/envelopes"
+  expect 2 "1 of 3 envelope(s) not rewrapped" -- "${S[@]}" rewrap $V --aad=user:42 \
+    --envelopes_file="$TMP/envelopes"
+  check "batch rewrap: a line per envelope" test "$(wc -l <"$TMP/out")" -eq 3
+  check "batch rewrap: the bad one says why" grep -q "^error: INVALID_ARGUMENT:" "$TMP/out"
+  B1=$(sed -n 1p "$TMP/out")
+  run open $V --aad=user:42 --envelope_hex="$B1"
+  check "batch-rewrapped envelope opens" test "$(cat "$TMP/out")" = 'secret note'
+  expect 2 "error: FAILED_PRECONDITION:" -- "${S[@]}" keys disable-version $V 2
+  run keys disable-version $V 1
+  check "disable-version: disabled" grep -q "^version: 1 .* state: disabled" "$TMP/out"
+  expect 2 "error: FAILED_PRECONDITION:" -- "${S[@]}" open $V --aad=user:42 --envelope_hex="$ENV"
+  run open $V --aad=user:42 --envelope_hex="$NEW"
+  check "current version still opens" test "$(cat "$TMP/out")" = 'secret note'
+  run keys enable-version $V 1
+  run open $V --aad=user:42 --envelope_hex="$ENV"
+  check "enable-version: opens again" test "$(cat "$TMP/out")" = 'secret note'
+  run keys min-decryption-version $V 2
+  check "min-decryption-version shown" grep -qx "min_decryption_version: 2" "$TMP/out"
+  expect 2 "below its min_decryption_version" -- "${S[@]}" open $V --aad=user:42 \
+    --envelope_hex="$ENV"
+  run open $V --aad=user:42 --envelope_hex="$NEW"
+  check "above the minimum: opens" test "$(cat "$TMP/out")" = 'secret note'
+  run keys list
+  check "list: min_decryption_version" grep -q "^$V .*min_decryption_version=2" "$TMP/out"
+  run keys min-decryption-version $V 1
+  run keys disable-version $V 1
+  run keys destroy-version $V 1
+  check "destroy-version: scheduled" \
+    grep -q "^version: 1 .* state: destroy-scheduled  destroy: 20" "$TMP/out"
+  run keys list
+  check "list: version states" grep -q "^$V .*version_states=1:destroy-scheduled" "$TMP/out"
+  run keys restore-version $V 1
+  check "restore-version: disabled" grep -q "^version: 1 .* state: disabled" "$TMP/out"
+  run keys destroy-version $V 1
+  # Wiped about 2 s later (the server's reaper runs every second).
+  destroyed=
+  for _ in $(seq 30); do
+    "$CTL" "${S[@]}" keys get $V >"$TMP/out" 2>"$TMP/err" </dev/null
+    record
+    grep -q "^version: 1 .* state: destroyed  destroyed: 20" "$TMP/out" && { destroyed=1; break; }
+    sleep 0.5
+  done
+  check "destroy-version: destroyed after the wait" test -n "$destroyed"
+  expect 2 "error: FAILED_PRECONDITION:" -- "${S[@]}" keys restore-version $V 1
+  expect 2 "error: FAILED_PRECONDITION:" -- "${S[@]}" keys enable-version $V 1
+  run open $V --aad=user:42 --envelope_hex="$NEW"
+  check "version 2 untouched" test "$(cat "$TMP/out")" = 'secret note'
+
+  # A deletion carried out: gone after the wait, and the id is free again.
   run keys delete signer
-  expect 2 "error: NOT_FOUND:" -- "${S[@]}" keys get signer
+  gone=
+  for _ in $(seq 30); do
+    "$CTL" "${S[@]}" keys get signer >"$TMP/out" 2>"$TMP/err" </dev/null
+    [[ $? -eq 2 ]] && grep -q "error: NOT_FOUND:" "$TMP/err" && { gone=1; break; }
+    sleep 0.5
+  done
+  record
+  check "delete: gone after the wait" test -n "$gone"
+  run keys create --type=ed25519 signer
 
   A=(--server=$ADDRESS --timeout=30s)
   if [[ $AUTH == mtls ]]; then
