@@ -294,26 +294,46 @@ absl::Status Operations::BoxOpen(const v1::BoxOpenRequest& request,
   return absl::OkStatus();
 }
 
+namespace {
+// Seals `plaintext` under `version` with a random nonce into `*out` (the whole envelope: header,
+// ciphertext, tag). Returns the nonce and the ciphertext-and-tag part, for the memo.
+struct Sealed {
+  absl::Span<const uint8_t> nonce;
+  absl::Span<const uint8_t> ciphertext_and_tag;
+};
+absl::StatusOr<Sealed> SealEnvelopeInto(const keys::ManagedKeyVersion& version,
+                                        absl::Span<const uint8_t> associated_data,
+                                        absl::Span<const uint8_t> plaintext, std::string* out) {
+  const crypto::Aead& aead = *version.aead;
+  const size_t nonce_size = crypto::AeadNonceSize(aead.algorithm());
+  absl::Span<uint8_t> envelope = Resize(out, EnvelopeSize(nonce_size, plaintext.size()));
+  uint8_t random[24];
+  randombytes_buf(random, nonce_size);
+  WriteEnvelopeHeader(version.version, absl::MakeConstSpan(random, nonce_size), envelope);
+  const absl::Span<const uint8_t> nonce = envelope.subspan(kEnvelopeHeaderPrefix, nonce_size);
+  absl::Span<uint8_t> ciphertext_and_tag = envelope.subspan(kEnvelopeHeaderPrefix + nonce_size);
+  if (absl::Status s = aead.Seal(nonce, associated_data, plaintext, ciphertext_and_tag);
+      !s.ok()) {
+    out->clear();
+    return s;
+  }
+  return Sealed{nonce, ciphertext_and_tag};
+}
+}  // namespace
+
 absl::Status Operations::AeadSeal(const v1::AeadSealRequest& request,
                                   v1::AeadSealResponse* response) const {
   OFFLOAD_ASSIGN_OR_RETURN(KeyPtr key, FindKey(*keys_, request.key_id(), IsAeadType, "an AEAD type"));
   const keys::ManagedKeyVersion* version = key->Current();
-  const crypto::Aead& aead = *version->aead;
-  const size_t nonce_size = crypto::AeadNonceSize(aead.algorithm());
-  absl::Span<uint8_t> envelope =
-      Resize(response->mutable_envelope(), EnvelopeSize(nonce_size, request.plaintext().size()));
-  uint8_t nonce[24];
-  randombytes_buf(nonce, nonce_size);
-  WriteEnvelopeHeader(version->version, absl::MakeConstSpan(nonce, nonce_size), envelope);
-  absl::Span<uint8_t> ciphertext_and_tag = envelope.subspan(kEnvelopeHeaderPrefix + nonce_size);
-  OFFLOAD_RETURN_IF_ERROR(aead.Seal(absl::MakeConstSpan(nonce, nonce_size),
-                                    Bytes(request.associated_data()), Bytes(request.plaintext()),
-                                    ciphertext_and_tag));
+  OFFLOAD_ASSIGN_OR_RETURN(const Sealed sealed,
+                           SealEnvelopeInto(*version, Bytes(request.associated_data()),
+                                            Bytes(request.plaintext()),
+                                            response->mutable_envelope()));
   // Seal records what it produced, so that opening this envelope again costs no cipher run.
   memo_->OpenInsert(key->key_id,
-                    memo_->OpenDigest(version->instance, absl::MakeConstSpan(nonce, nonce_size),
-                                      ciphertext_and_tag, Bytes(request.associated_data())),
-                    ciphertext_and_tag, Bytes(request.plaintext()));
+                    memo_->OpenDigest(version->instance, sealed.nonce, sealed.ciphertext_and_tag,
+                                      Bytes(request.associated_data())),
+                    sealed.ciphertext_and_tag, Bytes(request.plaintext()));
   response->set_key_version(version->version);
   return absl::OkStatus();
 }
@@ -322,8 +342,7 @@ absl::Status Operations::AeadRewrap(const v1::AeadRewrapRequest& request,
                                     v1::AeadRewrapResponse* response) const {
   OFFLOAD_ASSIGN_OR_RETURN(KeyPtr key, FindKey(*keys_, request.key_id(), IsAeadType, "an AEAD type"));
   const keys::ManagedKeyVersion* current = key->Current();
-  const crypto::Aead& sealer = *current->aead;
-  const size_t nonce_size = crypto::AeadNonceSize(sealer.algorithm());
+  const size_t nonce_size = crypto::AeadNonceSize(current->aead->algorithm());
   OFFLOAD_ASSIGN_OR_RETURN(const EnvelopeView view,
                            ParseEnvelope(Bytes(request.envelope()), nonce_size));
   if (view.key_version == 0) {
@@ -333,17 +352,11 @@ absl::Status Operations::AeadRewrap(const v1::AeadRewrapRequest& request,
   SecretBytes plaintext(view.plaintext_size());
   OFFLOAD_RETURN_IF_ERROR(old->aead->Open(view.nonce, Bytes(request.associated_data()),
                                           view.ciphertext_and_tag, absl::MakeSpan(plaintext)));
-  absl::Span<uint8_t> envelope =
-      Resize(response->mutable_envelope(), EnvelopeSize(nonce_size, plaintext.size()));
-  uint8_t nonce[24];
-  randombytes_buf(nonce, nonce_size);
-  WriteEnvelopeHeader(current->version, absl::MakeConstSpan(nonce, nonce_size), envelope);
-  if (absl::Status sealed = sealer.Seal(absl::MakeConstSpan(nonce, nonce_size),
-                                        Bytes(request.associated_data()), plaintext,
-                                        envelope.subspan(kEnvelopeHeaderPrefix + nonce_size));
+  if (absl::StatusOr<Sealed> sealed = SealEnvelopeInto(*current, Bytes(request.associated_data()),
+                                                       plaintext, response->mutable_envelope());
       !sealed.ok()) {
     response->Clear();
-    return sealed;
+    return sealed.status();
   }
   response->set_key_version(current->version);
   response->set_previous_key_version(old->version);

@@ -148,7 +148,9 @@ bool Call(uint8_t selector, absl::string_view bytes) {
       const absl::StatusOr<v1::KeyInfo> before = keys.GetKey(q.key_id());
       const absl::StatusOr<v1::KeyInfo> r = keys.RotateKey(q.key_id());
       FUZZ_CHECK(IsOneOf(r.status().code(), kKeyCodes), r.status().ToString());
-      FUZZ_CHECK(r.ok() == before.ok(), r.status().ToString(), " / ", before.status().ToString());
+      // Only an enabled key rotates (not a disabled one, nor one pending deletion).
+      FUZZ_CHECK(r.ok() == (before.ok() && before->state() == v1::KEY_STATE_ENABLED),
+                 r.status().ToString(), " / ", before.status().ToString());
       if (!r.ok()) return false;
       FUZZ_CHECK(r->current_version() == before->current_version() + 1 &&
                      r->versions_size() == before->versions_size() + 1,
