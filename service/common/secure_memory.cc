@@ -81,7 +81,9 @@ bool TryLock(void* p, size_t size) {
     refused = true;
   }
   pg.fallback.fetch_add(size, std::memory_order_relaxed);
-  if (!pg.fell_back.exchange(true, std::memory_order_relaxed)) {
+  // A zero budget (--locked_memory_bytes=0) is a choice, already logged at start: no warning.
+  if (pg.budget.load(std::memory_order_relaxed) > 0 &&
+      !pg.fell_back.exchange(true, std::memory_order_relaxed)) {
     if (FallbackHook hook = pg.hook.load(std::memory_order_acquire); hook != nullptr) {
       hook(pg.budget.load(std::memory_order_relaxed), pg.locked.load(std::memory_order_relaxed),
            refused);

@@ -11,7 +11,7 @@
 //   kNoDump  memo payloads (cached plaintexts, shared keys): DONTDUMP, never locked (they can be
 //            hundreds of MiB; their bound is the memo's).
 //
-// Small sizes come from slabs (one mmap per 16 KiB locked / 256 KiB no-dump slab, one size class
+// Small sizes come from slabs (one mmap per 8 KiB locked / 256 KiB no-dump slab, one size class
 // per slab, a free list per slab, one mutex per class), so an allocation is a lock and a pop,
 // never a system call; an empty slab is unmapped unless it is its class's last. Larger sizes get
 // their own mapping (MAP_POPULATE: the pages are faulted in by one call).

@@ -18,6 +18,7 @@ namespace offload::crypto {
 namespace {
 
 std::atomic<uint64_t> secure_heap_fallbacks{0};
+std::atomic<size_t> secure_heap_size{0};  // set by SetUpLockedMemory; 0: none of ours
 
 int64_t AsInt(rlim_t v) { return v == RLIM_INFINITY ? -1 : static_cast<int64_t>(v); }
 
@@ -27,9 +28,12 @@ size_t FloorPowerOfTwo(size_t n) {
   return p;
 }
 
-// OpenSSL's secure heap: a quarter of the budget, a power of two, 16 KiB to 1 MiB (X25519 and
-// Ed25519 private keys take 32 bytes each there: 512 to 32768 keys). None under 64 KiB.
-constexpr size_t kMinBudgetForOpenSslHeap = 64 << 10;
+// OpenSSL's secure heap: a quarter of the budget, a power of two, 256 KiB to 1 MiB. None under a
+// 1 MiB budget: the heap is process-wide and TLS takes its handshakes' ephemeral keys from it
+// (OpenSSL 3 allocates X25519 key shares there and never falls back to the ordinary heap), so a
+// small heap filled by managed keys would fail handshakes. Managed keys take at most half of it
+// (kManagedKeysShare); past that they are built on libsodium, in our own locked region.
+constexpr size_t kMinBudgetForOpenSslHeap = 1 << 20;
 constexpr size_t kMaxOpenSslHeap = 1 << 20;
 constexpr size_t kOpenSslHeapMinAllocation = 32;
 
@@ -64,6 +68,7 @@ absl::StatusOr<LockedMemoryReport> SetUpLockedMemory(size_t budget_bytes) {
       return internal::OpenSslError("CRYPTO_secure_malloc_init");
     }
     r.openssl_heap_bytes = heap;
+    secure_heap_size.store(heap, std::memory_order_relaxed);
     r.openssl_heap_locked = rc == 1;
     if (r.openssl_heap_locked) region -= heap;
   }
@@ -86,6 +91,10 @@ SslUniquePtr<EVP_PKEY> NewPrivateKey(int type, absl::Span<const uint8_t> secret)
     return SslUniquePtr<EVP_PKEY>(
         EVP_PKEY_new_raw_private_key(type, nullptr, secret.data(), secret.size()));
   }
+  // Half of the heap stays for TLS (see kMinBudgetForOpenSslHeap): past it, the caller's
+  // fallback builds the key on libsodium.
+  const size_t heap = secure_heap_size.load(std::memory_order_relaxed);
+  if (heap == 0 || CRYPTO_secure_used() + 64 > heap / 2) return nullptr;
   // PrivateKeyInfo { version 0, AlgorithmIdentifier { OID 1.3.101.110 (X25519) or 1.3.101.112
   // (Ed25519) }, privateKey OCTET STRING { OCTET STRING (32 bytes) } } (RFC 8410).
   uint8_t der[48] = {0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65,
