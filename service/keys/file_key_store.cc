@@ -138,6 +138,22 @@ absl::Status FileKeyStore::Delete(absl::string_view key_id) {
   return WriteLocked(records);
 }
 
+absl::Status FileKeyStore::DeleteIf(absl::string_view key_id, const DeletePredicate& only_if) {
+  absl::MutexLock lock(&mu_);
+  OFFLOAD_ASSIGN_OR_RETURN(std::vector<KeyRecord> records, ReadLocked());
+  auto it = std::find_if(records.begin(), records.end(),
+                         [key_id](const KeyRecord& r) { return r.key_id == key_id; });
+  if (it == records.end()) {
+    return absl::NotFoundError(absl::StrCat("key \"", key_id, "\" is not in the store"));
+  }
+  if (!only_if(*it)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("key \"", key_id, "\" changed in the store: not removed"));
+  }
+  records.erase(it);
+  return WriteLocked(records);
+}
+
 absl::StatusOr<KeyRecord> FileKeyStore::Load(absl::string_view key_id) {
   absl::MutexLock lock(&mu_);
   OFFLOAD_ASSIGN_OR_RETURN(std::vector<KeyRecord> records, ReadLocked());

@@ -129,6 +129,9 @@ TEST_F(FileKeyStoreTest, PutReplacesAndDeleteRemoves) {
     KeyRecord rotated = MakeRecord("ed", v1::KEY_TYPE_ED25519, 4);
     ASSERT_TRUE(store->Put(rotated).ok());
     records[2] = rotated;
+    EXPECT_TRUE(absl::IsFailedPrecondition(
+        store->DeleteIf("chacha", [](const KeyRecord&) { return false; })));
+    ASSERT_TRUE(store->Load("chacha").ok()) << "a refused DeleteIf removes nothing";
     ASSERT_TRUE(store->Delete("chacha").ok());
     records.erase(records.begin() + 1);
     EXPECT_TRUE(absl::IsNotFound(store->Delete("chacha")));

@@ -239,6 +239,7 @@ v1::KeyState ManagedKey::State() const {
 }
 
 absl::Status ManagedKey::CheckUsable() const {
+  if (!unreadable.ok()) return unreadable;
   if (deletion_unix_seconds != 0) return PendingDeletion(key_id, deletion_unix_seconds);
   if (disabled) {
     return absl::FailedPreconditionError(
@@ -784,9 +785,16 @@ absl::StatusOr<v1::KeyInfo> KeyManager::SetMinDecryptionVersion(
 }
 
 absl::Status KeyManager::RemoveLocked(absl::string_view key_id) {
-  if (absl::Status deleted = store_->Delete(key_id); !deleted.ok() && !absl::IsNotFound(deleted)) {
-    return deleted;
+  // Only a tombstone, decided on the stored record: another replica may have created the id
+  // anew since this one last heard of it.
+  absl::Status deleted =
+      store_->DeleteIf(key_id, [](const KeyRecord& stored) { return stored.IsTombstone(); });
+  if (absl::IsFailedPrecondition(deleted)) {
+    absl::StatusOr<KeyRecord> stored = store_->Load(key_id);
+    if (stored.ok()) return ApplyStoredLocked(key_id, &*stored).status();
+    return stored.status();
   }
+  if (!deleted.ok() && !absl::IsNotFound(deleted)) return deleted;
   records_.erase(key_id);
   {
     absl::MutexLock lock(&mu_);
@@ -836,6 +844,7 @@ absl::StatusOr<int> KeyManager::DestroyDue() {
     if (wiped.ok()) {
       ++destroyed;
       tombstones.push_back(id);
+      NotifyDestroyed(id, {});
     } else if (absl::IsAborted(wiped.status())) {
       // The stored record differs from the held one: catch up.
       absl::StatusOr<KeyRecord> stored = store_->Load(id);
@@ -843,20 +852,24 @@ absl::StatusOr<int> KeyManager::DestroyDue() {
     }
   }
   for (const std::string& id : versions_due) {
+    std::vector<uint32_t> versions;
     absl::StatusOr<v1::KeyInfo> wiped =
         MutateKeyLocked(id, "key_version_destroyed", false, [&](KeyRecord* stored) {
-          bool any = false;
+          versions.clear();
           for (KeyVersionRecord& v : stored->versions) {
             if (v.state == v1::KEY_VERSION_STATE_DESTROY_SCHEDULED &&
                 v.destroy_unix_seconds <= now) {
               DestroyVersion(&v, v.destroy_unix_seconds);
-              any = true;
+              versions.push_back(v.version);
             }
           }
-          return any ? absl::OkStatus() : NothingDue();
+          return versions.empty() ? NothingDue() : absl::OkStatus();
         });
     note(wiped.status());
-    if (wiped.ok()) ++destroyed;
+    if (wiped.ok()) {
+      ++destroyed;
+      NotifyDestroyed(id, versions);
+    }
   }
   for (const std::string& id : tombstones) note(RemoveLocked(id));
   return first_error.ok() ? absl::StatusOr<int>(destroyed) : first_error;
@@ -882,7 +895,19 @@ absl::StatusOr<bool> KeyManager::ApplyStoredLocked(absl::string_view key_id, Key
   if (absl::Status s = ValidateKeyRecord(*stored); !s.ok()) {
     return absl::DataLossError(absl::StrCat("stored key \"", key_id, "\": ", s.message()));
   }
-  if (it != records_.end() && RecordsEqual(it->second, *stored)) return false;
+  if (it != records_.end() && RecordsEqual(it->second, *stored)) {
+    std::shared_ptr<const ManagedKey> held = Find(key_id);
+    if (held == nullptr || held->unreadable.ok()) return false;
+    // Readable again (the KEK is back, say): the same key, served again.
+    auto copy = std::make_shared<ManagedKey>(*held);
+    copy->unreadable = absl::OkStatus();
+    {
+      absl::MutexLock lock(&mu_);
+      keys_[key_id] = std::move(copy);
+    }
+    Log(LogLevel::kInfo, "key_readable_again", {{"key_id", std::string(key_id)}});
+    return true;
+  }
   // Nothing reused: new instances, so memo entries of the old snapshot can never match.
   OFFLOAD_ASSIGN_OR_RETURN(std::shared_ptr<const ManagedKey> key, PrepareKey(stored, backends_));
   const bool existed = it != records_.end();
@@ -903,18 +928,66 @@ absl::StatusOr<bool> KeyManager::ApplyStoredLocked(absl::string_view key_id, Key
   return true;
 }
 
+namespace {
+// A stored record this process cannot read (sealed under a KEK it does not hold, or corrupted),
+// as opposed to a store it cannot reach for now.
+bool Unreadable(const absl::Status& s) {
+  return absl::IsFailedPrecondition(s) || absl::IsDataLoss(s) || absl::IsInvalidArgument(s);
+}
+}  // namespace
+
+void KeyManager::QuarantineLocked(absl::string_view key_id, const absl::Status& why) {
+  std::shared_ptr<const ManagedKey> held = Find(key_id);
+  if (held == nullptr || !held->unreadable.ok()) return;
+  auto copy = std::make_shared<ManagedKey>(*held);
+  copy->unreadable = absl::UnavailableError(
+      absl::StrCat("key \"", key_id, "\" changed in the store and this server cannot read the "
+                   "new record (", why.message(), "); refused until it can"));
+  {
+    absl::MutexLock lock(&mu_);
+    keys_[key_id] = std::move(copy);
+  }
+  NotifyListeners(key_id);
+  Log(LogLevel::kError, "key_unreadable",
+      {{"key_id", std::string(key_id)}, {"error", std::string(why.message())}});
+}
+
+absl::Status KeyManager::ReloadOneLocked(absl::string_view key_id) {
+  absl::StatusOr<KeyRecord> stored = store_->Load(key_id);
+  if (absl::IsNotFound(stored.status())) return ApplyStoredLocked(key_id, nullptr).status();
+  if (stored.ok()) {
+    absl::StatusOr<bool> applied = ApplyStoredLocked(key_id, &*stored);
+    if (applied.ok() || !Unreadable(applied.status())) return applied.status();
+    stored = applied.status();
+  }
+  // Fail closed: a change this server cannot read may be a disable or a deletion. An
+  // unreachable store is not that: the held snapshot serves until the store is back.
+  if (Unreadable(stored.status())) QuarantineLocked(key_id, stored.status());
+  return stored.status();
+}
+
 absl::Status KeyManager::ReloadKey(absl::string_view key_id) {
   OFFLOAD_RETURN_IF_ERROR(ValidateKeyId(key_id));
   absl::MutexLock write_lock(&write_mu_);
-  absl::StatusOr<KeyRecord> stored = store_->Load(key_id);
-  if (absl::IsNotFound(stored.status())) return ApplyStoredLocked(key_id, nullptr).status();
-  if (!stored.ok()) return stored.status();
-  return ApplyStoredLocked(key_id, &*stored).status();
+  return ReloadOneLocked(key_id);
 }
 
 absl::Status KeyManager::Resync() {
   absl::MutexLock write_lock(&write_mu_);
-  OFFLOAD_ASSIGN_OR_RETURN(std::vector<KeyRecord> all, store_->LoadAll());
+  absl::StatusOr<std::vector<KeyRecord>> loaded = store_->LoadAll();
+  if (!loaded.ok()) {
+    if (!Unreadable(loaded.status())) return loaded.status();
+    // Some record cannot be read: key by key, so that only the unreadable ones are refused.
+    std::vector<std::string> held;
+    for (const auto& [id, record] : records_) held.push_back(id);
+    // Done as far as it can be (the unreadable keys are refused): OK, so that the store's
+    // listener goes on applying notifications instead of retrying this.
+    for (const std::string& id : held) ReloadOneLocked(id).IgnoreError();
+    Log(LogLevel::kWarning, "keys_resync_partial",
+        {{"error", std::string(loaded.status().message())}});
+    return absl::OkStatus();
+  }
+  std::vector<KeyRecord>& all = *loaded;
   absl::flat_hash_set<std::string> stored_ids;
   absl::Status first_error;
   int changed = 0;
@@ -924,6 +997,7 @@ absl::Status KeyManager::Resync() {
     absl::StatusOr<bool> applied = ApplyStoredLocked(id, &record);
     if (!applied.ok()) {
       if (first_error.ok()) first_error = applied.status();
+      if (Unreadable(applied.status())) QuarantineLocked(id, applied.status());
     } else if (*applied) {
       ++changed;
     }
@@ -948,6 +1022,20 @@ std::shared_ptr<const ManagedKey> KeyManager::Find(absl::string_view key_id) con
 void KeyManager::AddChangeListener(ChangeListener listener) {
   absl::MutexLock lock(&mu_);
   listeners_.push_back(std::move(listener));
+}
+
+void KeyManager::AddDestroyListener(DestroyListener listener) {
+  absl::MutexLock lock(&mu_);
+  destroy_listeners_.push_back(std::move(listener));
+}
+
+void KeyManager::NotifyDestroyed(absl::string_view key_id, const std::vector<uint32_t>& versions) {
+  std::vector<DestroyListener> listeners;
+  {
+    absl::MutexLock lock(&mu_);
+    listeners = destroy_listeners_;
+  }
+  for (const DestroyListener& listener : listeners) listener(key_id, versions);
 }
 
 void KeyManager::NotifyListeners(absl::string_view key_id) {

@@ -79,13 +79,16 @@ struct ManagedKey {
   bool disabled = false;
   int64_t deletion_unix_seconds = 0;  // non-zero: pending deletion
   uint32_t min_decryption_version = 0;
+  // Not OK when the store holds a newer record of this key that this server cannot read (a KEK
+  // it does not hold, corruption): the key is refused with this status until it can.
+  absl::Status unreadable;
 
   // The current version; always ENABLED, with its crypto object.
   const ManagedKeyVersion* Current() const { return Version(current_version); }
   // nullptr if `version` does not exist. 0 means the current version.
   const ManagedKeyVersion* Version(uint32_t version) const;
   v1::KeyState State() const;
-  // FailedPrecondition naming the key's state unless it is ENABLED.
+  // FailedPrecondition naming the key's state unless it is ENABLED; `unreadable` if set.
   absl::Status CheckUsable() const;
   // `version` (0: the current one) if it may serve `use`: NotFound if there is no such version,
   // FailedPrecondition if it is not ENABLED or (kConsume) below min_decryption_version. Does not
@@ -159,16 +162,26 @@ class KeyManager final {
   // store): reloads `key_id`'s record and, if it differs from the one held, publishes a new
   // snapshot with new version instances (or drops the key if the store no longer has it) and
   // runs the change listeners, so memo entries of the old snapshot go. Unchanged records are
-  // left alone. Errors are the store's; the old snapshot stays on error.
+  // left alone. Errors are the store's. An unreachable store leaves the old snapshot serving;
+  // a record that cannot be read (FailedPrecondition, DataLoss: another KEK, corruption) fails
+  // closed - the key is refused UNAVAILABLE until a reload reads it - since the change may have
+  // been a disable or a deletion.
   absl::Status ReloadKey(absl::string_view key_id);
   // As ReloadKey for every key: loads the whole store, applies every difference (new, changed
-  // and vanished keys). For when change notifications may have been missed (a reconnect).
+  // and vanished keys). For when change notifications may have been missed (a reconnect). When
+  // some record cannot be read, goes key by key over the held keys (OK, unreadable ones
+  // refused).
   absl::Status Resync();
 
   // The current snapshot of `key_id`, or nullptr. Never blocks on I/O.
   std::shared_ptr<const ManagedKey> Find(absl::string_view key_id) const;
 
   void AddChangeListener(ChangeListener listener);
+  // Called by DestroyDue for what it destroyed: a whole key (`versions` empty) or some of its
+  // versions, after the store has it. For the audit trail. Same rules as change listeners.
+  using DestroyListener =
+      std::function<void(absl::string_view key_id, const std::vector<uint32_t>& versions)>;
+  void AddDestroyListener(DestroyListener listener);
   size_t size() const;
 
  private:
@@ -193,7 +206,14 @@ class KeyManager final {
                                             absl::string_view event,
                                             const std::function<absl::Status(
                                                 KeyRecord*, KeyVersionRecord*)>& change);
-  // Removes the record of `key_id` from the store and from here. Called with write_mu_ held.
+  // ReloadKey without the lock. A record that cannot be read quarantines the held snapshot.
+  absl::Status ReloadOneLocked(absl::string_view key_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Publishes the held snapshot of `key_id` marked unreadable (`why`), and drops its memo entries.
+  void QuarantineLocked(absl::string_view key_id, const absl::Status& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_) ABSL_LOCKS_EXCLUDED(mu_);
+  // Removes the tombstone of `key_id` from the store and from here; if the store holds something
+  // else under that id now (created anew through another replica), applies that instead.
   absl::Status RemoveLocked(absl::string_view key_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_)
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -203,6 +223,8 @@ class KeyManager final {
   // before the same id can be created again) but never with mu_ held.
   void NotifyListeners(absl::string_view key_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_)
       ABSL_LOCKS_EXCLUDED(mu_);
+  void NotifyDestroyed(absl::string_view key_id, const std::vector<uint32_t>& versions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   // Makes the held state of `key_id` match `stored` (nullptr: the store has no such key).
   // Returns whether anything changed (listeners have then run).
   absl::StatusOr<bool> ApplyStoredLocked(absl::string_view key_id, KeyRecord* stored)
@@ -220,6 +242,7 @@ class KeyManager final {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<const ManagedKey>> keys_ ABSL_GUARDED_BY(mu_);
   std::vector<ChangeListener> listeners_ ABSL_GUARDED_BY(mu_);
+  std::vector<DestroyListener> destroy_listeners_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace offload::keys

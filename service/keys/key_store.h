@@ -69,6 +69,13 @@ class KeyStore {
   // Removes the record with `key_id`, durably. NotFound if there is none.
   virtual absl::Status Delete(absl::string_view key_id) = 0;
 
+  // As Delete, but only if `only_if(stored record)` says so, atomically against every writer of
+  // the store (other processes included): FailedPrecondition, and nothing removed, otherwise.
+  // For removing what a stale view believes is there (a destroyed key's tombstone) without
+  // removing what another replica put there meanwhile.
+  using DeletePredicate = std::function<bool(const KeyRecord& stored)>;
+  virtual absl::Status DeleteIf(absl::string_view key_id, const DeletePredicate& only_if) = 0;
+
   // The stored record with `key_id`; NotFound if there is none.
   virtual absl::StatusOr<KeyRecord> Load(absl::string_view key_id) = 0;
 

@@ -535,6 +535,35 @@ absl::Status PostgresKeyStore::Delete(absl::string_view key_id) {
   });
 }
 
+absl::Status PostgresKeyStore::DeleteIf(absl::string_view key_id,
+                                        const DeletePredicate& only_if) {
+  absl::MutexLock lock(&mu_);
+  return WriteLocked("delete", [&](PGconn* conn) -> absl::StatusOr<std::string> {
+    // Read, decide and delete under the row lock: no other writer changes the row in between.
+    OFFLOAD_ASSIGN_OR_RETURN(
+        PgResultPtr result,
+        Exec(conn, "SELECT record FROM offload_keys WHERE key_id = $1 FOR UPDATE", {Text(key_id)},
+             /*binary_result=*/true));
+    if (PQntuples(result.get()) == 0) {
+      return absl::NotFoundError(absl::StrCat("key \"", key_id, "\" is not in the store"));
+    }
+    OFFLOAD_ASSIGN_OR_RETURN(KeyRecord stored, OpenRecord(key_id, Cell(result.get(), 0, 0)));
+    result.reset();
+    if (!only_if(stored)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("key \"", key_id, "\" changed in the store: not removed"));
+    }
+    std::string xid;
+    OFFLOAD_ASSIGN_OR_RETURN(
+        int rows, RunWrite(conn,
+                           "WITH w AS (DELETE FROM offload_keys WHERE key_id = $1"
+                           "  RETURNING key_id)" OFFLOAD_NOTIFY_AND_XID,
+                           key_id, nullptr, 0, &xid));
+    if (rows != 1) return absl::InternalError("postgres: locked row vanished during the delete");
+    return xid;
+  });
+}
+
 absl::Status PostgresKeyStore::Update(absl::string_view key_id, const UpdateFn& update) {
   absl::MutexLock lock(&mu_);
   return WriteLocked("update", [&](PGconn* conn) -> absl::StatusOr<std::string> {

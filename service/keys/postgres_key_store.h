@@ -89,6 +89,7 @@ class PostgresKeyStore final : public KeyStore {
   absl::StatusOr<std::vector<KeyRecord>> LoadAll() override;
   absl::Status Put(const KeyRecord& record) override;
   absl::Status Delete(absl::string_view key_id) override;
+  absl::Status DeleteIf(absl::string_view key_id, const DeletePredicate& only_if) override;
   absl::StatusOr<KeyRecord> Load(absl::string_view key_id) override;
   absl::Status Insert(const KeyRecord& record) override;
   absl::Status Update(absl::string_view key_id, const UpdateFn& update) override;

@@ -152,9 +152,19 @@ TEST_F(PostgresKeyStoreTest, PutLoadDeleteRoundTrip) {
   EXPECT_EQ(store->Load("b")->current_version, 3u);
   EXPECT_EQ(Sql(dsn_, "SELECT current_version FROM offload_keys WHERE key_id = 'b'"), "3");
 
+  // DeleteIf decides on the stored record.
+  auto never = [](const KeyRecord&) { return false; };
+  auto version_3 = [](const KeyRecord& r) { return r.current_version == 3; };
+  EXPECT_EQ(store->DeleteIf("b", never).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(store->Load("b").ok());
+  EXPECT_EQ(store->DeleteIf("zz", version_3).code(), absl::StatusCode::kNotFound);
+
   ASSERT_TRUE(store->Delete("a").ok());
   EXPECT_EQ(store->Delete("a").code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(store->LoadAll()->size(), 2u);
+  ASSERT_TRUE(store->DeleteIf("b", version_3).ok());
+  EXPECT_EQ(store->LoadAll()->size(), 1u);
+  ASSERT_TRUE(store->Put(AeadRecord("b", 40, 3)).ok());
 
   // A new connection (another replica) sees the same.
   auto other = OpenStore();
@@ -479,6 +489,25 @@ TEST_F(PostgresKeyStoreTest, LifecycleAcrossManagers) {
   ASSERT_TRUE(stored.ok());
   EXPECT_TRUE(stored->empty());
   ASSERT_TRUE(kb.CreateKey(create).ok()) << "the id is free again";
+
+  // A change A cannot read (the row re-sealed under a KEK A does not hold): A fails closed for
+  // that key instead of serving its old snapshot, and serves it again once it reads it.
+  ASSERT_TRUE(ka.ReloadKey("life").ok());
+  ASSERT_TRUE(ka.Find("life")->CheckUsable().ok());
+  auto stored_life = OpenStore()->Load("life");
+  ASSERT_TRUE(stored_life.ok());
+  SecretBytes other_kek(32, 0x5a);
+  auto foreign = PostgresKeyStore::Open(dsn_, other_kek);
+  ASSERT_TRUE(foreign.ok()) << foreign.status();
+  ASSERT_TRUE((*foreign)->Put(*stored_life).ok());
+  const absl::Status unreadable = ka.ReloadKey("life");
+  EXPECT_EQ(unreadable.code(), absl::StatusCode::kFailedPrecondition) << unreadable;
+  EXPECT_EQ(ka.Find("life")->CheckUsable().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(ka.Resync().ok()) << "done key by key";
+  EXPECT_EQ(ka.Find("life")->CheckUsable().code(), absl::StatusCode::kUnavailable);
+  ASSERT_TRUE(OpenStore()->Put(*stored_life).ok());
+  ASSERT_TRUE(ka.ReloadKey("life").ok());
+  EXPECT_TRUE(ka.Find("life")->CheckUsable().ok());
 }
 
 // ---- lost connections ----------------------------------------------------------------------

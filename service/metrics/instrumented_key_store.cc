@@ -63,6 +63,13 @@ absl::Status InstrumentedKeyStore::Insert(const keys::KeyRecord& record) {
   return s;
 }
 
+absl::Status InstrumentedKeyStore::DeleteIf(absl::string_view key_id,
+                                            const DeletePredicate& only_if) {
+  absl::Status s = store_->DeleteIf(key_id, only_if);
+  Count(kDelete, s.ok() || absl::IsFailedPrecondition(s));
+  return s;
+}
+
 absl::Status InstrumentedKeyStore::Update(absl::string_view key_id, const UpdateFn& update) {
   absl::Status s = store_->Update(key_id, update);
   Count(kPut, s.ok());

@@ -26,6 +26,7 @@ class InstrumentedKeyStore final : public keys::KeyStore {
   absl::StatusOr<std::vector<keys::KeyRecord>> LoadAll() override;
   absl::Status Put(const keys::KeyRecord& record) override;
   absl::Status Delete(absl::string_view key_id) override;
+  absl::Status DeleteIf(absl::string_view key_id, const DeletePredicate& only_if) override;
   absl::StatusOr<keys::KeyRecord> Load(absl::string_view key_id) override;
   absl::Status Insert(const keys::KeyRecord& record) override;
   absl::Status Update(absl::string_view key_id, const UpdateFn& update) override;
