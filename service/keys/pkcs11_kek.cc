@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "service/common/log.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "service/common/status_macros.h"
@@ -124,6 +125,12 @@ absl::StatusOr<SecretBytes> ReadPinFile(const std::string& path) {
     return absl::Status(content.status().code(),
                         absl::StrCat("pkcs11 PIN file: ", content.status().message()));
   }
+  if ((mode & 077) != 0) {
+    // As for a KEK file: a PIN others can read is no secret.
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "pkcs11 PIN file %s is accessible by group or others (mode %04o): chmod 600 it, or "
+        "use defaultMode: 0400 on a Kubernetes Secret volume", path, mode & 07777));
+  }
   while (!content->empty() && (content->back() == '\n' || content->back() == '\r')) {
     content->pop_back();
   }
@@ -180,19 +187,31 @@ class Pkcs11Session {
     CK_RV rv = module_->C_OpenSession(slot_, CKF_SERIAL_SESSION | CKF_RW_SESSION, nullptr, nullptr,
                                       &session);
     if (rv != CKR_OK) return Error("C_OpenSession", rv);
-    session_ = session;
-    rv = module_->C_Login(session_, CKU_USER, const_cast<CK_UTF8CHAR*>(pin_.data()), pin_.size());
-    if (rv == CKR_OK || rv == CKR_USER_ALREADY_LOGGED_IN) return absl::OkStatus();
+    // A refused PIN is never tried again: every try counts against the token's retry limit,
+    // and a locked user PIN stops every process that uses the token.
+    if (!pin_refused_.ok()) {
+      module_->C_CloseSession(session);
+      return pin_refused_;
+    }
+    rv = module_->C_Login(session, CKU_USER, const_cast<CK_UTF8CHAR*>(pin_.data()), pin_.size());
+    if (rv == CKR_OK || rv == CKR_USER_ALREADY_LOGGED_IN) {
+      session_ = session;
+      return absl::OkStatus();
+    }
+    module_->C_CloseSession(session);  // not logged in: never kept as the session
     if (rv == CKR_PIN_INCORRECT) {
-      return absl::PermissionDeniedError(absl::StrCat(
+      pin_refused_ = absl::PermissionDeniedError(absl::StrCat(
           "pkcs11 ", token_description_, ": login refused: wrong PIN (CKR_PIN_INCORRECT)"));
+      return pin_refused_;
     }
     if (rv == CKR_PIN_LOCKED || rv == CKR_PIN_EXPIRED || rv == CKR_USER_PIN_NOT_INITIALIZED) {
-      return absl::FailedPreconditionError(
+      pin_refused_ = absl::FailedPreconditionError(
           absl::StrCat("pkcs11 ", token_description_, ": login refused: ", RvName(rv)));
+      return pin_refused_;
     }
     return Error("C_Login", rv);
   }
+  absl::Status pin_refused_ ABSL_GUARDED_BY(mu_);  // latched: no login is tried after it
 
   // Runs `op` on the session; after a lost session, logs in again and runs it once more.
   template <typename Op>
@@ -258,11 +277,16 @@ class Pkcs11Session {
     return keys;
   }
 
-  // FailedPrecondition unless `handle` is a sensitive, non-extractable AES-256 key that may
-  // encrypt and decrypt.
+  // FailedPrecondition unless `handle` is an AES-256 key that may encrypt and decrypt and whose
+  // value nobody outside the token ever knew: generated there (CKA_LOCAL), private (usable only
+  // after login), always sensitive and never extractable. A key imported with a known value, or
+  // once extractable, or usable without the PIN, is refused - else whoever may write to the
+  // token could plant a KEK they know and have the store re-wrapped under it.
   absl::Status CheckKey(CK_SESSION_HANDLE session, CK_OBJECT_HANDLE handle,
                         absl::string_view name) {
     CK_BBOOL sensitive = CK_FALSE, extractable = CK_TRUE, encrypt = CK_FALSE, decrypt = CK_FALSE;
+    CK_BBOOL always_sensitive = CK_FALSE, never_extractable = CK_FALSE, local = CK_FALSE,
+             is_private = CK_FALSE;
     CK_ULONG value_len = 0;
     CK_ATTRIBUTE attrs[] = {
         {CKA_SENSITIVE, &sensitive, sizeof(sensitive)},
@@ -270,13 +294,23 @@ class Pkcs11Session {
         {CKA_ENCRYPT, &encrypt, sizeof(encrypt)},
         {CKA_DECRYPT, &decrypt, sizeof(decrypt)},
         {CKA_VALUE_LEN, &value_len, sizeof(value_len)},
+        {CKA_ALWAYS_SENSITIVE, &always_sensitive, sizeof(always_sensitive)},
+        {CKA_NEVER_EXTRACTABLE, &never_extractable, sizeof(never_extractable)},
+        {CKA_LOCAL, &local, sizeof(local)},
+        {CKA_PRIVATE, &is_private, sizeof(is_private)},
     };
-    const CK_RV rv = module_->C_GetAttributeValue(session, handle, attrs, 5);
+    const CK_RV rv = module_->C_GetAttributeValue(session, handle, attrs,
+                                                  sizeof(attrs) / sizeof(attrs[0]));
     if (rv != CKR_OK) return Error("C_GetAttributeValue", rv);
     std::vector<std::string> problems;
     if (value_len != 32) problems.push_back(absl::StrCat("is AES-", value_len * 8, ", not AES-256"));
     if (sensitive != CK_TRUE) problems.push_back("is not sensitive (CKA_SENSITIVE=false)");
     if (extractable != CK_FALSE) problems.push_back("is extractable (CKA_EXTRACTABLE=true)");
+    if (always_sensitive != CK_TRUE || never_extractable != CK_TRUE) {
+      problems.push_back("was once readable (CKA_ALWAYS_SENSITIVE / CKA_NEVER_EXTRACTABLE false)");
+    }
+    if (local != CK_TRUE) problems.push_back("was not generated in the token (CKA_LOCAL=false)");
+    if (is_private != CK_TRUE) problems.push_back("is usable without login (CKA_PRIVATE=false)");
     if (encrypt != CK_TRUE || decrypt != CK_TRUE) {
       problems.push_back("may not encrypt and decrypt (CKA_ENCRYPT/CKA_DECRYPT)");
     }
@@ -463,6 +497,9 @@ absl::Status FindToken(P11KitUri* uri, absl::string_view uri_text, internal::Pkc
   return absl::OkStatus();
 }
 
+// The CKA_ID of a KEK generation: 8 bytes, big-endian (--kek_pkcs11_create's).
+constexpr size_t kGenerationIdSize = 8;
+
 // Greatest first: by length, then bytes (8-byte big-endian generations compare as numbers).
 bool IdLess(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
   if (a.size() != b.size()) return a.size() < b.size();
@@ -565,19 +602,34 @@ absl::StatusOr<std::shared_ptr<const Kek>> Pkcs11Token::ResolveCurrent() {
               s->pinned_id_ ? absl::StrCat(" with id ", Hex(*s->pinned_id_)) : "",
               " (create one with offload_server --kek_pkcs11_create)"));
         }
-        Found best = keys[0];
+        // Generations are 8-byte ids (what --kek_pkcs11_create makes): a key with another id
+        // never becomes current unless pinned by id=. Greatest first; a key that fails
+        // CheckKey is passed over (logged), so a planted or misconfigured object neither
+        // becomes the KEK nor freezes rotation.
+        std::vector<Found> candidates;
         for (const Found& k : keys) {
-          if (IdLess(best.id, k.id)) best = k;
+          if (s->pinned_id_ || k.id.size() == kGenerationIdSize) candidates.push_back(k);
         }
-        for (const Found& k : keys) {
-          if (k.handle != best.handle && k.id == best.id) {
+        std::sort(candidates.begin(), candidates.end(),
+                  [](const Found& a, const Found& b) { return IdLess(b.id, a.id); });
+        absl::Status first_refusal;
+        for (size_t i = 0; i < candidates.size(); ++i) {
+          const Found& k = candidates[i];
+          if (i + 1 < candidates.size() && candidates[i + 1].id == k.id) {
             return absl::FailedPreconditionError(absl::StrCat(
                 "pkcs11 ", s->token_description_, ": several keys labelled \"", s->label_,
-                "\" have id ", Hex(best.id), "; give each KEK its own CKA_ID"));
+                "\" have id ", Hex(k.id), "; give each KEK its own CKA_ID"));
           }
+          absl::Status ok = s->CheckKey(session, k.handle, KekName(s->label_, k.id));
+          if (ok.ok()) return k;
+          Log(LogLevel::kWarning, "kek_candidate_refused",
+              {{"kek", KekName(s->label_, k.id)}, {"error", std::string(ok.message())}});
+          if (first_refusal.ok()) first_refusal = ok;
         }
-        OFFLOAD_RETURN_IF_ERROR(s->CheckKey(session, best.handle, KekName(s->label_, best.id)));
-        return best;
+        if (!first_refusal.ok()) return first_refusal;
+        return absl::NotFoundError(absl::StrCat(
+            "pkcs11 ", s->token_description_, ": no key labelled \"", s->label_,
+            "\" has an 8-byte generation id (create one with offload_server --kek_pkcs11_create)"));
       }));
   const std::string name = KekName(s->label_, best.id);
   absl::MutexLock lock(&state->mu);
@@ -642,13 +694,13 @@ absl::StatusOr<std::string> Pkcs11Token::GenerateKek() {
     OFFLOAD_ASSIGN_OR_RETURN(std::vector<Found> keys, s->FindKeys(session, s->label_, nullptr));
     uint64_t generation = 0;
     for (const Found& k : keys) {
-      if (k.id.size() != 8) continue;
+      if (k.id.size() != kGenerationIdSize) continue;
       uint64_t g = 0;
       for (uint8_t b : k.id) g = (g << 8) | b;
       generation = std::max(generation, g);
     }
     ++generation;
-    std::vector<uint8_t> id(8);
+    std::vector<uint8_t> id(kGenerationIdSize);
     for (int i = 7; i >= 0; --i, generation >>= 8) id[i] = static_cast<uint8_t>(generation);
 
     CK_OBJECT_CLASS klass = CKO_SECRET_KEY;

@@ -4,6 +4,7 @@
 #include "service/keys/pkcs11_kek.h"
 
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -54,6 +55,7 @@ class Pkcs11KekTest : public ::testing::Test {
         " --so-pin so-5678 >/dev/null");
     ASSERT_EQ(std::system(init.c_str()), 0);
     WriteText(dir_.Sub("pin"), absl::StrCat(kPin, "\n"));
+    ASSERT_EQ(::chmod(dir_.Sub("pin").c_str(), 0600), 0);
   }
 
   std::string Uri(absl::string_view extra = "") const {
@@ -126,8 +128,32 @@ TEST_F(Pkcs11KekTest, GeneratesWrapsRotatesAndReadsOlderGenerations) {
   EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
 }
 
+// A key written into the token with a known value (pkcs11-tool --write-object: not generated
+// there, CKA_LOCAL false), even with a greater generation id, never becomes the KEK: whoever may
+// write to the token must not be able to choose the key the store gets re-wrapped under.
+TEST_F(Pkcs11KekTest, AKeyImportedWithAKnownValueNeverBecomesCurrent) {
+  if (::access("/usr/bin/pkcs11-tool", X_OK) != 0) GTEST_SKIP() << "opensc is not installed";
+  auto token = Pkcs11Token::Open(Opts(Uri()));
+  ASSERT_TRUE(token.ok()) << token.status();
+  auto first = (*token)->GenerateKek();
+  ASSERT_TRUE(first.ok()) << first.status();
+  WriteText(dir_.Sub("known-key"), std::string(32, 'k'));
+  const std::string plant = absl::StrCat(
+      "/usr/bin/pkcs11-tool --module ", kModule, " --token-label kek-test --login --pin ", kPin,
+      " --write-object ", dir_.Sub("known-key"), " --type secrkey --key-type AES:32",
+      " --label test-kek --id 00000000000000ff --usage-decrypt --sensitive >/dev/null 2>&1");
+  ASSERT_EQ(std::system(plant.c_str()), 0) << plant;
+  auto current = (*token)->ResolveCurrent();
+  ASSERT_TRUE(current.ok()) << current.status();
+  EXPECT_EQ((*current)->name(), *first) << "the planted key was adopted";
+  const absl::Status planted = (*token)->Resolve("pkcs11:test-kek/00000000000000ff").status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(planted)) << planted;
+  EXPECT_THAT(std::string(planted.message()), HasSubstr("CKA_LOCAL"));
+}
+
 TEST_F(Pkcs11KekTest, WrongPinIsPermissionDeniedAndNeverEchoed) {
   WriteText(dir_.Sub("pin"), "not-the-pin-9876\n");
+  ASSERT_EQ(::chmod(dir_.Sub("pin").c_str(), 0600), 0);
   auto token = Pkcs11Token::Open(Opts(Uri()));
   ASSERT_FALSE(token.ok());
   EXPECT_TRUE(absl::IsPermissionDenied(token.status())) << token.status();

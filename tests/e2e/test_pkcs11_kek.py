@@ -214,6 +214,11 @@ class Pkcs11KekFileStoreTest(harness.ServerTestCase):
         wrong = os.path.join(token.dir, "wrong-pin")
         with open(wrong, "w") as f:
             f.write("not-the-pin-1122\n")
+        os.chmod(wrong, 0o644)
+        rc, out = failed_start(["--kek_pkcs11=" + token.uri(pin_file=wrong)], data_dir)
+        self.assertNotEqual(rc, 0, out)
+        self.assertIn("accessible by group or others", out)  # a readable PIN file: refused
+        os.chmod(wrong, 0o600)
         rc, out = failed_start(["--kek_pkcs11=" + token.uri(pin_file=wrong)], data_dir)
         self.assertNotEqual(rc, 0, out)
         self.assertIn("wrong PIN", out)
