@@ -167,6 +167,10 @@ void AuditSink::CloseFd() {
 }
 
 bool AuditSink::WriteAll(const std::string& bytes) {
+  // Where this batch starts: the file's size now, not a count kept since it was opened (a
+  // copytruncate rotation keeps the inode and empties the file).
+  struct stat st;
+  const off_t start = regular_ && fstat(fd_, &st) == 0 ? st.st_size : good_size_;
   size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = write(fd_, bytes.data() + done, bytes.size() - done);
@@ -174,13 +178,13 @@ bool AuditSink::WriteAll(const std::string& bytes) {
     if (n <= 0) {
       const int error = n == 0 ? EIO : errno;
       // No half line stays behind to break the chain: back to the last whole batch.
-      if (done > 0 && regular_) (void)ftruncate(fd_, good_size_);
+      if (done > 0 && regular_) (void)ftruncate(fd_, start);
       MarkBroken("write", error);
       return false;
     }
     done += static_cast<size_t>(n);
   }
-  good_size_ += static_cast<off_t>(bytes.size());
+  good_size_ = start + static_cast<off_t>(bytes.size());
   return true;
 }
 

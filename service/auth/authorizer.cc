@@ -75,6 +75,12 @@ std::optional<uint32_t> Uint32Of(const Message& m, const char* name) {
   return m.GetReflection()->GetUInt32(m, f);
 }
 
+std::optional<int64_t> Int64Of(const Message& m, const char* name) {
+  const FieldDescriptor* f = Field(m, name, FieldDescriptor::TYPE_INT64);
+  if (f == nullptr) return std::nullopt;
+  return m.GetReflection()->GetInt64(m, f);
+}
+
 bool BoolOf(const Message& m, const char* name) {
   const FieldDescriptor* f = Field(m, name, FieldDescriptor::TYPE_BOOL);
   return f != nullptr && m.GetReflection()->GetBool(m, f);
@@ -445,9 +451,27 @@ void Authorizer::AuditKeyCall(const Peer& peer, absl::string_view path, const Me
                            {"key_id", key_ids.empty() ? std::string() : key_ids.front()},
                            {"code", absl::StatusCodeToString(status.code())}};
   if (version != 0) fields["version"] = version;
+  // Which call, and what it asked for: DeleteKey and DestroyKeyVersion share keys.delete.
+  fields["method"] = std::string(path.substr(path.rfind('/') + 1));
+  if (std::optional<uint32_t> target = Uint32Of(request, "version"); target && *target != 0) {
+    fields["target_version"] = *target;
+  }
+  if (std::optional<int64_t> wait = Int64Of(request, "wait_seconds"); wait && *wait != 0) {
+    fields["wait_seconds"] = *wait;
+  }
+  if (std::optional<uint32_t> min = Uint32Of(request, "min_decryption_version")) {
+    fields["min_decryption_version"] = *min;
+  }
   if (!status.ok()) fields["reason"] = std::string(status.message());
   Audit(status.ok() ? "key_" + op->name.substr(5) : std::string("key_call_failed"),
         std::move(fields), std::move(done));
+}
+
+void Authorizer::AuditKeyDestroyed(absl::string_view key_id,
+                                   const std::vector<uint32_t>& versions) {
+  nlohmann::json fields = {{"key_id", std::string(key_id)}, {"by", "key_deletion_wait"}};
+  if (!versions.empty()) fields["versions"] = versions;
+  Audit(versions.empty() ? "key_destroyed" : "key_versions_destroyed", std::move(fields));
 }
 
 void Authorizer::AuditHandshakeRefused(absl::string_view transport,

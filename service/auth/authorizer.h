@@ -134,6 +134,9 @@ class Authorizer {
   // Audits a finished key-management call (create, import, rotate, delete), successful or not.
   // Other methods are ignored. `version` is the key's current version after the call, 0 if none.
   // `done` (may be null) hears whether the line was written (see AuditSink::Done).
+  // Audits key material wiped when its wait ended (the key manager's reaper): a whole key
+  // (`versions` empty) or some versions of it. Not a call: no identity.
+  void AuditKeyDestroyed(absl::string_view key_id, const std::vector<uint32_t>& versions);
   void AuditKeyCall(const Peer& peer, absl::string_view path,
                     const google::protobuf::Message& request, const absl::Status& status,
                     uint32_t version, absl::string_view transport,

@@ -576,6 +576,13 @@ absl::Status RunServer(const ServerConfig& config) {
   }
   OFFLOAD_ASSIGN_OR_RETURN(std::unique_ptr<auth::Authorizer> authorizer,
                            auth::Authorizer::Create(std::move(auth_options)));
+  // Key material the reaper wipes is in the audit trail too; the reaper stops before the
+  // authorizer goes (this cleanup runs first: declared after it).
+  key_manager->AddDestroyListener(
+      [a = authorizer.get()](absl::string_view key_id, const std::vector<uint32_t>& versions) {
+        a->AuditKeyDestroyed(key_id, versions);
+      });
+  absl::Cleanup stop_reaper_before_authorizer = [&key_manager] { key_manager->StopReaper(); };
   if (!config.require_identity && !auth_options.mtls && config.policy_file.empty() &&
       (tokens != nullptr || forwarded_identity.has_value())) {
     Log(LogLevel::kWarning, "identity_optional",
@@ -673,6 +680,9 @@ absl::Status RunServer(const ServerConfig& config) {
   // Tasks still queued (calls past the drain deadline) run now, while everything they use is
   // still here.
   pool.WaitIdle();
+  // Answers held for their audit line (lifecycle calls; fail-closed) are delivered by the audit
+  // writer thread: wait for it too, before the gateways' method tables go.
+  authorizer->FlushAudit();
   metrics.StopExposer();
   // How the drain ended, for operators who tune --drain_timeout: every call answered, or at the
   // deadline (calls still running then were cut).

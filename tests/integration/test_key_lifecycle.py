@@ -26,6 +26,7 @@ import os
 import secrets
 import struct
 import sys
+import tempfile
 import time
 import unittest
 import urllib.error
@@ -67,7 +68,14 @@ def eventually(fn, what, bound=BOUND_S):
 
 class LifecycleScenarios:
     """Mixed into a TestCase that sets `admin` (where lifecycle calls go) and `other` (where
-    their effect is checked; the same server on the file store)."""
+    their effect is checked; the same server on the file store), each with --audit_log_file."""
+
+    def audit_lines(self):
+        lines = []
+        for server in self.servers:
+            with open(server.flag_value("audit_log_file")) as f:
+                lines += [json.loads(line) for line in f if line.strip()]
+        return lines
 
     def code_of(self, fn):
         try:
@@ -172,6 +180,16 @@ class LifecycleScenarios:
         fresh = self.create(key_id, K.KEY_TYPE_XCHACHA20_POLY1305)
         self.assertEqual(fresh.current_version, 1)
         self.assertEqual(fresh.state, K.KEY_STATE_ENABLED)
+
+        # The audit trail names each call, and the reaper's wipe (by whichever replica did it).
+        lines = self.audit_lines()
+        calls = [(l.get("method"), l.get("wait_seconds")) for l in lines
+                 if l.get("key_id") == key_id and l.get("event", "").startswith("key_")]
+        self.assertIn(("DeleteKey", 3600), calls)
+        self.assertIn(("CancelKeyDeletion", None), calls)
+        eventually(lambda: self.assertTrue(
+            [l for l in self.audit_lines() if l.get("event") == "key_destroyed"
+             and l.get("key_id") == key_id], "no key_destroyed line"), "key_destroyed audited")
 
     def test_versions_disable_destroy_restore(self):
         key_id = "ver-a"
@@ -306,7 +324,10 @@ class LifecycleScenarios:
 class FileStoreLifecycleTest(LifecycleScenarios, harness.ServerTestCase):
     @classmethod
     def setUpClass(cls):
-        cls.server = harness.Server("life-file", args=["--key_deletion_wait=%ds" % WAIT_S])
+        cls.dir = tempfile.mkdtemp(prefix="life-")
+        cls.server = harness.Server("life-file", args=[
+            "--key_deletion_wait=%ds" % WAIT_S,
+            "--audit_log_file=" + os.path.join(cls.dir, "audit.jsonl")])
         cls.servers = [cls.server]
         cls.addClassCleanup(cls.server.kill)
         cls.server.start()
@@ -338,9 +359,12 @@ class PostgresReplicasLifecycleTest(LifecycleScenarios, harness.ServerTestCase):
         import pg_support  # noqa: E402 (only where PostgreSQL is installed)
         cls.pg = pg_support.start_for_class(cls)
         kek = secrets.token_hex(32)
+        cls.dir = tempfile.mkdtemp(prefix="life-pg-")
         cls.replicas = [harness.Server("life-pg%d" % i, backend="libsodium", kek_hex=kek,
                                        args=["--keystore=postgres",
-                                             "--key_deletion_wait=%ds" % WAIT_S])
+                                             "--key_deletion_wait=%ds" % WAIT_S,
+                                             "--audit_log_file=" + os.path.join(
+                                                 cls.dir, "audit-%d.jsonl" % i)])
                         for i in range(2)]
         cls.servers = cls.replicas
         for r in cls.replicas:
