@@ -10,7 +10,7 @@ checked on replica 1 (which learns it by the store's change notification). The s
   deletion       DeleteKey: pending, every call refused; CancelKeyDeletion brings it back whole
                  (old envelopes open); a second DeleteKey is carried out after the wait: NOT_FOUND
                  everywhere, the id free; a request may not ask for a shorter wait
-  versions       a disabled version refuses its envelopes and boxes; DestroyKeyVersion wipes it
+  versions       a disabled version refuses its envelopes, derivations and box opens; DestroyKeyVersion wipes it
                  after the wait; RestoreKeyVersion undoes a scheduled destruction
   min_version    min_decryption_version refuses older AEAD envelopes and X25519 versions;
                  Rewrap moves an envelope to the current version, same plaintext, and refuses a
@@ -232,6 +232,24 @@ class LifecycleScenarios:
                             lambda s: self.open(s, key_id, envs[2]), "restored version")
         self.assertRpcError(FP, self.admin.keys.EnableKeyVersion,
                             K.KeyVersionRequest(key_id=key_id, version=1), timeout=T)
+
+        # An X25519 key's disabled version: no derivation, no box open with it.
+        x_id = "ver-x"
+        self.create(x_id, K.KEY_TYPE_X25519)
+        self.admin.keys.RotateKey(K.RotateKeyRequest(key_id=x_id), timeout=T)
+        self.admin.keys.DisableKeyVersion(K.KeyVersionRequest(key_id=x_id, version=1), timeout=T)
+        peer = nacl.public.PrivateKey.generate()
+        for what, call in (
+                ("derive", lambda s: s.x.Derive(pb.x.DeriveRequest(
+                    key_id=x_id, key_version=1, peer_public_key=bytes(peer.public_key)),
+                    timeout=T)),
+                ("box open", lambda s: s.box.Open(pb.box.BoxOpenRequest(
+                    key_id=x_id, key_version=1, peer_public_key=bytes(peer.public_key),
+                    nonce=bytes(24), ciphertext=bytes(32)), timeout=T))):
+            self.assert_code_on(self.other, FP, call, "disabled version: " + what)
+        self.assert_code_on(self.other, grpc.StatusCode.OK, lambda s: s.x.Derive(
+            pb.x.DeriveRequest(key_id=x_id, key_version=2, peer_public_key=bytes(peer.public_key)),
+            timeout=T), "enabled version: derive")
 
     def _seal_at(self, server, key_id, version):
         r = self.seal(server, key_id, b"v%d" % version)
