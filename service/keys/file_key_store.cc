@@ -126,14 +126,23 @@ absl::Status FileKeyStore::Put(const KeyRecord& record) {
   return WriteLocked(records);
 }
 
-absl::Status FileKeyStore::Delete(absl::string_view key_id) {
-  absl::MutexLock lock(&mu_);
-  OFFLOAD_ASSIGN_OR_RETURN(std::vector<KeyRecord> records, ReadLocked());
+namespace {
+// The record of `key_id` in `records`, or NotFound.
+absl::StatusOr<std::vector<KeyRecord>::iterator> Find(std::vector<KeyRecord>& records,
+                                                       absl::string_view key_id) {
   auto it = std::find_if(records.begin(), records.end(),
                          [key_id](const KeyRecord& r) { return r.key_id == key_id; });
   if (it == records.end()) {
     return absl::NotFoundError(absl::StrCat("key \"", key_id, "\" is not in the store"));
   }
+  return it;
+}
+}  // namespace
+
+absl::Status FileKeyStore::Delete(absl::string_view key_id) {
+  absl::MutexLock lock(&mu_);
+  OFFLOAD_ASSIGN_OR_RETURN(std::vector<KeyRecord> records, ReadLocked());
+  OFFLOAD_ASSIGN_OR_RETURN(auto it, Find(records, key_id));
   records.erase(it);
   return WriteLocked(records);
 }
@@ -141,11 +150,7 @@ absl::Status FileKeyStore::Delete(absl::string_view key_id) {
 absl::Status FileKeyStore::DeleteIf(absl::string_view key_id, const DeletePredicate& only_if) {
   absl::MutexLock lock(&mu_);
   OFFLOAD_ASSIGN_OR_RETURN(std::vector<KeyRecord> records, ReadLocked());
-  auto it = std::find_if(records.begin(), records.end(),
-                         [key_id](const KeyRecord& r) { return r.key_id == key_id; });
-  if (it == records.end()) {
-    return absl::NotFoundError(absl::StrCat("key \"", key_id, "\" is not in the store"));
-  }
+  OFFLOAD_ASSIGN_OR_RETURN(auto it, Find(records, key_id));
   if (!only_if(*it)) {
     return absl::FailedPreconditionError(
         absl::StrCat("key \"", key_id, "\" changed in the store: not removed"));
@@ -181,11 +186,7 @@ absl::Status FileKeyStore::Insert(const KeyRecord& record) {
 absl::Status FileKeyStore::Update(absl::string_view key_id, const UpdateFn& update) {
   absl::MutexLock lock(&mu_);
   OFFLOAD_ASSIGN_OR_RETURN(std::vector<KeyRecord> records, ReadLocked());
-  auto it = std::find_if(records.begin(), records.end(),
-                         [key_id](const KeyRecord& r) { return r.key_id == key_id; });
-  if (it == records.end()) {
-    return absl::NotFoundError(absl::StrCat("key \"", key_id, "\" is not in the store"));
-  }
+  OFFLOAD_ASSIGN_OR_RETURN(auto it, Find(records, key_id));
   OFFLOAD_ASSIGN_OR_RETURN(KeyRecord updated, update(*it));
   if (updated.key_id != key_id) {
     return absl::InvalidArgumentError(absl::StrCat("update: changed the key id from \"", key_id,

@@ -519,20 +519,37 @@ absl::Status PostgresKeyStore::Insert(const KeyRecord& record) {
   });
 }
 
+namespace {
+// Deletes the row of `key_id` (and notifies); returns the transaction id. NotFound if none.
+absl::StatusOr<std::string> DeleteRow(PGconn* conn, absl::string_view key_id) {
+  std::string xid;
+  OFFLOAD_ASSIGN_OR_RETURN(
+      int rows, RunWrite(conn,
+                         "WITH w AS (DELETE FROM offload_keys WHERE key_id = $1"
+                         "  RETURNING key_id)" OFFLOAD_NOTIFY_AND_XID,
+                         key_id, nullptr, 0, &xid));
+  if (rows == 0) {
+    return absl::NotFoundError(absl::StrCat("key \"", key_id, "\" is not in the store"));
+  }
+  return xid;
+}
+}  // namespace
+
+absl::StatusOr<KeyRecord> PostgresKeyStore::LockAndOpen(PGconn* conn,
+                                                        absl::string_view key_id) const {
+  OFFLOAD_ASSIGN_OR_RETURN(
+      PgResultPtr result,
+      Exec(conn, "SELECT record FROM offload_keys WHERE key_id = $1 FOR UPDATE", {Text(key_id)},
+           /*binary_result=*/true));
+  if (PQntuples(result.get()) == 0) {
+    return absl::NotFoundError(absl::StrCat("key \"", key_id, "\" is not in the store"));
+  }
+  return OpenRecord(key_id, Cell(result.get(), 0, 0));
+}
+
 absl::Status PostgresKeyStore::Delete(absl::string_view key_id) {
   absl::MutexLock lock(&mu_);
-  return WriteLocked("delete", [&](PGconn* conn) -> absl::StatusOr<std::string> {
-    std::string xid;
-    OFFLOAD_ASSIGN_OR_RETURN(
-        int rows, RunWrite(conn,
-                           "WITH w AS (DELETE FROM offload_keys WHERE key_id = $1"
-                           "  RETURNING key_id)" OFFLOAD_NOTIFY_AND_XID,
-                           key_id, nullptr, 0, &xid));
-    if (rows == 0) {
-      return absl::NotFoundError(absl::StrCat("key \"", key_id, "\" is not in the store"));
-    }
-    return xid;
-  });
+  return WriteLocked("delete", [&](PGconn* conn) { return DeleteRow(conn, key_id); });
 }
 
 absl::Status PostgresKeyStore::DeleteIf(absl::string_view key_id,
@@ -540,27 +557,13 @@ absl::Status PostgresKeyStore::DeleteIf(absl::string_view key_id,
   absl::MutexLock lock(&mu_);
   return WriteLocked("delete", [&](PGconn* conn) -> absl::StatusOr<std::string> {
     // Read, decide and delete under the row lock: no other writer changes the row in between.
-    OFFLOAD_ASSIGN_OR_RETURN(
-        PgResultPtr result,
-        Exec(conn, "SELECT record FROM offload_keys WHERE key_id = $1 FOR UPDATE", {Text(key_id)},
-             /*binary_result=*/true));
-    if (PQntuples(result.get()) == 0) {
-      return absl::NotFoundError(absl::StrCat("key \"", key_id, "\" is not in the store"));
-    }
-    OFFLOAD_ASSIGN_OR_RETURN(KeyRecord stored, OpenRecord(key_id, Cell(result.get(), 0, 0)));
-    result.reset();
+    OFFLOAD_ASSIGN_OR_RETURN(KeyRecord stored, LockAndOpen(conn, key_id));
     if (!only_if(stored)) {
       return absl::FailedPreconditionError(
           absl::StrCat("key \"", key_id, "\" changed in the store: not removed"));
     }
-    std::string xid;
-    OFFLOAD_ASSIGN_OR_RETURN(
-        int rows, RunWrite(conn,
-                           "WITH w AS (DELETE FROM offload_keys WHERE key_id = $1"
-                           "  RETURNING key_id)" OFFLOAD_NOTIFY_AND_XID,
-                           key_id, nullptr, 0, &xid));
-    if (rows != 1) return absl::InternalError("postgres: locked row vanished during the delete");
-    return xid;
+    // The row is locked and there: Delete's statement removes exactly it.
+    return DeleteRow(conn, key_id);
   });
 }
 
@@ -568,15 +571,7 @@ absl::Status PostgresKeyStore::Update(absl::string_view key_id, const UpdateFn& 
   absl::MutexLock lock(&mu_);
   return WriteLocked("update", [&](PGconn* conn) -> absl::StatusOr<std::string> {
     // The row lock makes concurrent updates of one key (from any replica) take turns.
-    OFFLOAD_ASSIGN_OR_RETURN(
-        PgResultPtr result,
-        Exec(conn, "SELECT record FROM offload_keys WHERE key_id = $1 FOR UPDATE", {Text(key_id)},
-             /*binary_result=*/true));
-    if (PQntuples(result.get()) == 0) {
-      return absl::NotFoundError(absl::StrCat("key \"", key_id, "\" is not in the store"));
-    }
-    OFFLOAD_ASSIGN_OR_RETURN(KeyRecord stored, OpenRecord(key_id, Cell(result.get(), 0, 0)));
-    result.reset();
+    OFFLOAD_ASSIGN_OR_RETURN(KeyRecord stored, LockAndOpen(conn, key_id));
     OFFLOAD_ASSIGN_OR_RETURN(KeyRecord updated, update(std::move(stored)));
     if (updated.key_id != key_id) {
       return absl::InvalidArgumentError(absl::StrCat("update: changed the key id from \"", key_id,

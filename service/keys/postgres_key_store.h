@@ -124,6 +124,9 @@ class PostgresKeyStore final : public KeyStore {
   absl::StatusOr<std::vector<uint8_t>> SealRecord(const KeyRecord& record) const;
   absl::StatusOr<KeyRecord> OpenRecord(absl::string_view key_id,
                                        absl::Span<const uint8_t> blob) const;
+  // In a write transaction: the row of `key_id`, locked (SELECT ... FOR UPDATE) until the
+  // transaction ends, opened. NotFound if there is none.
+  absl::StatusOr<KeyRecord> LockAndOpen(PGconn* conn, absl::string_view key_id) const;
 
   const std::string dsn_;
   const std::string description_;
