@@ -102,6 +102,8 @@ def _generate_stubs():
         for f in os.listdir(os.path.join(PROTO_DIR, "offload", "v1")) if f.endswith(".proto"))
     if not protos:
         raise RuntimeError("no .proto files under %s/offload/v1" % PROTO_DIR)
+    # google.rpc.Status and RetryInfo: the details of grpc-status-details-bin (proto/google/rpc).
+    protos += [os.path.join("google", "rpc", f) for f in ("status.proto", "error_details.proto")]
     common = ["protoc", "--python_out=" + out, "--grpc_out=" + out,
               "--plugin=protoc-gen-grpc=/usr/bin/grpc_python_plugin"]
     for cmd in (common + ["-I", PROTO_DIR] + protos,
@@ -118,7 +120,8 @@ def _generate_stubs():
         x=mod("offload.v1.x25519_pb2"), x_grpc=mod("offload.v1.x25519_pb2_grpc"),
         box=mod("offload.v1.box_pb2"), box_grpc=mod("offload.v1.box_pb2_grpc"),
         aead=mod("offload.v1.aead_pb2"), aead_grpc=mod("offload.v1.aead_pb2_grpc"),
-        health=mod("health_pb2"), health_grpc=mod("health_pb2_grpc"))
+        health=mod("health_pb2"), health_grpc=mod("health_pb2_grpc"),
+        rpc_status=mod("google.rpc.status_pb2"), error_details=mod("google.rpc.error_details_pb2"))
 
 
 pb = _generate_stubs()
