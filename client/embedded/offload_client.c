@@ -393,8 +393,13 @@ static offload_status_t begin(offload_client_t* client) {
 
 /* Ends a call: wipes the message structs and the wire buffer, returns `status`. */
 static offload_status_t finish(offload_client_t* client, offload_status_t status) {
-  offload_wipe(&client->msg, sizeof client->msg);
-  offload_wipe(client->buf, client->buf_len);
+  /* A call the memo answered (or a box on the device with a remembered key) touched neither:
+   * no need to wipe ~4.5 KB again. */
+  if (client->wipe_pending) {
+    offload_wipe(&client->msg, sizeof client->msg);
+    offload_wipe(client->buf, client->buf_len);
+    client->wipe_pending = false;
+  }
   return status;
 }
 
@@ -535,6 +540,7 @@ static offload_status_t shared_key_of(offload_client_t* client, const char* key_
     ++client->stats.misses;
   }
 #endif
+  client->wipe_pending = true; /* the message structs and `buf` will hold secrets */
   memset(req, 0, sizeof *req);
   if (!copy_key_id(req->key_id, key_id)) return OFFLOAD_ERR_ARGUMENT;
   req->key_version = key_version;
@@ -643,6 +649,7 @@ offload_status_t offload_box_seal(offload_client_t* client, const char* key_id,
   }
 #endif
   req = &client->msg.box_seal_req;
+  client->wipe_pending = true; /* the message structs and `buf` will hold secrets */
   memset(req, 0, sizeof *req);
   if (!copy_key_id(req->key_id, key_id)) return finish(client, OFFLOAD_ERR_ARGUMENT);
   req->peer_public_key.size = OFFLOAD_X25519_KEY_SIZE;
@@ -710,6 +717,7 @@ offload_status_t offload_box_open(offload_client_t* client, const char* key_id,
   }
 #endif
   req = &client->msg.box_open_req;
+  client->wipe_pending = true; /* the message structs and `buf` will hold secrets */
   memset(req, 0, sizeof *req);
   if (!copy_key_id(req->key_id, key_id)) return finish(client, OFFLOAD_ERR_ARGUMENT);
   req->key_version = key_version;
@@ -750,6 +758,7 @@ offload_status_t offload_verify(offload_client_t* client,
   }
   req = &client->msg.verify.req;
   resp = &client->msg.verify.resp;
+  client->wipe_pending = true; /* the message structs and `buf` will hold secrets */
   memset(req, 0, sizeof *req);
   req->public_key.size = OFFLOAD_ED25519_PUBLIC_KEY_SIZE;
   memcpy(req->public_key.bytes, public_key, OFFLOAD_ED25519_PUBLIC_KEY_SIZE);

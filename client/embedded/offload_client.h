@@ -216,6 +216,7 @@ typedef struct offload_client {
   /* True when box seal and open run on the device: OFFLOAD_LOCAL_BOX and libsodium initialised
    * (set by offload_client_init()). They still need the memo in use for their key. */
   bool local_box;
+  bool wipe_pending; /* the call in progress wrote to `msg` or `buf`: finish wipes them */
   offload_client_stats_t stats;
   /* After each call: the HTTP status (0 if the transport failed), the transport's own return
    * value after OFFLOAD_ERR_TRANSPORT (else 0), and for a Connect error its message (else "").
