@@ -219,6 +219,23 @@ class Exchange final : public std::enable_shared_from_this<Exchange> {
   std::atomic<int> in_mail_{0};  // parts posted to the loop and not yet delivered
 };
 
+// What the calling loop thread has on its hands, for a handler that decides whether to run work
+// where it is (Handler::Handle runs on a loop thread) or to hand it elsewhere: work run here
+// delays everything else this loop serves. See CurrentLoopLoad and ChargeLoop.
+struct LoopLoad {
+  bool on_loop = false;  // the calling thread is one of a server's loops
+  // Work the handler charged (ChargeLoop, in its own unit) since the loop took up the input at
+  // hand: one read of one connection, which may hold many requests (HTTP/2 streams).
+  int64_t charged = 0;
+  // Answers and stream parts handed to this loop from other threads and not yet taken up: they
+  // wait for what runs here.
+  int64_t waiting = 0;
+};
+// The calling thread's LoopLoad (on_loop false, zeros, on any other thread).
+LoopLoad CurrentLoopLoad();
+// Adds `amount` to the calling loop's `charged` (nothing on any other thread).
+void ChargeLoop(int64_t amount);
+
 class Handler {
  public:
   virtual ~Handler() = default;

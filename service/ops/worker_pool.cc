@@ -5,6 +5,13 @@
 #include "absl/time/clock.h"
 
 namespace offload::ops {
+namespace {
+// The pool whose tasks the calling thread runs itself (WorkerPool::RunHere), or null.
+thread_local WorkerPool* run_here = nullptr;
+}  // namespace
+
+WorkerPool::RunHere::RunHere(WorkerPool* pool) : previous_(run_here) { run_here = pool; }
+WorkerPool::RunHere::~RunHere() { run_here = previous_; }
 
 WorkerPool::WorkerPool(int threads) {
   if (threads <= 0) threads = static_cast<int>(std::thread::hardware_concurrency());
@@ -22,6 +29,10 @@ WorkerPool::~WorkerPool() {
 }
 
 void WorkerPool::Submit(absl::AnyInvocable<void() &&> task) {
+  if (run_here == this) {
+    std::move(task)();
+    return;
+  }
   absl::MutexLock lock(&mu_);
   queue_.push_back(std::move(task));
 }
