@@ -165,15 +165,19 @@ struct TableBuilder {
   void AeadOpen(absl::string_view service, absl::string_view name) {
     methods->push_back(http::MemoFirst(ops, service, name, &Operations::AeadOpenFromMemo,
                                        &Operations::AeadOpenFresh));
-    methods->back().from_memo_shared = [o = ops](const Message& q, Operations::OpenResult* result,
+    methods->back().from_memo_shared = [o = ops](const Operations::OpenRequestView& q,
+                                                 Operations::OpenResult* result,
                                                  Method::Probe* probe, absl::Status* status) {
       auto p = std::make_shared<Operations::OpenProbe>();
-      if (o->AeadOpenFromMemoShared(static_cast<const v1::AeadOpenRequest&>(q), result, p.get(),
-                                    status)) {
-        return true;
-      }
+      if (o->AeadOpenFromMemoShared(q, result, p.get(), status)) return true;
       *probe = std::move(p);
       return false;
+    };
+    methods->back().fresh_shared = [o = ops](const Operations::OpenRequestView& q,
+                                             std::string* owner, const Method::Probe& probe,
+                                             Operations::OpenResult* result) {
+      return o->AeadOpenFreshShared(
+          q, owner, *static_cast<const Operations::OpenProbe*>(probe.get()), result);
     };
   }
 };

@@ -134,6 +134,13 @@ class Exchange final : public std::enable_shared_from_this<Exchange> {
   // Every request header in order (names lower-case).
   void ForEachHeader(const std::function<void(absl::string_view, absl::string_view)>& fn) const;
   absl::string_view body() const { return body_; }
+  // The request body's buffer itself, for a handler that keeps it (a request read where it
+  // lies, handed to a worker): body() is empty afterwards. REQUIRES: called in Handle.
+  std::string TakeBody() {
+    std::string out;
+    out.swap(body_);
+    return out;
+  }
   // True when the request body was larger than Options::max_body_bytes: body() is then empty,
   // and the handler answers in its protocol's terms; the server closes the request afterwards.
   bool body_too_large() const { return body_too_large_; }

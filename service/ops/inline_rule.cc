@@ -84,6 +84,8 @@ int64_t InlineRule::EstimateNanos(const google::protobuf::Message& request) {
   return kNever;
 }
 
+int64_t InlineRule::EstimateAeadOpenNanos(size_t bytes) { return kAead + Bytes(bytes, kAeadPerKiB); }
+
 bool InlineRule::RunHere(int64_t cost_ns, int64_t charged_ns, int64_t waiting) const {
   if (cost_ns > max_call_ns_) return false;
   const int64_t budget = waiting > 0 ? max_call_ns_ : turn_budget_ns_;

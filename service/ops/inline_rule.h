@@ -28,6 +28,7 @@
 #ifndef SERVICE_OPS_INLINE_RULE_H_
 #define SERVICE_OPS_INLINE_RULE_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 
@@ -56,6 +57,9 @@ class InlineRule final {
   // ~0.25 ns a byte), rounded up: a batch is the sum of its items. kNever for a request type
   // without an estimate. Memo hits cost less; the estimate does not count on them.
   static int64_t EstimateNanos(const google::protobuf::Message& request);
+  // An AEAD Open of `bytes` (envelope and associated data), as EstimateNanos would give for its
+  // AeadOpenRequest (a request read where it lies has no message to ask).
+  static int64_t EstimateAeadOpenNanos(size_t bytes);
 
   // Whether a call of `cost_ns` runs here, on a loop that has run `charged_ns` for the input at
   // hand and has `waiting` answers from other threads queued.

@@ -37,6 +37,7 @@ TEST(InlineRuleTest, EstimatesGrowWithItemsAndBytes) {
   for (int i = 0; i < 64; ++i) *batch.add_items() = Verify(64);
   EXPECT_EQ(InlineRule::EstimateNanos(batch), 64 * one);
   EXPECT_LT(InlineRule::EstimateNanos(Open(55'000)), InlineRule::EstimateNanos(Open(1 << 20)));
+  EXPECT_EQ(InlineRule::EstimateAeadOpenNanos(55'000), InlineRule::EstimateNanos(Open(55'000)));
   v1::BatchAeadOpenRequest opens;
   for (int i = 0; i < 16; ++i) *opens.add_items() = Open(55'000);
   EXPECT_EQ(InlineRule::EstimateNanos(opens), 16 * InlineRule::EstimateNanos(Open(55'000)));

@@ -164,6 +164,26 @@ def offload_load(build_dir, port, pid, args, background):
             'background': int(bg.group(1)) if bg else 0}
 
 
+def make_bodies(runner, servers, work):
+    """The rows' request bodies (offload_load --write_request; FILE.grpc is gRPC-framed), each
+    made against the server that needs its keys, for the servers in `servers`."""
+    bodies = {}
+    wr = lambda key, flags, name: R.write_request(runner, servers[key], flags,
+                                                  os.path.join(work, name + '.bin'))
+    any_grpc = next(k for k in ('minimal', 'fresh', 'memo') if k in servers)
+    bodies['verify'] = wr(any_grpc, ['--workload=verify', '--mode=cold', '--cold_items=1'],
+                          'verify')
+    bodies['batch64'] = wr(any_grpc, ['--workload=batch_verify', '--batch=64', '--mode=cold',
+                                      '--cold_items=64'], 'batch64')
+    for key in ('fresh', 'memo', 'minimal'):
+        if key in servers:
+            bodies['open-' + key] = wr(key, O55, 'open-' + key)
+    for key in ('fresh', 'memo'):
+        if key in servers:
+            bodies['derive-' + key] = wr(key, ['--workload=derive', '--mode=cold'], 'derive-' + key)
+    return bodies
+
+
 def fmt(x, digits=1, unit=''):
     return '-' if x is None else f'{x:,.{digits}f}{unit}'
 
@@ -214,17 +234,7 @@ def main():
                 f.write(os.urandom(size))
         servers['nghttpd'] = Nghttpd(docroot, work)
 
-        body = lambda name: os.path.join(work, name + '.bin')
-        bodies = {}
-        wr = lambda key, flags, name: R.write_request(runner, servers[key], flags, body(name))
-        bodies['verify'] = wr('minimal', ['--workload=verify', '--mode=cold', '--cold_items=1'],
-                              'verify')
-        bodies['batch64'] = wr('minimal', ['--workload=batch_verify', '--batch=64', '--mode=cold',
-                                           '--cold_items=64'], 'batch64')
-        for key in ('fresh', 'memo', 'minimal'):
-            bodies['open-' + key] = wr(key, O55, 'open-' + key)
-        for key in ('fresh', 'memo'):
-            bodies['derive-' + key] = wr(key, ['--workload=derive', '--mode=cold'], 'derive-' + key)
+        bodies = make_bodies(runner, servers, work)
 
         plan = [(ROWS[row][0], s) for row in rows for s in ROWS[row][1]]
         for row, (series, key, path, b, _) in plan:
