@@ -401,7 +401,8 @@ class ServerProcess {
     }
   }
 
-  // OK once this process has logged "server_started" and a ListKeys answers (the log line first:
+  // OK once this process has logged "server_started" and a ListKeys answers, or is refused for
+  // want of an identity (the log line first:
   // on a port taken by another test's server, that one would answer the probe);
   // FailedPrecondition if the process exited first (it is reaped); DeadlineExceeded after 60 s.
   absl::Status WaitServing() {
@@ -420,7 +421,14 @@ class ServerProcess {
         return absl::FailedPreconditionError("exited before it answered");
       }
       if (!started) started = LoggedSinceLaunch("\"event\":\"server_started\"");
-      if (started && (*probe)->ListKeys().ok()) return absl::OkStatus();
+      if (started) {
+        // An answer, even a refusal of the anonymous probe (--require_identity), is serving.
+        const absl::StatusCode code = (*probe)->ListKeys().status().code();
+        if (code == absl::StatusCode::kOk || code == absl::StatusCode::kUnauthenticated ||
+            code == absl::StatusCode::kPermissionDenied) {
+          return absl::OkStatus();
+        }
+      }
       absl::SleepFor(absl::Milliseconds(50));
     }
     return absl::DeadlineExceededError("not answering after 60s");
