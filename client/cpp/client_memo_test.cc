@@ -13,7 +13,10 @@
 //   server called; it never asserts the reverse under a tight time);
 // - under a byte bound smaller than the set, re-read entries stay and the least recently used go;
 // - a token provider is asked again once on UNAUTHENTICATED (EdDSA tokens minted here with
-//   libsodium against the server's --jwks_file).
+//   libsodium against the server's --jwks_file);
+// - refusals that carry a google.rpc.RetryInfo are retried after at least its delay, and
+//   RESOURCE_EXHAUSTED without one is returned as is (from a gRPC peer that refuses as an
+//   overloaded server does: RefusingPeer in test_server.h).
 #include <sodium.h>
 
 #include <cstdio>
@@ -669,6 +672,81 @@ TEST_F(TokenMemoTest, PermissionDeniedDropsTheKeysEntries) {
   EXPECT_EQ(client->Stats().open_memo.entries, 0);
   EXPECT_EQ(client->AeadOpen("tk-aead", sealed->envelope(), "").status().code(),
             absl::StatusCode::kPermissionDenied);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Refusals that say when to come back (RetryInfo), from a peer that refuses as an overloaded
+// server does (test_server.h: RefusingPeer).
+
+ClientOptions Retrying(const std::string& address, int max_attempts = 4) {
+  ClientOptions o;
+  o.endpoints = address;
+  o.timeout = absl::Seconds(30);
+  o.max_attempts = max_attempts;
+  o.initial_backoff = absl::Milliseconds(1);
+  o.max_backoff = absl::Milliseconds(2);  // so that a pause of 200 ms is the server's doing
+  return o;
+}
+
+TEST(RetryInfoPeerTest, ResourceExhaustedWithARetryDelayIsRetriedAfterIt) {
+  const absl::Duration delay = absl::Milliseconds(200);
+  testing::RefusingPeer peer(grpc::StatusCode::RESOURCE_EXHAUSTED, 2, delay);
+  auto client = Make(Retrying(peer.address()));
+  ASSERT_NE(client, nullptr);
+  const absl::Time start = absl::Now();
+  auto r = client->Sign("k", "m");
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(peer.calls(), 3);
+  EXPECT_EQ(client->Stats().rpcs, 3);
+  EXPECT_EQ(client->Stats().retry_info_waits, 2);
+  EXPECT_GE(took, 2 * delay) << "waited at least the delay before each retry";
+  EXPECT_FALSE(client->IsEndpointDown(peer.address())) << "an overloaded server is alive";
+}
+
+TEST(RetryInfoPeerTest, ResourceExhaustedWithoutARetryDelayIsReturnedAsIs) {
+  testing::RefusingPeer peer(grpc::StatusCode::RESOURCE_EXHAUSTED, 1, std::nullopt);
+  auto client = Make(Retrying(peer.address()));
+  ASSERT_NE(client, nullptr);
+  const absl::Status s = client->Sign("k", "m").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_EQ(s.message(), "overloaded");
+  EXPECT_EQ(peer.calls(), 1);
+  EXPECT_EQ(client->Stats().retry_info_waits, 0);
+}
+
+TEST(RetryInfoPeerTest, ADelayPastTheDeadlineOrTheAttemptsReturnsTheRefusal) {
+  testing::RefusingPeer peer(grpc::StatusCode::RESOURCE_EXHAUSTED, 100, absl::Seconds(30));
+  ClientOptions o = Retrying(peer.address());
+  o.timeout = absl::Seconds(10);
+  auto client = Make(o);
+  ASSERT_NE(client, nullptr);
+  const absl::Time start = absl::Now();
+  const absl::Status s = client->Sign("k", "m").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_LT(absl::Now() - start, o.timeout) << "did not wait for a delay it could not keep";
+  EXPECT_EQ(peer.calls(), 1);
+
+  testing::RefusingPeer busy(grpc::StatusCode::RESOURCE_EXHAUSTED, 100, absl::Milliseconds(20));
+  auto limited = Make(Retrying(busy.address(), /*max_attempts=*/3));
+  ASSERT_NE(limited, nullptr);
+  EXPECT_EQ(limited->Sign("k", "m").status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(busy.calls(), 3);
+  EXPECT_EQ(limited->Stats().retry_info_waits, 2);
+}
+
+TEST(RetryInfoPeerTest, UnavailableWithARetryDelayWaitsAtLeastThatLong) {
+  const absl::Duration delay = absl::Milliseconds(300);
+  testing::RefusingPeer peer(grpc::StatusCode::UNAVAILABLE, 1, delay);
+  auto client = Make(Retrying(peer.address()));
+  ASSERT_NE(client, nullptr);
+  const absl::Time start = absl::Now();
+  auto r = client->Sign("k", "m");
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(peer.calls(), 2);
+  EXPECT_EQ(client->Stats().retry_info_waits, 1);
+  EXPECT_GE(took, delay);
 }
 
 }  // namespace
