@@ -583,7 +583,11 @@ void Operations::RunBatch(int n, ItemFn item, Done done, Alive alive) const {
       const auto elapsed = Clock::now() - start;
       // Two items make a pace, unless the first alone took long (fresh crypto).
       if ((ran >= 2 || elapsed > kSplitAfter / 2) && elapsed / ran * left > kSplitAfter) {
-        for (int h = 0; h < helpers; ++h) {
+        // Only workers with nothing to do are called in: when every worker is busy, a helper
+        // would find the batch done by the time it ran, and cost a queue round trip (and a
+        // wake-up) for nothing; splitting buys wall-clock time, never CPU.
+        const int idle = pool->size() - pool->busy();
+        for (int h = 0; h < std::min(helpers, idle); ++h) {
           pool->Submit([state, item, stride] { state->Drain(item, stride); });
         }
         break;

@@ -1,5 +1,7 @@
 #include "service/ops/worker_pool.h"
 
+#include <pthread.h>
+
 #include <utility>
 
 #include "absl/time/clock.h"
@@ -55,6 +57,7 @@ size_t WorkerPool::queue_depth() const {
 bool WorkerPool::HasWorkOrStopping() const { return stopping_ || !queue_.empty(); }
 
 void WorkerPool::Run() {
+  pthread_setname_np(pthread_self(), "worker");  // in profiles and /proc/<pid>/task
   while (true) {
     absl::AnyInvocable<void() &&> task;
     {

@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/mman.h>
+#include <pthread.h>
 #include <sys/socket.h>
 
 #include <boost/asio/post.hpp>
@@ -582,6 +583,7 @@ void Loop::Join() {
 
 void Loop::Run() {
   current_loop = this;
+  pthread_setname_np(pthread_self(), "http-loop");  // in profiles and /proc/<pid>/task
   ArmSweep();
   ctx_.run();
   mailbox_->CloseLoop();
