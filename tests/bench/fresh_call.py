@@ -91,7 +91,8 @@ class Nghttpd:
     def __init__(self, docroot, workdir):
         self.port = R.free_port()
         self.log = open(os.path.join(workdir, 'nghttpd.log'), 'w')
-        self.proc = subprocess.Popen(['nghttpd', '--no-tls', '-a', '127.0.0.1', '-d', docroot,
+        binary = shutil.which('nghttpd') or '/usr/sbin/nghttpd'  # sbin: not on every PATH
+        self.proc = subprocess.Popen([binary, '--no-tls', '-a', '127.0.0.1', '-d', docroot,
                                       str(self.port)], stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         deadline = time.time() + 20
