@@ -931,6 +931,7 @@ class Call final : public std::enable_shared_from_this<Call> {
   void EncodeMessage(std::string message, httpd::Response* out) {
     const bool gzip = Compress(&message);
     out->status = 200;
+    out->headers.reserve(4);
     if (type_.protocol == Protocol::kGrpc) {
       // HEADERS, one DATA frame with the message (compressed: its flag and grpc-encoding say
       // so), trailers with the status.

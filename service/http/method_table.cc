@@ -42,12 +42,12 @@ auto FromMemo(const Operations* ops,
                   const) {
   return [ops, from_memo](const Message& q, Message* r, Method::Probe* probe,
                           absl::Status* status) {
-    auto p = std::make_shared<ProbeT>();
-    if ((ops->*from_memo)(static_cast<const Request&>(q), static_cast<Response*>(r), p.get(),
+    ProbeT p;  // on the stack: a hit (the common case) allocates nothing for it
+    if ((ops->*from_memo)(static_cast<const Request&>(q), static_cast<Response*>(r), &p,
                           status)) {
       return true;
     }
-    *probe = std::move(p);
+    *probe = std::make_shared<ProbeT>(std::move(p));
     return false;
   };
 }
@@ -168,9 +168,9 @@ struct TableBuilder {
     methods->back().from_memo_shared = [o = ops](const Operations::OpenRequestView& q,
                                                  Operations::OpenResult* result,
                                                  Method::Probe* probe, absl::Status* status) {
-      auto p = std::make_shared<Operations::OpenProbe>();
-      if (o->AeadOpenFromMemoShared(q, result, p.get(), status)) return true;
-      *probe = std::move(p);
+      Operations::OpenProbe p;
+      if (o->AeadOpenFromMemoShared(q, result, &p, status)) return true;
+      *probe = std::make_shared<Operations::OpenProbe>(std::move(p));
       return false;
     };
     methods->back().fresh_shared = [o = ops](const Operations::OpenRequestView& q,
