@@ -366,6 +366,10 @@ void RegisterGuardMetrics(metrics::Metrics& m, ops::Admission& admission,
                    [token_counts] { return double(token_counts().remembered); });
   m.AddPullCounter("offload_token_checks_total", checks_help, {{"result", "signature_checked"}},
                    [token_counts] { return double(token_counts().signature_checks); });
+  m.AddPullCounter("offload_token_jwks_keys_skipped_total",
+                   "JWKS keys passed over as unusable (the file's other keys load), summed over "
+                   "every read of --jwks_file",
+                   {}, [token_counts] { return double(token_counts().jwks_keys_skipped); });
   m.AddPullGauge("offload_token_memo_bytes", "Bytes held by the verified-token memo", {},
                  [tokens] { return tokens != nullptr ? double(tokens->remembered_bytes()) : 0.0; });
 }

@@ -11,6 +11,9 @@ python3-cryptography): EdDSA, ES256 and RS256 tokens against a server started wi
             reason, never with the token
   memo      a repeated token costs one signature check (offload_token_checks_total)
   reload    a token whose JWKS key is removed from the file is refused, without a restart
+  skipped   a JWKS with one unusable key (PyJWT 2.6's own EC key whose coordinate lost its
+            leading zero byte, 1 key in 128) loads the others: their tokens verify, the broken
+            key's tokens are refused unknown_kid, the key is counted and logged as skipped
 """
 import base64
 import hashlib
@@ -67,6 +70,24 @@ class Keys:
 
     def jwks(self, names=("ed", "ec", "rsa")):
         return {"keys": [self.jwk(n) for n in names]}
+
+    def add_short_ec(self):
+        """A P-256 key "ec-short" whose x or y is under 2^248, so that PyJWT 2.6's to_jwk writes
+        that coordinate in 31 bytes (RFC 7518 wants 32): about 1 key in 128."""
+        while True:
+            key = ec.generate_private_key(ec.SECP256R1())
+            nums = key.public_key().public_numbers()
+            if nums.x < 2 ** 248 or nums.y < 2 ** 248:
+                break
+        self.private["ec-short"] = key
+        self.alg["ec-short"] = "ES256"
+        self.to_jwk["ec-short"] = ECAlgorithm.to_jwk
+        j = self.jwk("ec-short")
+        short = [c for c in ("x", "y") if len(base64.urlsafe_b64decode(j[c] + "==")) < 32]
+        if not short:  # a PyJWT that pads: strip the zero byte as 2.6 does
+            c = "x" if nums.x < 2 ** 248 else "y"
+            j[c] = b64(base64.urlsafe_b64decode(j[c] + "==")[1:])
+        return j
 
     def public_pem(self, name):
         return self.private[name].public_key().public_bytes(
@@ -355,6 +376,42 @@ class TokensTest(harness.ServerTestCase):
                          checks + 1)
         self.assertGreaterEqual(self.metric("offload_token_checks_total", result="remembered"),
                                 remembered + 19)
+
+    def test_z_a_jwks_with_one_broken_key_loads_the_others(self):
+        broken = self.keys.add_short_ec()
+        skipped = self.metric("offload_token_jwks_keys_skipped_total")
+        try:
+            tmp = self.jwks + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump({"keys": [broken] + self.keys.jwks(("ed", "ec", "rsa"))["keys"]}, f)
+            os.replace(tmp, self.jwks)
+            # The reload is seen by its count (the watcher looks once a second).
+            deadline = time.monotonic() + 15
+            while (self.metric("offload_token_jwks_keys_skipped_total") == skipped
+                   and time.monotonic() < deadline):
+                time.sleep(0.1)
+            self.assertEqual(self.metric("offload_token_jwks_keys_skipped_total"), skipped + 1)
+            # The file's other keys verify; tokens never seen before, so each is checked by
+            # signature against the reloaded keys.
+            for name in ("ed", "ec", "rsa"):
+                token = self.keys.token(name, sub="app-a", jti="skip-%s" % name)
+                self.assertEqual(self.grpc_sign(self.ports["grpc"], token), grpc.StatusCode.OK,
+                                 name)
+                self.assertEqual(self.connect_sign(self.ports["http"], token), (200, None), name)
+            # The broken key's own tokens are refused (its key was skipped, not half-loaded).
+            refused = self.metric("offload_token_refused_total", reason="unknown_kid")
+            token = self.keys.token("ec-short", sub="app-a")
+            self.assertEqual(self.grpc_sign(self.ports["grpc"], token),
+                             grpc.StatusCode.UNAUTHENTICATED)
+            self.assertEqual(self.metric("offload_token_refused_total", reason="unknown_kid"),
+                             refused + 1)
+            log = self.server._read_log().decode(errors="replace")
+            warnings = [json.loads(l) for l in log.splitlines()
+                        if '"jwks_key_skipped"' in l and l.startswith("{")]
+            self.assertTrue([w for w in warnings if w.get("kid") == "ec-short"], warnings)
+            self.assertNotIn("jwks_reload_failed", log)
+        finally:
+            self.write_jwks(("ed", "ec", "rsa"))
 
     def test_zz_a_removed_key_is_refused_without_restart(self):
         token = self.keys.token("rsa", sub="app-a", jti="reload")
