@@ -179,6 +179,10 @@ class Authorizer {
                              absl::string_view reason);
 
   bool mtls() const { return options_.mtls; }
+  // Whether Authorize refuses a call without an identity (require_identity, mTLS or a policy).
+  bool RequiresIdentity() const {
+    return options_.require_identity || options_.mtls || !options_.policy_file.empty();
+  }
   // Whether Authorize has anything to do (else every call is allowed unread).
   bool enforcing() const {
     return options_.mtls || options_.tokens || options_.forwarded || options_.require_identity;

@@ -874,14 +874,21 @@ class Call final : public std::enable_shared_from_this<Call> {
     out->headers.emplace_back("content-type", std::string(ConnectContentType(type_.codec)));
     if (gzip) out->headers.emplace_back("content-encoding", "gzip");
     if (get_) {
-      // A verify answer depends only on its request; keys change. Behind mTLS the answer is
-      // for the authenticated caller only.
+      // A verify answer depends only on its request; keys change. [issue 33] An answer to a call
+      // that carried or needed an identity (mTLS, a token, a forwarded identity, a server that
+      // requires one) is for that caller only: `public` would let a shared cache give it to
+      // anyone (RFC 9111 3.5). Vary names Authorization, so that a cached anonymous answer is
+      // never reused for a caller that sends a token.
       const bool immutable = method_->service == "offload.v1.Ed25519Service";
+      const bool identified =
+          shared_->mtls || !peer_.identity.empty() ||
+          exchange_->header("authorization").has_value() ||
+          (shared_->authorizer != nullptr && shared_->authorizer->RequiresIdentity());
       out->headers.emplace_back(
-          "cache-control", immutable ? absl::StrCat(shared_->mtls ? "private" : "public",
+          "cache-control", immutable ? absl::StrCat(identified ? "private" : "public",
                                                     ", max-age=31536000, immutable")
                                      : std::string("private, no-cache"));
-      out->headers.emplace_back("vary", "Accept-Encoding");
+      out->headers.emplace_back("vary", "Accept-Encoding, Authorization");
     }
     out->body = std::move(message);
     return absl::OkStatus();

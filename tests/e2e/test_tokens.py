@@ -10,6 +10,10 @@ python3-cryptography): EdDSA, ES256 and RS256 tokens against a server started wi
             a 1 MiB token, no token, another scheme: UNAUTHENTICATED / 401, audited with the
             reason, never with the token
   memo      a repeated token costs one signature check (offload_token_checks_total)
+  GET       a Connect GET of Verify made with a token (or on a server that needs an identity)
+            is answered `Cache-Control: private`, never `public`; an anonymous caller's, where
+            anonymous calls are served, stays `public, max-age=31536000, immutable`; Vary names
+            Authorization
   reload    a token whose JWKS key is removed from the file is refused, without a restart
   skipped   a JWKS with one unusable key (PyJWT 2.6's own EC key whose coordinate lost its
             leading zero byte, 1 key in 128) loads the others: their tokens verify, the broken
@@ -128,6 +132,31 @@ def curl(url, body, headers, http2):
 
 class TokenServer(harness.Server):
     pass
+
+
+def verify_get(port, token):
+    """A Connect GET of Ed25519Service/Verify (a real signature) with curl, HTTP/1.1; (status,
+    headers, body)."""
+    key = ed25519.Ed25519PrivateKey.generate()
+    pk = key.public_key().public_bytes(serialization.Encoding.Raw,
+                                       serialization.PublicFormat.Raw)
+    msg = b"cache me?"
+    req = pb.ed.VerifyRequest(public_key=pk, signature=key.sign(msg), message=msg)
+    url = ("http://127.0.0.1:%d/offload.v1.Ed25519Service/Verify?connect=v1&encoding=proto"
+           "&base64=1&message=%s" % (port, b64(req.SerializeToString())))
+    cmd = ["curl", "-sS", "--noproxy", "*", "--http1.1", "-o", "-", "-D", "/dev/stderr", url]
+    if token is not None:
+        cmd += ["-H", "authorization: Bearer " + token]
+    r = subprocess.run(cmd, capture_output=True, timeout=30)
+    head = r.stderr.decode(errors="replace")
+    if r.returncode != 0:
+        raise RuntimeError("curl failed (%d): %s" % (r.returncode, head[-300:]))
+    fields = {}
+    for line in head.splitlines():
+        if ":" in line:
+            k, v = line.split(":", 1)
+            fields[k.strip().lower()] = v.strip()
+    return int(re.findall(r"^HTTP/[\d.]+ (\d+)", head, re.M)[-1]), fields, r.stdout
 
 
 class TokensTest(harness.ServerTestCase):
@@ -413,6 +442,17 @@ class TokensTest(harness.ServerTestCase):
         finally:
             self.write_jwks(("ed", "ec", "rsa"))
 
+    def test_a_token_get_is_private(self):
+        # --require_identity: the token's answer is for its caller only; no token: 401, no-store.
+        status, fields, body = verify_get(self.ports["http"], self.keys.token("ed"))
+        self.assertEqual(status, 200, body)
+        self.assertTrue(pb.ed.VerifyResponse.FromString(body).valid)
+        self.assertEqual(fields.get("cache-control"), "private, max-age=31536000, immutable")
+        self.assertIn("Authorization", fields.get("vary", ""))
+        status, fields, _ = verify_get(self.ports["http"], None)
+        self.assertEqual(status, 401)
+        self.assertEqual(fields.get("cache-control"), "no-store")
+
     def test_zz_a_removed_key_is_refused_without_restart(self):
         token = self.keys.token("rsa", sub="app-a", jti="reload")
         self.assertEqual(self.grpc_sign(self.ports["grpc"], token), grpc.StatusCode.OK)
@@ -432,6 +472,38 @@ class TokensTest(harness.ServerTestCase):
             self.assertIn(b"jwks_reloaded", self.server._read_log())
         finally:
             self.write_jwks(("ed", "ec", "rsa"))
+
+
+class OptionalTokenGetTest(harness.ServerTestCase):
+    """Tokens without --require_identity or a policy: anonymous calls are served."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.keys = Keys()
+        cls.dir = tempfile.mkdtemp(prefix="tokens-get-", dir=harness._WORK)
+        jwks = os.path.join(cls.dir, "jwks.json")
+        with open(jwks, "w") as f:
+            json.dump(cls.keys.jwks(("ed",)), f)
+        cls.server = TokenServer("tokens-get", args=[
+            "--jwks_file=" + jwks, "--token_issuer=" + ISSUER, "--token_audience=" + AUDIENCE])
+        cls.servers = [cls.server]
+        cls.server.start()
+        cls.port = int(cls.server.flag_value("http_address").rsplit(":", 1)[1])
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def test_anonymous_get_is_public_token_get_is_private(self):
+        status, fields, body = verify_get(self.port, None)
+        self.assertEqual(status, 200, body)
+        self.assertEqual(fields.get("cache-control"), "public, max-age=31536000, immutable")
+        self.assertIn("Authorization", fields.get("vary", ""))
+        status, fields, body = verify_get(self.port, self.keys.token("ed"))
+        self.assertEqual(status, 200, body)
+        self.assertTrue(pb.ed.VerifyResponse.FromString(body).valid)
+        self.assertEqual(fields.get("cache-control"), "private, max-age=31536000, immutable")
+        self.assertIn("Authorization", fields.get("vary", ""))
 
 
 if __name__ == "__main__":
