@@ -5,6 +5,9 @@ server through /proc: key material sits in locked memory (VmLck > 0; mappings wh
 (core limit 0; its `process_hardened` log line). `--locked_memory_bytes=0` is the control: nothing
 locked, key material counted as fallback, and the service works the same.
 
+Secret memory costs the open memo at most a page per entry (issue 33): 27 blobs of 55 KB stay in
+an open memo bounded by 27 x (ciphertext + plaintext + 4 KiB), all 27 hit on a second pass.
+
 That SIGABRT leaves no core file by default is test_process_hardening.py's."""
 import json
 import os
@@ -156,6 +159,43 @@ class SecretMemoryTest(ServerTestCase):
             self.assertIsNone(logged(server, "locked_memory_exhausted"))
             self.assertEqual(logged(server, "locked_memory")["budget_bytes"], 0)
             self.assertTrue([r for r in regions if "dd" in r[3] and r[1] - r[0] >= BIG])
+        finally:
+            server.stop()
+
+    def test_27_blobs_of_55_kb_fit_their_bytes_plus_a_page_each(self):
+        blob = 55000
+        plaintexts = [secrets.token_bytes(blob) for _ in range(27)]
+        # The envelope a client stores and sends back (aead.proto): 5 + nonce (24) + n + tag.
+        envelope = 5 + 24 + blob + 16
+        budget = 27 * (envelope + blob + 4096)
+        server = Server("memo-27", args=["--memo_open_bytes_per_key=%d" % budget,
+                                         "--memo_open_bytes_total=%d" % budget])
+        self.servers = [server]
+        server.start()
+        try:
+            server.keys.CreateKey(pb.keys.CreateKeyRequest(
+                key_id="blobs", type=pb.keys.KEY_TYPE_XCHACHA20_POLY1305), timeout=T)
+            envs = [server.aead.Seal(pb.aead.AeadSealRequest(key_id="blobs", plaintext=p),
+                                     timeout=T).envelope for p in plaintexts]
+            self.assertEqual({len(e) for e in envs}, {envelope})
+            # A rotation drops the key's entries (Seal recorded them): the first pass opens and
+            # records each envelope as a phone's resume does, the second must hit all 27.
+            server.keys.RotateKey(pb.keys.RotateKeyRequest(key_id="blobs"), timeout=T)
+            for n, (env, p) in enumerate(zip(envs, plaintexts)):
+                got = server.aead.Open(pb.aead.AeadOpenRequest(key_id="blobs", envelope=env),
+                                       timeout=T)
+                self.assertEqual(got.plaintext, p)
+                self.assertFalse(got.memo_hit, n)
+            hits = 0
+            for env, p in zip(envs, plaintexts):
+                got = server.aead.Open(pb.aead.AeadOpenRequest(key_id="blobs", envelope=env),
+                                       timeout=T)
+                self.assertEqual(got.plaintext, p)
+                hits += got.memo_hit
+            self.assertEqual(hits, 27, "budget %d bytes for 27 envelopes of %d bytes"
+                             % (budget, envelope))
+            self.assertEqual(metric(server, 'offload_memo_entries{cache="open"}'), 27)
+            self.assertLessEqual(metric(server, 'offload_memo_bytes{cache="open"}'), budget)
         finally:
             server.stop()
 
