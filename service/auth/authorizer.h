@@ -35,6 +35,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -126,10 +127,16 @@ class Authorizer {
   static absl::StatusOr<std::unique_ptr<Authorizer>> Create(Options options);
   ~Authorizer();
 
+  // Called once for a refused call: the refusal, and whether its audit line was written (as
+  // AuditSink::Done: on the audit writer's thread, or at once).
+  using RefusalDone = std::function<void(absl::Status refusal, bool written)>;
   // OK, Unauthenticated (no identity where one is required) or PermissionDenied; refusals are
-  // audited and counted. `path` is "/offload.v1.AeadService/Open".
+  // audited and counted. `path` is "/offload.v1.AeadService/Open". `refusal_done`, when given, is
+  // called once if and only if the call is refused (maybe before Authorize returns), so that a
+  // fail-closed transport holds the refusal until its line is written.
   absl::Status Authorize(const Peer& peer, absl::string_view path,
-                         const google::protobuf::Message& request, absl::string_view transport);
+                         const google::protobuf::Message& request, absl::string_view transport,
+                         RefusalDone refusal_done = nullptr);
 
   // Audits a finished key-management call (create, import, rotate, delete), successful or not.
   // Other methods are ignored. `version` is the key's current version after the call, 0 if none.
@@ -161,9 +168,10 @@ class Authorizer {
   AuditStats audit_stats() const;
 
   // Audits and counts a call refused before Authorize for who it claims to be (a bad token, an
-  // unreadable forwarded identity): `status` is the refusal, its message the reason.
+  // unreadable forwarded identity): `status` is the refusal, its message the reason. `done` as
+  // for AuditKeyCall.
   void AuditUnauthenticated(const Peer& peer, absl::string_view path, const absl::Status& status,
-                            absl::string_view transport);
+                            absl::string_view transport, AuditSink::Done done = nullptr);
 
   // Audits a request the HTTP engine refused before anyone read who sent it (headers over the
   // bound): `reason` says why. Not counted here (the engine counts it as abuse).
