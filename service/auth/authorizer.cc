@@ -234,6 +234,9 @@ absl::StatusOr<std::unique_ptr<Authorizer>> Authorizer::Create(Options options) 
         "policy_file: needs a source of identities (tls_client_ca_file, jwks_file or "
         "forwarded_identity_header), else callers have none");
   }
+  // The chain key goes to the audit sink alone (see Options::audit_chain_key).
+  KeyBytes chain_key = std::move(options.audit_chain_key);
+  options.audit_chain_key.clear();
   std::unique_ptr<Authorizer> a(new Authorizer(std::move(options)));
   if (!a->options_.policy_file.empty()) {
     const int64_t stamp = FileFingerprint(a->options_.policy_file);
@@ -244,8 +247,14 @@ absl::StatusOr<std::unique_ptr<Authorizer>> Authorizer::Create(Options options) 
     a->policy_stamp_ = stamp;
     a->policy_look_ = absl::Now();
   }
-  if (!a->options_.audit_chain_key.empty() && a->options_.audit_file.empty()) {
+  if (!chain_key.empty() && a->options_.audit_file.empty()) {
     return absl::InvalidArgumentError("audit_chain_key_file: needs audit_log_file");
+  }
+  if (!a->options_.audit_checkpoint_file.empty() && chain_key.empty()) {
+    return absl::InvalidArgumentError("audit_checkpoint_file: needs audit_chain_key_file");
+  }
+  if (a->options_.audit_checkpoint_interval < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("audit_checkpoint_interval: expected 0 or more");
   }
   if (a->options_.audit_fail_closed && a->options_.audit_file.empty()) {
     return absl::InvalidArgumentError("audit_fail_closed: needs audit_log_file");
@@ -258,7 +267,9 @@ absl::StatusOr<std::unique_ptr<Authorizer>> Authorizer::Create(Options options) 
     // A chain goes on from the file's last line (AuditSink).
     AuditSink::Options sink;
     sink.path = a->options_.audit_file;
-    sink.chain_key = a->options_.audit_chain_key;
+    sink.chain_key = std::move(chain_key);
+    sink.checkpoint_interval = a->options_.audit_checkpoint_interval;
+    sink.checkpoint_file = a->options_.audit_checkpoint_file;
     OFFLOAD_ASSIGN_OR_RETURN(a->sink_, AuditSink::Open(std::move(sink)));
   }
   return a;

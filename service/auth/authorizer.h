@@ -52,6 +52,7 @@
 #include "service/auth/audit_chain.h"
 #include "service/auth/audit_sink.h"
 #include "service/auth/policy.h"
+#include "service/common/secure_memory.h"
 
 namespace offload::auth {
 
@@ -102,8 +103,13 @@ class Authorizer {
     bool forwarded = false;         // identities forwarded by trusted proxies
     bool require_identity = false;  // no anonymous calls; key lifecycle for admins only
     // With audit_file: each line carries an HMAC chaining it to the one before (AuditChain),
-    // under this key (at least 32 bytes); empty: plain lines.
-    std::string audit_chain_key;
+    // under this key (at least 32 bytes); empty: plain lines. Create moves it into the chain:
+    // no copy stays in the options it keeps.
+    KeyBytes audit_chain_key;
+    // With a chain key: audit_checkpoint lines (AuditSink) every this long (zero: only when the
+    // file changes and at the stop), also appended to this file when set.
+    absl::Duration audit_checkpoint_interval = absl::ZeroDuration();
+    std::string audit_checkpoint_file;
     // The fraction of data-plane calls audited: 0 none, 1 every one.
     double audit_data_plane = 0;
     // Refuse calls that must be audited while the audit file is unwritable (needs audit_file).
@@ -122,7 +128,8 @@ class Authorizer {
   };
 
   // InvalidArgument if the policy file cannot be read or parsed, or is given without a source of
-  // identities, or audit_fail_closed / audit_chain_key without audit_file;
+  // identities, or audit_fail_closed / audit_chain_key without audit_file, or
+  // audit_checkpoint_file without audit_chain_key;
   // Unavailable if the audit file cannot be opened for appending.
   static absl::StatusOr<std::unique_ptr<Authorizer>> Create(Options options);
   ~Authorizer();

@@ -204,6 +204,15 @@ ABSL_FLAG(std::string, audit_chain_key_file, "",
           "A file of at least 32 secret bytes: every --audit_log_file line then carries an HMAC "
           "chaining it to the line before, so an edited, removed or moved line is found by "
           "`offloadctl audit verify`. Keep the key away from the audit file's readers.");
+ABSL_FLAG(absl::Duration, audit_checkpoint_interval, absl::Minutes(1),
+          "With --audit_chain_key_file: how often an audit_checkpoint line (the audit file, the "
+          "mac of its first line, its lines so far, its last mac) is written apart from the "
+          "audit file - to this log and to --audit_checkpoint_file - when lines were written "
+          "since the last one; also on a change of file and at shutdown. `offloadctl audit "
+          "verify --checkpoints` then finds lines cut from the file's end. 0: only then.");
+ABSL_FLAG(std::string, audit_checkpoint_file, "",
+          "With --audit_chain_key_file: a file (kept apart from the audit file's) to which every "
+          "audit_checkpoint line is appended as well; empty: this log only.");
 ABSL_FLAG(std::string, audit_log_file, "",
           "Append-only JSON-lines audit trail (key lifecycle, refusals); empty: the main log.");
 ABSL_FLAG(std::string, audit_data_plane, "off",
@@ -341,6 +350,8 @@ int main(int argc, char** argv) {
   config.policy_file = absl::GetFlag(FLAGS_policy_file);
   config.audit_log_file = absl::GetFlag(FLAGS_audit_log_file);
   config.audit_chain_key_file = absl::GetFlag(FLAGS_audit_chain_key_file);
+  config.audit_checkpoint_interval = absl::GetFlag(FLAGS_audit_checkpoint_interval);
+  config.audit_checkpoint_file = absl::GetFlag(FLAGS_audit_checkpoint_file);
   {
     const std::string v = absl::GetFlag(FLAGS_audit_data_plane);
     double rate = 0;

@@ -574,6 +574,8 @@ absl::Status RunServer(const ServerConfig& config) {
   auth_options.audit_file = config.audit_log_file;
   auth_options.audit_data_plane = config.audit_data_plane;
   auth_options.audit_fail_closed = config.audit_fail_closed;
+  auth_options.audit_checkpoint_interval = config.audit_checkpoint_interval;
+  auth_options.audit_checkpoint_file = config.audit_checkpoint_file;
   if (!config.audit_chain_key_file.empty()) {
     OFFLOAD_ASSIGN_OR_RETURN(auth_options.audit_chain_key,
                              auth::ReadAuditKey(config.audit_chain_key_file));

@@ -105,6 +105,10 @@ struct ServerConfig {
   std::string audit_log_file;
   // With audit_log_file: the key (a file of 32+ bytes) of the HMAC chain over its lines.
   std::string audit_chain_key_file;
+  // With the chain: audit_checkpoint lines (file, first mac, lines, last mac) to the main log,
+  // and to this file when set, every interval (0: only on a change of file and at the stop).
+  absl::Duration audit_checkpoint_interval = absl::Minutes(1);
+  std::string audit_checkpoint_file;
   // The fraction of data-plane calls (Sign, Derive, Box, AEAD: ops::kDataPlaneAudited) audited
   // one line each: 0 none, 1 all.
   double audit_data_plane = 0;
