@@ -466,6 +466,7 @@ absl::Status RunServer(const ServerConfig& config) {
   keys::KekConfig kek_config;
   kek_config.raw = {config.kek_file, config.kek_env, shared_store ? "" : config.data_dir};
   kek_config.pkcs11.uri = config.kek_pkcs11;
+  kek_config.pkcs11.pin = config.kek_pkcs11_pin;
   kek_config.pkcs11.pin_file = config.kek_pkcs11_pin_file;
   kek_config.pkcs11.pin_env = config.kek_pkcs11_pin_env;
   kek_config.previous_files = config.kek_previous_files;

@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "service/common/secure_memory.h"
 #include "service/httpd/server.h"
 
 namespace offload {
@@ -29,6 +30,8 @@ struct ServerConfig {
   // A KEK inside a PKCS#11 token (service/keys/pkcs11_kek.h): an RFC 7512 URI; empty: the raw
   // KEK above. The PIN comes from the URI, else kek_pkcs11_pin_file, else kek_pkcs11_pin_env.
   std::string kek_pkcs11;
+  // The URI's pin-value, taken out of the flag (keys::TakePinValue): kek_pkcs11 never holds it.
+  KeyBytes kek_pkcs11_pin;
   std::string kek_pkcs11_pin_file;
   std::string kek_pkcs11_pin_env = "OFFLOAD_KEK_PKCS11_PIN";
   // Raw KEK files still read (records wrapped under them are re-wrapped under the current KEK).

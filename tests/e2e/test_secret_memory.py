@@ -5,6 +5,10 @@ server through /proc: key material sits in locked memory (VmLck > 0; mappings wh
 (core limit 0; its `process_hardened` log line). `--locked_memory_bytes=0` is the control: nothing
 locked, key material counted as fallback, and the service works the same.
 
+The audit chain's key (issue 33) is kept by the chain alone, in locked memory: read through
+/proc/PID/mem of a server started with --allow_core_dumps, its bytes sit only in mappings marked
+`dd`, never in the ordinary heap (an options copy, a stdio buffer).
+
 Secret memory costs the open memo at most a page per entry (issue 33): 27 blobs of 55 KB stay in
 an open memo bounded by 27 x (ciphertext + plaintext + 4 KiB), all 27 hit on a second pass.
 
@@ -16,6 +20,7 @@ import secrets
 import unittest
 import urllib.request
 
+import harness
 from harness import Server, ServerTestCase, pb
 
 T = 30
@@ -159,6 +164,31 @@ class SecretMemoryTest(ServerTestCase):
             self.assertIsNone(logged(server, "locked_memory_exhausted"))
             self.assertEqual(logged(server, "locked_memory")["budget_bytes"], 0)
             self.assertTrue([r for r in regions if "dd" in r[3] and r[1] - r[0] >= BIG])
+        finally:
+            server.stop()
+
+    def test_the_audit_chain_key_lives_only_in_secret_memory(self):
+        work = os.path.join(harness._WORK, "chain-key")
+        os.makedirs(work, exist_ok=True)
+        key = secrets.token_bytes(32)
+        key_file = os.path.join(work, "key")
+        with open(key_file, "wb") as f:
+            f.write(key)
+        server = Server("chain-key", args=[
+            "--allow_core_dumps",  # /proc/PID/mem readable by this test (the same user)
+            "--audit_log_file=" + os.path.join(work, "audit.jsonl"),
+            "--audit_chain_key_file=" + key_file])
+        self.servers = [server]
+        server.start()
+        try:
+            for i in range(3):  # lines sealed under the key
+                server.keys.CreateKey(pb.keys.CreateKeyRequest(
+                    key_id="k%d" % i, type=pb.keys.KEY_TYPE_ED25519), timeout=T)
+            hits = harness.memory_hits(server.proc.pid, key)
+            self.assertTrue(hits, "the key is nowhere: the scan does not work")
+            outside = [(hex(lo), perms, path) for lo, hi, perms, path, flags in hits
+                       if "dd" not in flags]
+            self.assertEqual(outside, [], "the chain key outside secret memory")
         finally:
             server.stop()
 
