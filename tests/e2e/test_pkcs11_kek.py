@@ -231,8 +231,9 @@ class Pkcs11KekFileStoreTest(harness.ServerTestCase):
             self.assertNotIn(PIN.encode(), cmdline)
             # The server's own lines (the first is the harness's note of the command it ran).
             self.assertNotIn(PIN, "\n".join(server.log_lines()[1:]))
-            self.assertEqual(harness.memory_hits(server.proc.pid, b"pin-value=" + PIN.encode()),
-                             [])
+            if not harness.SANITIZED:  # a sanitizer's shadow memory is terabytes to read
+                self.assertEqual(
+                    harness.memory_hits(server.proc.pid, b"pin-value=" + PIN.encode()), [])
         finally:
             server.stop()
 
