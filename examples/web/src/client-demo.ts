@@ -12,6 +12,9 @@
 //   expiry    ... or once older than the maximum age (the page's own clock, moved forward)
 //   token     the first token has expired: the provider is asked once more, the calls go on
 //   batching  27 concurrent opens (one tampered): one BatchOpen, each caller its own answer
+//   bench     (not in "all") the resume of tests/bench/mobile_resume.mjs (?memo=on|off
+//             &batching=on|off): makes the blobs, then reads them at each
+//             window.offloadBenchRound(); nothing checked but the plaintexts
 // ?protocol=grpc-web uses gRPC-Web instead of Connect. The token scenario takes its tokens from
 // this page's own origin (GET /token?for=phone|admin&refresh=true|false), as an app would from
 // its backend.
@@ -84,6 +87,7 @@ class Scenario {
   readonly result: ScenarioResult;
   readonly admin: OffloadClient;
   private keys: string[] = [];
+  keepKeys = false; // the benchmark's key outlives the page's run
 
   constructor(
     readonly name: string,
@@ -122,6 +126,7 @@ class Scenario {
   }
 
   async cleanup(): Promise<void> {
+    if (this.keepKeys) return;
     for (const keyId of this.keys) await this.admin.services.keys.deleteKey({ keyId });
   }
 }
@@ -294,6 +299,36 @@ const scenarios: Record<(typeof kScenarios)[number], (s: Scenario) => Promise<vo
   },
 };
 
+// The benchmark's resume (tests/bench/mobile_resume.mjs): 27 blobs of ~55 KB made here, then
+// read by one client (its open memo and auto-batching on or off as ?memo=on|off&batching=on|off
+// say) each time the benchmark calls window.offloadBenchRound(), so that it can count the bytes
+// of each resume apart. The key is left to the (throwaway) server.
+declare global {
+  interface Window {
+    offloadBenchRound?: () => Promise<{ ms: number; requests: number; local: number }>;
+  }
+}
+async function bench(s: Scenario): Promise<void> {
+  const q = new URLSearchParams(location.search);
+  const memo = q.get("memo") === "on";
+  const batching = q.get("batching") !== "off";
+  const keyId = await s.newKey();
+  s.keepKeys = true;
+  const blobs = await s.blobs(keyId, 27);
+  const phone = s.phone({ batching, memo: memo ? { open: { maxAgeMs: 10 * 60_000 } } : { verify: false } });
+  window.offloadBenchRound = async () => {
+    const requests = phone.stats().requests;
+    const t0 = performance.now();
+    const opened = await Promise.all(blobs.map((b) => phone.open(b)));
+    const ms = performance.now() - t0;
+    opened.forEach((o, j) => check(equalBytes(o.plaintext, blobs[j].plaintext), `blob ${j}`));
+    return { ms, requests: phone.stats().requests - requests, local: opened.filter((o) => o.local).length };
+  };
+  s.result.data = { memo, batching, keyId };
+  s.line(`27 blobs ready under ${keyId}; memo ${memo ? "on" : "off"}, batching ${batching ? "on" : "off"}: ` +
+    "window.offloadBenchRound() reads them once");
+}
+
 // Tokens from this page's own origin (the token scenario's server wants them).
 function originTokens(who: "phone" | "admin"): TokenProvider {
   return async ({ refresh }) => {
@@ -323,7 +358,7 @@ export async function runClientDemo(server: string, which: string, protocol: Pro
   const list = document.getElementById("client-scenarios")!;
   const problems: string[] = [];
   for (const name of names) {
-    const run = scenarios[name as (typeof kScenarios)[number]];
+    const run = name === "bench" ? bench : scenarios[name as (typeof kScenarios)[number]];
     const tokens = name === "token" ? originTokens : () => undefined;
     const s = new Scenario(name, server, protocol, tokens);
     const li = document.createElement("li");
