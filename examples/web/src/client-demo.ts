@@ -350,6 +350,7 @@ export async function runClientDemo(server: string, which: string, protocol: Pro
     window.offloadClientResults = results;
   };
   document.getElementById("lanes-demo")!.hidden = true;
+  document.getElementById("lanes-lead")!.hidden = true;
   document.getElementById("client-demo")!.hidden = false;
   document.getElementById("server")!.textContent = server;
   document.getElementById("origin")!.textContent = location.origin;
