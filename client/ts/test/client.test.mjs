@@ -5,7 +5,7 @@ import { after, before, describe, it } from "node:test";
 import assert from "node:assert/strict";
 
 import { Code, ConnectError, createOffloadClient, KeyType, kMiB } from "../dist/node.js";
-import { createFetchTransport, createNodeTransport } from "../dist/node.js";
+import { createFetchTransport, createNodeTransport, nodeCrypto } from "../dist/node.js";
 import {
   adminClient,
   assertCountsSince,
@@ -360,5 +360,22 @@ describe("typed calls of every RPC", () => {
     assert.equal(c.local, false);
     assert.equal(c.keyVersion, 2);
     await assertCountsSince(server, before, { "X25519Service/Derive OK": 2, "KeyService/RotateKey OK": 1 }, "derive");
+  });
+});
+
+describe("a platform without WebCrypto (React Native)", () => {
+  it("the memos use the crypto functions given in the options", async () => {
+    const keyId = await newKey(admin, "rn");
+    const blobs = await makeBlobs(admin, keyId, 3, 11);
+    const used = { sha256: 0, randomBytes: 0 };
+    const crypto = {
+      sha256: (d) => (used.sha256++, nodeCrypto.sha256(d)),
+      randomBytes: (n) => (used.randomBytes++, nodeCrypto.randomBytes(n)),
+    };
+    const phone = createOffloadClient({ baseUrl: server.http, crypto, memo: { open: { maxAgeMs: 60_000 } } });
+    await Promise.all(blobs.map((b) => phone.open(b)));
+    const again = await Promise.all(blobs.map((b) => phone.open(b)));
+    assert.ok(again.every((o) => o.local));
+    assert.deepEqual(used, { sha256: 6, randomBytes: 1 }, "one digest per lookup, one salt per client");
   });
 });
