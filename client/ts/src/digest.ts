@@ -1,4 +1,4 @@
-// Memo keys: a SHA-256 digest of a per-process random salt and the framed inputs, so that a
+// Memo keys: a SHA-256 digest of a random salt (one per client) and the framed inputs, so that a
 // memo never holds the raw inputs (envelopes, messages, peer keys) as its keys and two different
 // inputs never share a key by concatenation. The same scheme as the server's memos (a keyed hash
 // with a random salt), on the platform's WebCrypto where there is one.
