@@ -379,3 +379,36 @@ describe("a platform without WebCrypto (React Native)", () => {
     assert.deepEqual(used, { sha256: 6, randomBytes: 1 }, "one digest per lookup, one salt per client");
   });
 });
+
+describe("retries against a server sized to refuse", () => {
+  let small;
+  before(async () => {
+    small = await startServer(["--max_client_inflight=1"]);
+  });
+  after(async () => {
+    if (small) assert.equal((await small.stop()).code, 0, small.log());
+  });
+
+  // Four BatchSigns of 1024 items at once from a client allowed one call in flight: the server
+  // refuses the ones that arrive while one runs (RESOURCE_EXHAUSTED, HTTP 429 on Connect), and
+  // the client sends them again after a backoff (or the delay the server gives), until all four
+  // are signed. Every refusal the server counted is a retry the client made.
+  for (const [name, make] of Object.entries(transports)) {
+    it(`${name}: every call is answered; each refusal was retried`, async () => {
+      const smallAdmin = adminClient(small);
+      const keyId = await newKey(smallAdmin, "busy", KeyType.ED25519);
+      const phone = createOffloadClient({ transport: make(small), timeoutMs: 60_000, retry: { maxAttempts: 12, initialBackoffMs: 50 } });
+      const items = Array.from({ length: 1024 }, (_, i) => ({ keyId, message: Buffer.from(`message ${i}`) }));
+      const before = await requestCounts(small);
+      const answers = await Promise.all([1, 2, 3, 4].map(() => phone.services.ed25519.batchSign({ items })));
+      for (const a of answers) assert.equal(a.results.filter((r) => r.response?.signature.length === 64).length, 1024);
+      const { retries, requests } = phone.stats();
+      assert.ok(retries >= 1, "the server refused none: the test shows nothing");
+      assert.equal(requests, 4 + retries);
+      await assertCountsSince(small, before, {
+        "Ed25519Service/BatchSign OK": 4,
+        "Ed25519Service/BatchSign RESOURCE_EXHAUSTED": retries,
+      }, "refused and retried");
+    });
+  }
+});
