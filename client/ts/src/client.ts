@@ -256,8 +256,10 @@ const kKeyChanges = new Set([
   "DisableKeyVersion", "EnableKeyVersion", "DestroyKeyVersion", "RestoreKeyVersion", "SetMinDecryptionVersion",
 ]);
 
+// A copy with memory of its own: for a Node Buffer (a Uint8Array too), slice() is a view of the
+// same memory, which the caller may wipe or reuse.
 function copy(b: Uint8Array): Uint8Array {
-  return b.slice();
+  return new Uint8Array(b);
 }
 
 function defaultNow(): () => number {

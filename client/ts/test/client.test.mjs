@@ -113,6 +113,39 @@ describe("the mobile resume: 27 blobs of 54-56 KB read twice", () => {
   });
 });
 
+// Node callers pass Buffers, whose slice() is a view, not a copy. The README tells callers to
+// wipe their plaintexts: that must never wipe what the memo keeps.
+describe("a caller that wipes its Buffers", () => {
+  it("seal's plaintext and open's result: the memo keeps copies of its own", async () => {
+    const keyId = await newKey(admin, "wiping-caller");
+    const phone = createOffloadClient({ transport: transports["Connect over fetch"](server), memo: { open: { maxAgeMs: 60_000 } } });
+    const plaintext = Buffer.from("read state");
+    const { envelope } = await phone.seal({ keyId, plaintext });
+    plaintext.fill(0); // done with it
+    const first = await phone.open({ keyId, envelope });
+    assert.equal(first.local, true);
+    assert.equal(Buffer.from(first.plaintext).toString(), "read state", "the memo's copy was the caller's buffer");
+    first.plaintext.fill(0);
+    const again = await phone.open({ keyId, envelope });
+    assert.equal(Buffer.from(again.plaintext).toString(), "read state", "a hit's copy was the memo's own");
+  });
+
+  it("derive: wiping a shared key given to the caller leaves the remembered one", async () => {
+    const keyId = await newKey(admin, "wiping-dh", KeyType.X25519);
+    const { generateKeyPairSync } = await import("node:crypto");
+    const peer = Buffer.from(generateKeyPairSync("x25519").publicKey.export({ format: "jwk" }).x, "base64url");
+    const device = createOffloadClient({ transport: transports["gRPC-Web over HTTP/2"](server), memo: { derive: { maxAgeMs: 60_000 } } });
+    const a = await device.derive({ keyId, peerPublicKey: peer });
+    const truth = Buffer.from(a.sharedKey);
+    a.sharedKey.fill(0);
+    const b = await device.derive({ keyId, peerPublicKey: peer });
+    assert.equal(b.local, true);
+    assert.ok(equalBytes(b.sharedKey, truth));
+    b.sharedKey.fill(0);
+    assert.ok(equalBytes((await device.derive({ keyId, peerPublicKey: peer })).sharedKey, truth));
+  });
+});
+
 describe("least recently used by bytes", () => {
   it("live blobs re-read between new ones stay, where an oldest-first memo would evict them", async () => {
     const keyId = await newKey(admin, "lru");
