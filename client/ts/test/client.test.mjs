@@ -146,6 +146,66 @@ describe("a caller that wipes its Buffers", () => {
   });
 });
 
+// A caller that reuses its buffers while a call is under way (the next blob read into the same
+// buffer) must not make the memo remember one input's answer under another input: the client
+// reads the inputs once, when called.
+describe("a caller's buffer changed while its call is under way", () => {
+  it("open: the memo never answers an envelope with another envelope's plaintext", async () => {
+    const keyId = await newKey(admin, "reused-open");
+    const associatedData = Buffer.from("user-42/read-state");
+    const [p1, p2] = [Buffer.from("read state one"), Buffer.from("read state two")];
+    const e1 = (await admin.seal({ keyId, plaintext: p1, associatedData })).envelope;
+    const e2 = (await admin.seal({ keyId, plaintext: p2, associatedData })).envelope;
+    assert.equal(e1.length, e2.length);
+    const buffer = Buffer.from(e1);
+    let reuse = false;
+    // The caller's next read lands in `buffer` while the client digests this call's input.
+    const crypto = {
+      sha256: async (d) => {
+        const h = await nodeCrypto.sha256(d);
+        if (reuse) {
+          reuse = false;
+          buffer.set(e2);
+        }
+        return h;
+      },
+      randomBytes: nodeCrypto.randomBytes,
+    };
+    const phone = createOffloadClient({ transport: transports["Connect over fetch"](server), crypto, memo: { open: { maxAgeMs: 60_000 } } });
+    reuse = true;
+    const first = await phone.open({ keyId, envelope: buffer, associatedData });
+    assert.ok(equalBytes(first.plaintext, p1), "the call opened the envelope it was given");
+    const again = await phone.open({ keyId, envelope: Buffer.from(e1), associatedData });
+    assert.ok(equalBytes(again.plaintext, p1), `envelope one answered with "${Buffer.from(again.plaintext)}"`);
+  });
+
+  it("seal: the envelope is remembered with the plaintext that was sealed", async () => {
+    const keyId = await newKey(admin, "reused-seal");
+    const real = transports["Connect over fetch"](server);
+    const plaintext = Buffer.from("read state one");
+    let reuse = false;
+    // The caller's next plaintext lands in its buffer while the answer is on its way.
+    const transport = {
+      unary: async (...args) => {
+        const r = await real.unary(...args);
+        if (reuse) {
+          reuse = false;
+          plaintext.set(Buffer.from("READ STATE TWO"));
+        }
+        return r;
+      },
+      stream: (...args) => real.stream(...args),
+    };
+    const phone = createOffloadClient({ transport, memo: { open: { maxAgeMs: 60_000 } } });
+    reuse = true;
+    const { envelope } = await phone.seal({ keyId, plaintext });
+    const opened = await phone.open({ keyId, envelope });
+    const truth = await admin.open({ keyId, envelope });
+    assert.equal(Buffer.from(truth.plaintext).toString(), "read state one");
+    assert.equal(Buffer.from(opened.plaintext).toString(), "read state one", "the memo's answer differs from the server's");
+  });
+});
+
 describe("least recently used by bytes", () => {
   it("live blobs re-read between new ones stay, where an oldest-first memo would evict them", async () => {
     const keyId = await newKey(admin, "lru");
