@@ -29,7 +29,7 @@ import type { CryptoProvider } from "./digest.js";
 import { Digester, platformCrypto } from "./digest.js";
 import { isKeyRefusal, isRetryable, itemError, serverRetryDelayMs } from "./errors.js";
 import type { MemoStats } from "./memo.js";
-import { Memo } from "./memo.js";
+import { kByteArrayOverheadBytes, Memo } from "./memo.js";
 import { AeadService } from "./gen/offload/v1/aead_pb.js";
 import type { AeadSealResponse, AeadRewrapResponse } from "./gen/offload/v1/aead_pb.js";
 import { BoxService } from "./gen/offload/v1/box_pb.js";
@@ -62,17 +62,17 @@ export interface RetryOptions {
 export interface OpenMemoOptions {
   /** Required: entries older than this are never used. */
   maxAgeMs: number;
-  /** One budget across all keys (default 8 MiB): plaintexts plus ~100 bytes per entry. */
+  /** One budget across all keys (default 8 MiB): plaintexts plus ~550 bytes per entry. */
   maxBytes?: number;
 }
 export interface DeriveMemoOptions {
   /** Required: entries older than this are never used. */
   maxAgeMs: number;
-  /** Default 1 MiB (~160 bytes per entry). */
+  /** Default 1 MiB (~580 bytes per entry: about 1800 entries). */
   maxBytes?: number;
 }
 export interface VerifyMemoOptions {
-  /** Default 1 MiB (~130 bytes per entry). Valid results only; they need no age. */
+  /** Default 1 MiB (~260 bytes per entry: about 4000 entries). Valid results only; they need no age. */
   maxBytes?: number;
 }
 
@@ -341,7 +341,7 @@ export class OffloadClient {
         maxBytes: m.open.maxBytes ?? 8 * kMiB,
         maxAgeMs: m.open.maxAgeMs,
         now: this.now,
-        size: (v) => v.plaintext.length,
+        size: (v) => v.plaintext.length + kByteArrayOverheadBytes,
         wipe: wipeBytes("plaintext"),
       });
     }
@@ -351,7 +351,7 @@ export class OffloadClient {
         maxBytes: m.derive.maxBytes ?? kMiB,
         maxAgeMs: m.derive.maxAgeMs,
         now: this.now,
-        size: (v) => v.sharedKey.length,
+        size: (v) => v.sharedKey.length + kByteArrayOverheadBytes,
         wipe: wipeBytes("sharedKey"),
       });
     }

@@ -9,7 +9,7 @@ import { createServer } from "node:http";
 import { create, toBinary } from "@bufbuild/protobuf";
 import { anyPack } from "@bufbuild/protobuf/wkt";
 
-import { Memo } from "../dist/memo.js";
+import { kEntryOverheadBytes, Memo } from "../dist/memo.js";
 import { Digester } from "../dist/digest.js";
 import { Code, ConnectError, createOffloadClient, RetryInfoSchema, StatusSchema, serverRetryDelayMs } from "../dist/node.js";
 import { createFetchTransport, createNodeTransport, nodeCrypto } from "../dist/node.js";
@@ -17,7 +17,7 @@ import { createFetchTransport, createNodeTransport, nodeCrypto } from "../dist/n
 function bytesMemo(maxBytes, { maxAgeMs, now = () => 0 } = {}) {
   return new Memo({ maxBytes, maxAgeMs, now, size: (v) => v.length, wipe: (v) => v.fill(0) });
 }
-const overhead = 96 + 1; // kEntryOverheadBytes + a one-letter key id
+const overhead = kEntryOverheadBytes + 1; // and a one-letter key id
 
 describe("Memo", () => {
   it("a hit moves the entry to the newest end; inserts evict the least recently used", () => {
