@@ -457,6 +457,50 @@ TEST_F(ClientMemoTest, ARefusalAboutAKeyDropsItsEntries) {
             }), 1);
 }
 
+// A key deleted elsewhere and created again under the same id by this client is another key: a
+// successful CreateKey (or ImportKey) drops what the memos kept for the id, as DeleteKey does.
+// Without that, the new key's derives and opens were answered with the old key's results.
+TEST(ClientMemoRecreatedKeyTest, CreatingAKeyDropsTheEntriesOfTheKeyThatHadItsId) {
+  ASSERT_GE(sodium_init(), 0);
+  ServerProcess server("recreated");
+  server.AddFlag("--key_deletion_wait=0s");  // a deleted key is gone at once
+  server.Start();
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  auto client = Make(Remembering(server.address()));
+  ClientOptions plain;
+  plain.endpoints = server.address();
+  plain.timeout = absl::Seconds(30);
+  auto admin = Make(plain);
+  ASSERT_NE(client, nullptr);
+  ASSERT_NE(admin, nullptr);
+  const std::string peer = RandomPeer();
+  ASSERT_TRUE(client->CreateKey("rc-x", v1::KEY_TYPE_X25519).ok());
+  ASSERT_TRUE(client->CreateKey("rc-aead", v1::KEY_TYPE_XCHACHA20_POLY1305).ok());
+  auto old_shared = client->Derive("rc-x", peer);
+  auto old_sealed = client->AeadSeal("rc-aead", "old blob", "ad");
+  ASSERT_TRUE(old_shared.ok() && old_sealed.ok());
+
+  // Deleted by someone else (this client sees nothing), then created again by this client.
+  ASSERT_TRUE(admin->DeleteKey("rc-x").ok());
+  ASSERT_TRUE(admin->DeleteKey("rc-aead").ok());
+  ASSERT_TRUE(client->CreateKey("rc-x", v1::KEY_TYPE_X25519).ok());
+  auto imported = client->ImportKey("rc-aead", v1::KEY_TYPE_XCHACHA20_POLY1305,
+                                    std::string(32, '\x5a'));
+  ASSERT_TRUE(imported.ok()) << imported.status();
+
+  auto truth = admin->Derive("rc-x", peer);
+  ASSERT_TRUE(truth.ok()) << truth.status();
+  ASSERT_NE(truth->shared_key(), old_shared->shared_key());
+  auto derived = client->Derive("rc-x", peer);
+  ASSERT_TRUE(derived.ok()) << derived.status();
+  EXPECT_EQ(derived->shared_key(), truth->shared_key()) << "the deleted key's shared key";
+  const absl::StatusCode refused =
+      admin->AeadOpen("rc-aead", old_sealed->envelope(), "ad").status().code();
+  ASSERT_NE(refused, absl::StatusCode::kOk);
+  EXPECT_EQ(client->AeadOpen("rc-aead", old_sealed->envelope(), "ad").status().code(), refused)
+      << "the deleted key's plaintext";
+}
+
 // Sleep past a short maximum age, then the server is asked again. (The reverse - no call before
 // the age - is asserted by the other tests with ages of minutes, never under a tight time.)
 TEST_F(ClientMemoTest, AnEntryPastItsMaximumAgeIsNeverUsed) {
