@@ -4,7 +4,7 @@
 // - One recency order over every key id's entries and one byte budget: a hit moves the entry to
 //   the newest end, an insert evicts from the oldest end until the budget holds. An entry larger
 //   than the whole budget is not kept.
-// - `maxAgeMs` (when set): an entry older than that (from its insert; hits do not renew it) is
+// - `maxAgeMs` (when set): an entry that old or older (from its insert; hits do not renew it) is
 //   never used: every lookup and insert first wipes and drops the entries past it (the oldest
 //   inserts first), counted as expired. A clock that went back makes every entry stamped in its
 //   future expired too.
@@ -205,7 +205,7 @@ export class Memo<V> {
 
   private expired(e: Entry<V>, now: number): boolean {
     const maxAge = this.options.maxAgeMs;
-    return maxAge !== undefined && (now - e.createdMs > maxAge || now < e.createdMs);
+    return maxAge !== undefined && (now - e.createdMs >= maxAge || now < e.createdMs);
   }
 
   private remove(digest: string, e: Entry<V>): void {
