@@ -177,7 +177,7 @@ bool Conn::ServerOverBudget() const {
   return b > 0 && impl_->counters.buffered.load(std::memory_order_relaxed) >= b;
 }
 
-void Conn::Abuse(AbuseReason reason) {
+void Conn::Abuse(AbuseReason reason, nlohmann::json detail) {
   Counters& c = impl_->counters;
   c.Count(reason);
   if (reason == AbuseReason::kHeaderTooLarge) impl_->handler->HeaderTooLarge(*peer_address_);
@@ -189,11 +189,12 @@ void Conn::Abuse(AbuseReason reason) {
     c.unlogged[i].fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  Log(LogLevel::kWarning, "http_abuse",
-      {{"reason", AbuseReasonName(reason)},
-       {"address", impl_->options.address},
-       {"peer", *peer_address_},
-       {"unlogged_since_last", c.unlogged[i].exchange(0, std::memory_order_relaxed)}});
+  nlohmann::json fields = {{"reason", AbuseReasonName(reason)},
+                           {"address", impl_->options.address},
+                           {"peer", *peer_address_},
+                           {"unlogged_since_last", c.unlogged[i].exchange(0, std::memory_order_relaxed)}};
+  if (detail.is_object()) fields.update(detail);
+  Log(LogLevel::kWarning, "http_abuse", std::move(fields));
 }
 
 void Conn::Dispatch(Stream* stream) {

@@ -25,6 +25,7 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include <nlohmann/json.hpp>
 #include "service/httpd/server.h"
 
 namespace offload::httpd {
@@ -240,8 +241,9 @@ class Conn {
   bool RefuseNewRequest() const { return OverBudget() || (held_ > 0 && ServerOverBudget()); }
 
   // A defence acted on this connection: counted, and logged (at most one line per reason per
-  // second, with how many went unlogged meanwhile: an attack must not flood the log).
-  void Abuse(AbuseReason reason);
+  // second, with how many went unlogged meanwhile: an attack must not flood the log). `detail`
+  // (a JSON object) joins the log line: what the defence saw.
+  void Abuse(AbuseReason reason, nlohmann::json detail = nlohmann::json());
 
   // A request is handed to the handler (counted; Stop waits for its answer).
   void Dispatch(Stream* stream);

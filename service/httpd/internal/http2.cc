@@ -12,6 +12,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 
@@ -28,8 +29,9 @@ namespace {
 
 constexpr size_t kMaxBatchBytes = 256 << 10;   // one write's worth, then the next
 constexpr uint32_t kTinyWindowUpdate = 1024;   // smaller increments count as no progress...
-constexpr int kMaxWindowCredit = 64;            // ...unless they give back our DATA's bytes
-constexpr int kFreeTinyUpdatesPerStream = 2;    // ...or come on a stream with a request open
+constexpr int kMaxWindowCredit = 64;            // ...unless they give back our DATA's bytes,
+constexpr int kFreeTinyUpdatesPerStream = 2;    // ...or come on a stream with a request open,
+                                                // or announce the window of a new request
 
 // nghttp2's memory: the heap, except for blocks of two pages or more (its 16 KiB outbound frame
 // buffer), which get mappings of their own, listed per session, so that an idle session can give
@@ -85,6 +87,35 @@ struct SessionMemory {
     for (auto& [p, size] : mapped) madvise(p, size, MADV_DONTNEED);
   }
 };
+
+// The frames that drain the no-progress bucket, by kind: counted per connection, and named in
+// the log line of a no_progress verdict (what emptied the bucket).
+enum class NoProgressKind : int {
+  kEmptyData = 0,           // DATA without a byte or END_STREAM
+  kPriority,                // PRIORITY
+  kSettings,                // a SETTINGS frame after the first
+  kPing,                    // a PING with nothing sent since the previous one
+  kWindowUpdateConnection,  // a WINDOW_UPDATE under 1 KiB on the connection (stream 0)
+  kWindowUpdateStream,      // ...on a stream of ours, beyond the free ones
+  kWindowUpdateUnknown,     // ...on a stream we do not hold (refused, closed)
+  kInvalid,                 // a frame nghttp2 found invalid (a stream error)
+  kCount
+};
+
+const char* NoProgressKindName(NoProgressKind kind) {
+  switch (kind) {
+    case NoProgressKind::kEmptyData: return "empty_data";
+    case NoProgressKind::kPriority: return "priority";
+    case NoProgressKind::kSettings: return "settings";
+    case NoProgressKind::kPing: return "ping";
+    case NoProgressKind::kWindowUpdateConnection: return "window_update_connection";
+    case NoProgressKind::kWindowUpdateStream: return "window_update_stream";
+    case NoProgressKind::kWindowUpdateUnknown: return "window_update_unknown_stream";
+    case NoProgressKind::kInvalid: return "invalid";
+    case NoProgressKind::kCount: break;
+  }
+  return "unknown";
+}
 
 nghttp2_nv Nv(absl::string_view name, absl::string_view value) {
   return nghttp2_nv{reinterpret_cast<uint8_t*>(const_cast<char*>(name.data())),
@@ -165,9 +196,10 @@ class Http2 final : public Protocol {
   }
   void ReleaseBodyCharge(Stream* s) { internal::ReleaseBodyCharge(conn_, s); }
   // A frame that makes no progress; an empty bucket ends the connection.
-  void NoProgress();
+  void NoProgress(NoProgressKind kind);
   // GOAWAY with `code` for `reason`, and the connection ends once it is written.
-  void Abuse(AbuseReason reason, uint32_t code, absl::string_view debug = {});
+  void Abuse(AbuseReason reason, uint32_t code, absl::string_view debug = {},
+             nlohmann::json detail = nlohmann::json());
   // A keep-alive PING from the client: gRPC's ping policy (Options::Http2::max_ping_strikes).
   void ClientPing();
   // The drain's last GOAWAY (the last stream id we took), once.
@@ -221,12 +253,17 @@ class Http2 final : public Protocol {
   // Premature resets (Envoy's rule).
   uint64_t closed_streams_ = 0;
   uint64_t premature_ = 0;
-  // No-progress token bucket.
+  // No-progress token bucket, and the frames that drained it by kind (for the verdict's log).
   double tokens_;
+  std::array<uint32_t, static_cast<int>(NoProgressKind::kCount)> no_progress_{};
   Clock::time_point refilled_;
   bool sent_since_ping_ = true;  // HEADERS or DATA sent since the last PING
-  // Small WINDOW_UPDATEs that answer our DATA frames (two each: stream and connection).
+  // Small WINDOW_UPDATEs that answer our DATA frames (two each: stream and connection) or a new
+  // request (one: gRPC's C core grows the connection's window by the 5 bytes it announces on
+  // each new call's stream, so each call sends a 5-byte connection WINDOW_UPDATE too, also when
+  // the answer is a refusal without DATA), banked up to kMaxWindowCredit.
   int window_credit_ = 0;
+  uint64_t data_frames_sent_ = 0;
   // gRPC's ping policy: when the last PING came, and strikes since we last sent.
   Clock::time_point last_ping_;
   int ping_strikes_ = 0;
@@ -367,6 +404,7 @@ bool Http2::OutputBlocked() const {
 int Http2::OnBeginHeaders(nghttp2_session* session, const nghttp2_frame* frame, void* self_ptr) {
   auto* self = static_cast<Http2*>(self_ptr);
   if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST) return 0;
+  self->window_credit_ = std::min(self->window_credit_ + 1, kMaxWindowCredit);
   const int32_t id = frame->hd.stream_id;
   Conn* conn = self->conn_;
   if (self->closing_ || conn->impl()->stopping.load(std::memory_order_acquire)) {
@@ -604,7 +642,7 @@ int Http2::OnFrameRecv(nghttp2_session* session, const nghttp2_frame* frame, voi
   switch (frame->hd.type) {
     case NGHTTP2_DATA: {
       const bool end = (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0;
-      if (frame->hd.length == 0 && !end) self->NoProgress();
+      if (frame->hd.length == 0 && !end) self->NoProgress(NoProgressKind::kEmptyData);
       if (end) {
         if (Stream* s = self->Find(frame->hd.stream_id)) self->RequestDone(s);
       }
@@ -620,14 +658,14 @@ int Http2::OnFrameRecv(nghttp2_session* session, const nghttp2_frame* frame, voi
       break;
     }
     case NGHTTP2_PRIORITY:
-      self->NoProgress();
+      self->NoProgress(NoProgressKind::kPriority);
       break;
     case NGHTTP2_RST_STREAM:
       if (Stream* s = self->Find(frame->hd.stream_id)) s->reset_by_peer = true;
       break;
     case NGHTTP2_SETTINGS:
       if ((frame->hd.flags & NGHTTP2_FLAG_ACK) == 0 && ++self->settings_frames_ > 1) {
-        self->NoProgress();
+        self->NoProgress(NoProgressKind::kSettings);
       }
       break;
     case NGHTTP2_PING:
@@ -637,7 +675,7 @@ int Http2::OnFrameRecv(nghttp2_session* session, const nghttp2_frame* frame, voi
       }
       // Keep-alive and BDP pings that follow our frames are fine; pings with nothing between
       // them are not progress.
-      if (!self->sent_since_ping_) self->NoProgress();
+      if (!self->sent_since_ping_) self->NoProgress(NoProgressKind::kPing);
       self->ClientPing();
       self->sent_since_ping_ = false;
       break;
@@ -653,7 +691,9 @@ int Http2::OnFrameRecv(nghttp2_session* session, const nghttp2_frame* frame, voi
         } else if (self->window_credit_ > 0) {
           --self->window_credit_;
         } else {
-          self->NoProgress();
+          self->NoProgress(frame->hd.stream_id == 0 ? NoProgressKind::kWindowUpdateConnection
+                           : s != nullptr           ? NoProgressKind::kWindowUpdateStream
+                                                    : NoProgressKind::kWindowUpdateUnknown);
         }
       }
       break;
@@ -664,18 +704,29 @@ int Http2::OnFrameRecv(nghttp2_session* session, const nghttp2_frame* frame, voi
 }
 
 int Http2::OnInvalidFrame(nghttp2_session*, const nghttp2_frame*, int, void* self_ptr) {
-  static_cast<Http2*>(self_ptr)->NoProgress();
+  static_cast<Http2*>(self_ptr)->NoProgress(NoProgressKind::kInvalid);
   return 0;
 }
 
-void Http2::NoProgress() {
+void Http2::NoProgress(NoProgressKind kind) {
+  ++no_progress_[static_cast<int>(kind)];
   const Clock::time_point now = Clock::now();
   const double burst = std::max(1, options_.http2.no_progress_burst);
   tokens_ = std::min(burst, tokens_ + std::chrono::duration<double>(now - refilled_).count() *
                                           options_.http2.no_progress_rate);
   refilled_ = now;
   tokens_ -= 1;
-  if (tokens_ < 0 && !closing_) Abuse(AbuseReason::kNoProgress, NGHTTP2_ENHANCE_YOUR_CALM);
+  if (tokens_ >= 0 || closing_) return;
+  // The verdict says what emptied the bucket: this connection's frames without progress by
+  // kind, since it opened.
+  nlohmann::json frames = nlohmann::json::object();
+  for (int i = 0; i < static_cast<int>(NoProgressKind::kCount); ++i) {
+    if (no_progress_[i] > 0) frames[NoProgressKindName(static_cast<NoProgressKind>(i))] = no_progress_[i];
+  }
+  Abuse(AbuseReason::kNoProgress, NGHTTP2_ENHANCE_YOUR_CALM, {},
+        {{"frames", std::move(frames)},
+         {"streams_opened", closed_streams_ + streams_.size()},
+         {"data_frames_sent", data_frames_sent_}});
 }
 
 void Http2::ClientPing() {
@@ -692,9 +743,10 @@ void Http2::ClientPing() {
   last_ping_ = now;
 }
 
-void Http2::Abuse(AbuseReason reason, uint32_t code, absl::string_view debug) {
+void Http2::Abuse(AbuseReason reason, uint32_t code, absl::string_view debug,
+                  nlohmann::json detail) {
   if (closing_) return;
-  conn_->Abuse(reason);
+  conn_->Abuse(reason, std::move(detail));
   closing_ = true;
   our_goaway_ = true;
   nghttp2_submit_goaway(session_, NGHTTP2_FLAG_NONE,
@@ -883,6 +935,7 @@ int Http2::OnFrameSend(nghttp2_session* session, const nghttp2_frame* frame, voi
     case NGHTTP2_HEADERS: {
       self->sent_since_ping_ = true;
       if (frame->hd.type == NGHTTP2_DATA && frame->hd.length > 0) {
+        ++self->data_frames_sent_;
         self->window_credit_ = std::min(self->window_credit_ + 2, kMaxWindowCredit);
       }
       if ((frame->hd.flags & NGHTTP2_FLAG_END_STREAM) == 0) break;
