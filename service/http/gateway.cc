@@ -22,6 +22,7 @@
 #include "service/common/log.h"
 #include "service/common/status_macros.h"
 #include "service/http/reflection.h"
+#include "service/http/refusals.h"
 #include "service/http/rpc_codec.h"
 #include "service/ops/methods.h"
 
@@ -98,11 +99,6 @@ int BatchSize(const Message& request) {
 
 thread_local absl::InsecureBitGen bitgen;
 
-// The answer to a call that must be audited while the audit file cannot be written
-// (--audit_fail_closed).
-constexpr absl::string_view kAuditUnwritable =
-    "audit log unwritable: calls that must be audited are refused (--audit_fail_closed)";
-
 httpd::Response Plain(int status, absl::string_view text, HeaderList headers = {}) {
   headers.emplace_back("content-type", "text/plain; charset=utf-8");
   return httpd::Response(status, std::move(headers), std::string(text));
@@ -111,11 +107,12 @@ httpd::Response Plain(int status, absl::string_view text, HeaderList headers = {
 // What the gRPC answers say we take (grpc-accept-encoding).
 constexpr absl::string_view kGrpcAcceptEncoding = "identity,gzip";
 
-// The trailers that end a gRPC stream with `status`: grpc-status, and grpc-message when there
-// is one.
+// The trailers that end a gRPC stream with `status`: grpc-status, grpc-message when there is
+// one, and the status's details (AppendGrpcStatusDetails: when to come back).
 httpd::Headers GrpcTrailers(const absl::Status& status) {
   httpd::Headers trailers = {{"grpc-status", absl::StrCat(static_cast<int>(status.code()))}};
   if (!status.message().empty()) trailers.emplace_back("grpc-message", PercentEncode(status.message()));
+  AppendGrpcStatusDetails(status, /*pushback=*/true, &trailers);
   return trailers;
 }
 
@@ -310,13 +307,13 @@ struct Gateway::Shared {
     Prune();
     for (const std::shared_ptr<Watch>& w : watches) {
       Push(*w);
-      if (end) EndStream(*w->exchange, w->wire, absl::UnavailableError("server is draining"));
+      if (end) EndStream(*w->exchange, w->wire, DrainingRefusal());
     }
     if (!end) return;
     watches.clear();
     for (const OpenStream& open : streams) {
       if (std::shared_ptr<httpd::Exchange> e = open.exchange.lock()) {
-        EndStream(*e, open.wire, absl::UnavailableError("server is draining"));
+        EndStream(*e, open.wire, DrainingRefusal());
       }
     }
     streams.clear();
@@ -344,10 +341,10 @@ struct Gateway::Shared {
   // refused it here.
   absl::Status StartStream(httpd::Exchange& exchange, StreamWire wire)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(watch_mu) {
-    if (draining.load()) return absl::UnavailableError("server is draining");
+    if (draining.load()) return DrainingRefusal();
     Prune();
     if (watches.size() + streams.size() >= kMaxOpenStreams) {
-      return absl::ResourceExhaustedError(absl::StrCat(
+      return BusyRefusal(absl::StrCat(
           "at most ", kMaxOpenStreams, " health Watch and reflection streams may be open at once"));
     }
     httpd::Headers headers = StreamHeaders(wire);
@@ -632,7 +629,7 @@ class Call final : public std::enable_shared_from_this<Call> {
         audit_data_ = false;
         audit_skip_ = true;
         authorizer->CountAuditRefusal();
-        return Finish(absl::UnavailableError(kAuditUnwritable));
+        return Finish(AuditUnwritableRefusal());
       }
     }
     if (m->batch) {
@@ -771,7 +768,7 @@ class Call final : public std::enable_shared_from_this<Call> {
   void Deliver(bool written, httpd::Response out, absl::Status status,
                metrics::ItemCounts counts) {
     if (!written) {
-      status = absl::UnavailableError(kAuditUnwritable);
+      status = AuditUnwritableRefusal();
       counts = method_->batch ? metrics::ItemCounts{} : CountOne(status.code(), nullptr);
       out = EncodeError(status, 0);
       AddCors(&out);
@@ -917,6 +914,9 @@ class Call final : public std::enable_shared_from_this<Call> {
     }
     out.status = http_status != 0 ? http_status : ConnectHttpStatus(status.code());
     out.headers = {{"content-type", "application/json"}};
+    if (std::optional<std::string> after = RetryAfterValue(status)) {
+      out.headers.emplace_back("retry-after", *std::move(after));  // a 429 or 503 refusal
+    }
     if (get_) out.headers.emplace_back("cache-control", "no-store");
     out.body = ConnectErrorJson(status);
     return out;
