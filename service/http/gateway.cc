@@ -418,6 +418,11 @@ class Call final : public std::enable_shared_from_this<Call> {
       return Finish(absl::ResourceExhaustedError(absl::StrCat(
           "request body: expected at most ", limit, " bytes, got more than ", MaxBody(max))));
     }
+    if (exchange_->refusal() != httpd::Exchange::Refusal::kNone) {
+      // Refused unread by the engine (a memory budget, the drain): the status says when to come
+      // back.
+      return Finish(EngineRefusal(exchange_->refusal(), limit));
+    }
     const absl::string_view body = exchange_->body();
     if (static_cast<int64_t>(body.size()) > limit) {
       return Finish(absl::ResourceExhaustedError(
@@ -430,6 +435,9 @@ class Call final : public std::enable_shared_from_this<Call> {
   void StartGet() {
     get_ = true;
     type_ = ContentType{Protocol::kConnect, Codec::kProto, false};
+    if (exchange_->refusal() != httpd::Exchange::Refusal::kNone) {
+      return Finish(EngineRefusal(exchange_->refusal(), 0));
+    }
     absl::StatusOr<ConnectGetQuery> query =
         ParseConnectGetQuery(exchange_->query(), static_cast<size_t>(shared_->max_message_bytes));
     if (!query.ok()) return Finish(query.status());
@@ -676,6 +684,12 @@ class Call final : public std::enable_shared_from_this<Call> {
     if (exchange_->abandoned()) {
       if (shared_->admission != nullptr) shared_->admission->CountClientGoneDrop();
       Finish(absl::CancelledError("client went away"));
+      return true;
+    }
+    if (exchange_->answers_over_budget()) {
+      // Its connection's client is not reading the answers it has: no more are made for it.
+      if (shared_->admission != nullptr) shared_->admission->CountAnswersUnreadDrop();
+      Finish(EngineRefusal(httpd::Exchange::Refusal::kAnswersUnread, 0));
       return true;
     }
     return false;
@@ -1088,8 +1102,9 @@ Gateway::Gateway(const MethodTable* table, ops::WorkerPool* pool, metrics::Metri
         "Front-door defences that acted on the HTTP port, by reason: a connection closed "
         "(premature_resets, reset_rate, continuations, control_flood, settings, no_progress, "
         "too_many_pings, protocol_error, send_timeout), a request refused or cut short (header_too_large, "
-        "body_too_large, stream_refused: memory budget) or a connection's body held back "
-        "(read_paused: memory budget)",
+        "body_too_large, stream_refused: request memory budget, answers_unread: answer budget, "
+        "drain_body_late: a body still arriving at the drain's deadline for bodies) or a "
+        "connection's body held back (read_paused: memory budget)",
         {{"port", options_.port},
          {"reason", httpd::AbuseReasonName(static_cast<httpd::AbuseReason>(i))}},
         [weak, i] {
@@ -1376,6 +1391,10 @@ void Gateway::Handle(std::shared_ptr<httpd::Exchange> exchange) {
   }
 
   if (Streaming(*exchange)) {
+    if (exchange->refusal() != httpd::Exchange::Refusal::kNone) {  // refused unread
+      return respond(StreamRefusal(*StreamWireOf(exchange->header("content-type")),
+                                   EngineRefusal(exchange->refusal(), 0)));
+    }
     if (path == kHealthWatchPath) return WatchHealth(std::move(exchange));
     return Reflect(std::move(exchange));
   }

@@ -10,6 +10,8 @@
 #define SERVICE_HTTP_REFUSALS_H_
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "service/httpd/server.h"
 
 namespace offload::http {
 
@@ -20,6 +22,12 @@ absl::Status DrainingRefusal();
 // UNAVAILABLE: a call that must be audited while the audit file cannot be written
 // (--audit_fail_closed); the writer tries the file again every second.
 absl::Status AuditUnwritableRefusal();
+
+// The status of a request the engine refused before reading its body (`why` is not kNone):
+// kBodyTooLarge RESOURCE_EXHAUSTED "request body: expected at most `max_body` bytes" (no retry
+// delay: no wait cures it); kBusy and kAnswersUnread RESOURCE_EXHAUSTED, kDraining UNAVAILABLE,
+// each to come back in about a second.
+absl::Status EngineRefusal(httpd::Exchange::Refusal why, int64_t max_body);
 
 // RESOURCE_EXHAUSTED with `message`, to come back in about a second (a per-server cap on open
 // streams).

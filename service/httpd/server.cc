@@ -122,16 +122,25 @@ void Exchange::CountAnswered() {
 }
 
 void Exchange::Send(Part part) {
+  // Counted at once, on this thread, as the connection's unsent answer bytes (until
+  // Access::Deliver hands them to the loop's count), so that a handler deciding whether to
+  // compute another answer sees this one (answers_over_budget).
+  const int64_t size = static_cast<int64_t>(part.size());
+  if (answers_ != nullptr) answers_->bytes.fetch_add(size, std::memory_order_relaxed);
   // Parts keep their order: once one went through the mailbox, the rest follow it there.
   if (Loop::Current() == loop_ && in_mail_.load(std::memory_order_acquire) == 0) {
     Access::Deliver(*this, std::move(part));
     return;
   }
   in_mail_.fetch_add(1, std::memory_order_acq_rel);
-  mailbox_->Post([self = shared_from_this(), part = std::move(part)]() mutable {
+  const bool posted = mailbox_->Post([self = shared_from_this(), part = std::move(part)]() mutable {
     self->in_mail_.fetch_sub(1, std::memory_order_acq_rel);
     Access::Deliver(*self, std::move(part));
   });
+  if (!posted) {  // the loop is gone: the part is dropped
+    in_mail_.fetch_sub(1, std::memory_order_acq_rel);
+    if (answers_ != nullptr) answers_->bytes.fetch_sub(size, std::memory_order_relaxed);
+  }
 }
 
 void Exchange::Respond(Response response) {

@@ -87,12 +87,18 @@ ABSL_FLAG(absl::Duration, http_send_timeout, absl::Seconds(60),
           "An HTTP answer that makes no progress for this long (the client does not read it, or "
           "keeps its HTTP/2 window shut) has its connection cut.");
 ABSL_FLAG(int64_t, http_connection_budget_bytes, 4 << 20,
-          "Request body bytes held plus answer bytes not yet sent, per HTTP connection: past it "
-          "new requests are refused (REFUSED_STREAM, 503) and body windows are not given back "
-          "(a request of up to --max_message_bytes still completes). 0: no bound.");
+          "Request body bytes held (and header text), per connection (gRPC port: at least 4x "
+          "--max_message_bytes): past it new requests are refused RESOURCE_EXHAUSTED (HTTP 429) "
+          "and body windows are not given back (a request of up to --max_message_bytes still "
+          "completes). 0: no bound.");
+ABSL_FLAG(int64_t, http_connection_answer_budget_bytes, 4 << 20,
+          "Answer bytes not yet sent (a client that does not read them, or keeps its HTTP/2 window "
+          "shut), per connection on both ports, apart from request bodies: past it the "
+          "connection's new calls are refused RESOURCE_EXHAUSTED with a retry delay (an answer "
+          "begun below it still completes, whatever its size). 0: no bound.");
 ABSL_FLAG(int64_t, http_memory_budget_bytes, 256 << 20,
-          "The same over all HTTP connections: past it new requests are refused and connections "
-          "holding body bytes are not read. 0: no bound.");
+          "Request bodies and unsent answers over all connections of a port: past it new requests "
+          "are refused and connections holding body bytes are not read. 0: no bound.");
 ABSL_FLAG(int32_t, http2_stream_window_bytes, 256 << 10,
           "HTTP/2 SETTINGS_INITIAL_WINDOW_SIZE: request body bytes a stream may send before the "
           "server takes them.");
@@ -297,6 +303,8 @@ int main(int argc, char** argv) {
   config.http_max_header_bytes = absl::GetFlag(FLAGS_http_max_header_bytes);
   config.http_send_timeout = absl::GetFlag(FLAGS_http_send_timeout);
   config.http_connection_budget_bytes = absl::GetFlag(FLAGS_http_connection_budget_bytes);
+  config.http_connection_answer_budget_bytes =
+      absl::GetFlag(FLAGS_http_connection_answer_budget_bytes);
   config.http_memory_budget_bytes = absl::GetFlag(FLAGS_http_memory_budget_bytes);
   config.http2.max_concurrent_streams = absl::GetFlag(FLAGS_http2_max_concurrent_streams);
   config.http2.stream_window_bytes = absl::GetFlag(FLAGS_http2_stream_window_bytes);

@@ -110,7 +110,8 @@ Admission::Counts Admission::counts() const {
   return {queue_full_.load(std::memory_order_relaxed),
           client_limit_.load(std::memory_order_relaxed),
           deadline_drops_.load(std::memory_order_relaxed),
-          client_gone_drops_.load(std::memory_order_relaxed)};
+          client_gone_drops_.load(std::memory_order_relaxed),
+          answers_unread_drops_.load(std::memory_order_relaxed)};
 }
 
 }  // namespace offload::ops

@@ -42,6 +42,7 @@ class Admission final {
     uint64_t client_limit = 0;
     uint64_t deadline = 0;     // see CountDeadlineDrop
     uint64_t client_gone = 0;  // see CountClientGoneDrop
+    uint64_t answers_unread = 0;  // see CountAnswersUnreadDrop
   };
 
   class Ticket {
@@ -77,6 +78,9 @@ class Admission final {
   // Counts a call that was admitted but dropped unrun because its client had gone (its stream
   // reset, its connection closed) before a worker got to it.
   void CountClientGoneDrop() { client_gone_drops_.fetch_add(1, std::memory_order_relaxed); }
+  // Counts a call that was admitted but refused before it ran because its connection held more
+  // answers its client had not read than the connection's answer budget.
+  void CountAnswersUnreadDrop() { answers_unread_drops_.fetch_add(1, std::memory_order_relaxed); }
 
   int64_t queued_items() const { return queued_items_.load(std::memory_order_relaxed); }
   Counts counts() const;
@@ -97,6 +101,7 @@ class Admission final {
   std::atomic<uint64_t> client_limit_{0};
   std::atomic<uint64_t> deadline_drops_{0};
   std::atomic<uint64_t> client_gone_drops_{0};
+  std::atomic<uint64_t> answers_unread_drops_{0};
   absl::Mutex mu_;
   // Calls in flight per client, keyed by a 64-bit hash of its name: no string is copied or
   // allocated per call. Two clients whose names collide would share one limit (never a wrong

@@ -178,7 +178,8 @@ class Http2 final : public Protocol {
   }
   void HeadersDone(Stream* s);
   void RequestDone(Stream* s);
-  void BodyTooLarge(Stream* s);
+  // The request goes to the handler at once, refused (`why`): the rest of its body is dropped.
+  void Refuse(Stream* s, Exchange::Refusal why);
   void SubmitHeaders(Stream* s);
   void SubmitTrailers(Stream* s);
   // Gives back the window of `s`'s held-back body bytes while the budgets allow.
@@ -225,10 +226,6 @@ class Http2 final : public Protocol {
     s->keep = std::move(keep);
     spare_.push_back(std::move(s));
   }
-  void Release(Stream* s, int64_t bytes) {
-    s->held -= bytes;
-    conn_->Charge(-bytes);
-  }
 
   Conn* const conn_;
   const Server::Options& options_;
@@ -258,11 +255,13 @@ class Http2 final : public Protocol {
   std::array<uint32_t, static_cast<int>(NoProgressKind::kCount)> no_progress_{};
   Clock::time_point refilled_;
   bool sent_since_ping_ = true;  // HEADERS or DATA sent since the last PING
-  // Small WINDOW_UPDATEs that answer our DATA frames (two each: stream and connection) or a new
-  // request (one: gRPC's C core grows the connection's window by the 5 bytes it announces on
-  // each new call's stream, so each call sends a 5-byte connection WINDOW_UPDATE too, also when
-  // the answer is a refusal without DATA), banked up to kMaxWindowCredit.
+  // Small WINDOW_UPDATEs that answer our DATA frames (two each: stream and connection), banked
+  // up to kMaxWindowCredit; and small connection WINDOW_UPDATEs that follow a new request (one
+  // each: gRPC's C core grows the connection's window by the 5 bytes it announces on each new
+  // call's stream, so each call sends a 5-byte connection WINDOW_UPDATE too, also when its
+  // answer is a refusal without DATA), banked the same way.
   int window_credit_ = 0;
+  int call_credit_ = 0;
   uint64_t data_frames_sent_ = 0;
   // gRPC's ping policy: when the last PING came, and strikes since we last sent.
   Clock::time_point last_ping_;
@@ -332,12 +331,13 @@ void Http2::Closed() {
   for (auto& [id, s] : streams_) {
     if (s->exchange != nullptr) Access::Detach(*s->exchange);
     conn_->Charge(-s->held);
-    s->held = 0;
+    conn_->ChargeAnswer(-s->answer_held);
+    s->held = s->answer_held = 0;
   }
   streams_.clear();
   last_ = nullptr;
   spare_.clear();
-  conn_->Charge(-batch_body_);
+  conn_->ChargeAnswer(-batch_body_);
   batch_body_ = 0;
   conn_->ReleaseGrant();
 }
@@ -372,7 +372,7 @@ void Http2::Collect(WriteBatch* batch) {
 }
 
 void Http2::Written(size_t) {
-  conn_->Charge(-batch_body_);
+  conn_->ChargeAnswer(-batch_body_);
   batch_body_ = 0;
   TakeHeldBack();
 }
@@ -404,17 +404,12 @@ bool Http2::OutputBlocked() const {
 int Http2::OnBeginHeaders(nghttp2_session* session, const nghttp2_frame* frame, void* self_ptr) {
   auto* self = static_cast<Http2*>(self_ptr);
   if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST) return 0;
-  self->window_credit_ = std::min(self->window_credit_ + 1, kMaxWindowCredit);
+  self->call_credit_ = std::min(self->call_credit_ + 1, kMaxWindowCredit);
   const int32_t id = frame->hd.stream_id;
   Conn* conn = self->conn_;
   if (self->closing_ || conn->impl()->stopping.load(std::memory_order_acquire)) {
     // After our GOAWAY for abuse, or once Stop has stopped waiting for requests: what the rest
     // of the read holds opens nothing (REFUSED_STREAM: the client may safely retry elsewhere).
-    nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, id, NGHTTP2_REFUSED_STREAM);
-    return 0;
-  }
-  if (conn->RefuseNewRequest()) {
-    conn->Abuse(AbuseReason::kStreamRefused);
     nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, id, NGHTTP2_REFUSED_STREAM);
     return 0;
   }
@@ -499,6 +494,12 @@ void Http2::HeadersDone(Stream* s) {
     Deliver(s, std::move(part));
     return;
   }
+  // Past a budget the request is refused, unread, in its protocol's terms (the handler's
+  // answer), never with REFUSED_STREAM: gRPC clients report that as UNAVAILABLE.
+  if (const Exchange::Refusal why = conn_->RefuseNewRequest(/*own=*/s->held);
+      why != Exchange::Refusal::kNone) {
+    return Refuse(s, why);
+  }
   Access::StartReceiving(*s->exchange);
   if (conn_->handler()->Streaming(*s->exchange)) {
     s->streaming = true;
@@ -526,13 +527,12 @@ void Http2::RequestDone(Stream* s) {
   MaybeReleaseGrant();
 }
 
-void Http2::BodyTooLarge(Stream* s) {
-  conn_->Abuse(AbuseReason::kBodyTooLarge);
-  s->body_too_large = true;
+void Http2::Refuse(Stream* s, Exchange::Refusal why) {
+  s->refused = true;
   TakeStreamWindow(s);
   Access::ReleaseBody(*s->exchange);
   ReleaseBodyCharge(s);
-  Access::SetBodyTooLarge(*s->exchange);
+  Access::SetRefusal(*s->exchange, why);
   conn_->Dispatch(s);  // answered in the handler's protocol; the rest of the body is dropped
   MaybeReleaseGrant();
 }
@@ -551,7 +551,7 @@ int Http2::OnDataChunk(nghttp2_session* session, uint8_t, int32_t stream_id, con
   // keep only their own stream's window shut, so no stream can starve the others.
   nghttp2_session_consume_connection(session, len);
   Stream* s = self->Find(stream_id);
-  if (s == nullptr || s->request_done || s->body_too_large || s->header_too_large) {
+  if (s == nullptr || s->request_done || s->refused || s->header_too_large) {
     nghttp2_session_consume_stream(session, stream_id, len);  // nobody keeps these bytes
     return 0;
   }
@@ -569,7 +569,8 @@ int Http2::OnDataChunk(nghttp2_session* session, uint8_t, int32_t stream_id, con
   if (s->body_bytes + static_cast<int64_t>(len) > self->options_.max_body_bytes) {
     s->body_bytes += static_cast<int64_t>(len);
     nghttp2_session_consume_stream(session, stream_id, len);
-    self->BodyTooLarge(s);
+    self->conn_->Abuse(AbuseReason::kBodyTooLarge);
+    self->Refuse(s, Exchange::Refusal::kBodyTooLarge);
     return 0;
   }
   Access::body(*s->exchange).append(chunk.data(), chunk.size());
@@ -613,7 +614,7 @@ void Http2::TakeHeldBack() {
 
 bool Http2::BodyUnderWay() const {
   for (const auto& [id, s] : streams_) {
-    if (!s->request_done && !s->streaming && !s->body_too_large && !s->header_too_large) {
+    if (!s->request_done && !s->streaming && !s->refused && !s->header_too_large) {
       return true;
     }
   }
@@ -684,10 +685,14 @@ int Http2::OnFrameRecv(nghttp2_session* session, const nghttp2_frame* frame, voi
         // A small answer's bytes given back (gRPC clients do it per message, stream and
         // connection) are progress, and so are the first few on a stream with a request open
         // (gRPC clients announce 5 bytes, a message header, on each new call whose window is
-        // shut); small updates with no DATA or request of ours before them are not.
+        // shut) and one on the connection per new request (the same 5 bytes, as gRPC's C core
+        // grows the connection's window with its streams'); small updates with no DATA or
+        // request before them are not.
         Stream* s = frame->hd.stream_id != 0 ? self->Find(frame->hd.stream_id) : nullptr;
         if (s != nullptr && s->tiny_window_updates < kFreeTinyUpdatesPerStream) {
           ++s->tiny_window_updates;
+        } else if (frame->hd.stream_id == 0 && self->call_credit_ > 0) {
+          --self->call_credit_;
         } else if (self->window_credit_ > 0) {
           --self->window_credit_;
         } else {
@@ -777,6 +782,7 @@ int Http2::OnStreamClose(nghttp2_session* session, int32_t stream_id, uint32_t e
   if (s->exchange != nullptr) Access::Detach(*s->exchange);
   self->SetUnconsumed(s.get(), 0);  // the connection's window was given back on arrival
   self->conn_->Charge(-s->held);
+  self->conn_->ChargeAnswer(-s->answer_held);
   self->Recycle(std::move(s));
   if (h2.premature_reset_streams > 0 && self->premature_ > 0) {
     const uint64_t limit = static_cast<uint64_t>(h2.premature_reset_streams);
@@ -810,8 +816,8 @@ void Http2::Deliver(Stream* s, Exchange::Part part) {
   }
   if (bytes > 0) {
     s->out_bytes += bytes;
-    s->held += bytes;
-    conn_->Charge(bytes);
+    s->answer_held += bytes;
+    conn_->ChargeAnswer(bytes);
   }
   if (part.end) {
     s->end = true;
@@ -912,7 +918,7 @@ int Http2::OnSendData(nghttp2_session*, nghttp2_frame* frame, const uint8_t* fra
   // The bytes are the batch's now: charged to it until written.
   const int64_t moved = static_cast<int64_t>(length - left);
   s->out_bytes -= moved;
-  s->held -= moved;
+  s->answer_held -= moved;
   self->batch_body_ += moved;
   if (s->exchange != nullptr) Access::SetUnsent(*s->exchange, s->out_bytes);
   (void)frame;
