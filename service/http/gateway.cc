@@ -471,7 +471,10 @@ class Call final : public std::enable_shared_from_this<Call> {
       shared_->bytes.received[static_cast<int>(encoding)].fetch_add(bytes.size(),
                                                                      std::memory_order_relaxed);
     }
-    if (options_.timeout.has_value()) deadline_ = absl::Now() + *options_.timeout;
+    if (options_.timeout.has_value()) {
+      deadline_ = absl::Now() + *options_.timeout;
+      exchange_->SetDeadline(deadline_);  // a reset at its end is the client's timer, not abuse
+    }
     if (auto origin = exchange_->header("origin")) origin_ = std::string(*origin);
     request_.reset(method_->request_prototype->New());
     response_.reset(method_->response_prototype->New());

@@ -101,6 +101,8 @@ class Handler2 final : public Handler {
         }).detach();
       });
     } else {
+      // "/deadline": held, with a deadline 20 ms away (as the gateway sets one from a timeout).
+      if (path == "/deadline") exchange->SetDeadline(absl::Now() + absl::Milliseconds(20));
       absl::MutexLock lock(&mu_);
       held_.push_back(exchange);
     }
@@ -575,6 +577,45 @@ TEST_F(Http2Test, ConnectionWindowUpdatesOfNewCallsAreProgress) {
   ASSERT_TRUE(c.Run([&] { return !c.goaways.empty(); }));
   EXPECT_EQ(c.goaway_error, static_cast<uint32_t>(NGHTTP2_ENHANCE_YOUR_CALM));
   EXPECT_EQ(server_->stats().abuse[static_cast<int>(AbuseReason::kNoProgress)], 1u);
+}
+
+// Under overload clients give up on calls they waited for (their deadline): those resets are
+// neither premature nor counted against the reset rate. Resets sent with the requests are.
+TEST_F(Http2Test, ResetsAfterAPatientWaitAreNotAbuse) {
+  Server::Options options;
+  options.http2.premature_reset_streams = 10;
+  options.http2.reset_burst = 5;
+  options.http2.reset_rate = 1;
+  Start(options);
+  const auto submit_and_reset = [](H2Client& c, const std::string& path, int n,
+                                   std::chrono::milliseconds wait) {
+    std::vector<int32_t> ids;
+    for (int i = 0; i < n; ++i) ids.push_back(c.Submit(path, "call"));
+    c.RunFor(wait);
+    for (int32_t id : ids) c.Reset(id);
+    c.RunFor(std::chrono::milliseconds(100));
+  };
+  H2Client patient(server_->port());
+  submit_and_reset(patient, "/hold", 30, std::chrono::milliseconds(250));  // waited 100 ms+
+  EXPECT_TRUE(patient.goaways.empty());
+  H2Client timed(server_->port());
+  submit_and_reset(timed, "/deadline", 30, std::chrono::milliseconds(40));  // past the deadline
+  EXPECT_TRUE(timed.goaways.empty());
+  EXPECT_EQ(server_->stats().abuse[static_cast<int>(AbuseReason::kPrematureResets)], 0u);
+  EXPECT_EQ(server_->stats().abuse[static_cast<int>(AbuseReason::kResetRate)], 0u);
+  // Sent, then reset at once (nghttp2 sends no reset for a request it has not sent yet).
+  H2Client rapid(server_->port());
+  for (int i = 0; i < 30; ++i) {
+    const int32_t id = rapid.Submit("/hold", "call");
+    rapid.RunFor(std::chrono::milliseconds(1));
+    rapid.Reset(id);
+  }
+  ASSERT_TRUE(rapid.Run([&] { return !rapid.goaways.empty(); }));
+  EXPECT_EQ(rapid.goaway_error, static_cast<uint32_t>(NGHTTP2_ENHANCE_YOUR_CALM));
+  const Server::Stats stats = server_->stats();
+  EXPECT_EQ(stats.abuse[static_cast<int>(AbuseReason::kPrematureResets)] +
+                stats.abuse[static_cast<int>(AbuseReason::kResetRate)],
+            1u);
 }
 
 // A client that keeps its window shut: past the connection's answer budget its new requests are

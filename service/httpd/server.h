@@ -32,10 +32,12 @@
 // Exchange::refusal).
 //
 // Abuse defences (HTTP/2 unless said; each counted in Stats::abuse by reason, see AbuseReason):
-// nghttp2's own limits (stream reset rate, CONTINUATION frames per header block, queued outbound
-// ACKs, SETTINGS entries); premature resets (Envoy's rule: once a connection has closed
-// `premature_reset_streams` streams, GOAWAY if half of them ended before their answer, reset by
-// the client or by us for its error); frames that make no progress (empty DATA, tiny
+// a client reset rate (a token bucket); nghttp2's own limits (CONTINUATION frames per header
+// block, queued outbound ACKs, SETTINGS entries); premature resets (Envoy's rule: once a
+// connection has closed `premature_reset_streams` streams, GOAWAY if half of them ended before
+// their answer, reset by the client or by us for its error). A client reset that comes 100 ms or
+// more after its request was handed to the handler - a client that waited and gave up, as gRPC
+// clients do at their deadline, a server under overload answering late - counts for neither; frames that make no progress (empty DATA, tiny
 // WINDOW_UPDATEs, PRIORITY, SETTINGS and idle PINGs) drain a per-connection token bucket, and an
 // empty bucket is GOAWAY ENHANCE_YOUR_CALM; memory: request bodies held (and header text), and
 // apart from them the answer bytes not yet sent, are charged to the connection, and both to the
@@ -110,7 +112,7 @@ struct Response {
 // `offload_http_abuse_total{reason}` metric.
 enum class AbuseReason : int {
   kPrematureResets = 0,  // GOAWAY: most of the connection's streams ended before their answer
-  kResetRate,            // nghttp2's stream reset rate limit (Rapid Reset)
+  kResetRate,            // client resets (not after a patient wait) over their rate (Rapid Reset)
   kContinuations,        // too many CONTINUATION frames in one header block
   kControlFlood,         // the client does not read our PING/SETTINGS ACKs and resets
   kSettings,             // too many entries in a SETTINGS frame
@@ -196,6 +198,11 @@ class Exchange final : public std::enable_shared_from_this<Exchange> {
   // From any thread; a producer may wait while it is high.
   int64_t unsent_bytes() const { return unsent_.load(std::memory_order_relaxed); }
 
+  // The deadline the client gave the request (gRPC's grpc-timeout, Connect-Timeout-Ms), for the
+  // abuse defences: a client's reset at its deadline is a timer going off, never a premature
+  // reset. From any thread; later calls win.
+  void SetDeadline(absl::Time deadline);
+
   // A part of the answer as the engine queues it (internal/engine.h).
   struct Part;
 
@@ -242,6 +249,7 @@ class Exchange final : public std::enable_shared_from_this<Exchange> {
   std::atomic<bool> counted_{false};
   std::atomic<bool> receiving_{false};  // headers in, not yet handed over nor gone (Stop waits)
   std::atomic<int64_t> unsent_{0};
+  std::atomic<int64_t> deadline_ns_{0};  // SetDeadline, absl::ToUnixNanos; 0: none
   std::atomic<int> in_mail_{0};  // parts posted to the loop and not yet delivered
 };
 
@@ -299,8 +307,10 @@ class Server final {
       // WINDOW_SIZE), and the connection's.
       int32_t stream_window_bytes = 256 << 10;
       int32_t connection_window_bytes = 1 << 20;
-      // nghttp2's limits: incoming RST_STREAM token bucket (burst, per second); CONTINUATION
-      // frames per header block; outbound ACK/RST frames queued unread; SETTINGS entries.
+      // Incoming RST_STREAM token bucket (burst, per second): a reset that comes 100 ms or more
+      // after its request was handed to the handler is a client giving up on a slow answer and
+      // takes no token (nor counts as premature). nghttp2's limits: CONTINUATION frames per
+      // header block; outbound ACK/RST frames queued unread; SETTINGS entries.
       uint64_t reset_burst = 1000;
       uint64_t reset_rate = 33;
       size_t max_continuations = 8;

@@ -46,6 +46,10 @@ const char* AbuseReasonName(AbuseReason reason) {
 
 bool Exchange::answers_over_budget() const { return answers_ != nullptr && answers_->Over(); }
 
+void Exchange::SetDeadline(absl::Time deadline) {
+  deadline_ns_.store(absl::ToUnixNanos(deadline), std::memory_order_relaxed);
+}
+
 std::optional<absl::string_view> Exchange::header(absl::string_view name) const {
   for (const HeaderSpan& h : headers_) {
     if (Piece(h.name) == name) return Piece(h.value);
@@ -238,7 +242,7 @@ void Conn::Abuse(AbuseReason reason, nlohmann::json detail) {
 
 void Conn::Dispatch(Stream* stream) {
   stream->dispatched = true;
-  last_busy_ = Clock::now();
+  last_busy_ = stream->dispatched_at = Clock::now();
   impl_->counters.requests.fetch_add(1, std::memory_order_relaxed);
   impl_->unanswered->fetch_add(1, std::memory_order_acq_rel);
   // The handler may answer at once; the stream stays (its protocol owns it) until closed.
@@ -258,6 +262,11 @@ Exchange& Access::Fill(Exchange& e, Conn* conn, Stream* stream, int version) {
   e.peer_identity_ = conn->identity();
   e.answers_ = conn->answers();
   return e;
+}
+
+absl::Time Access::Deadline(const Exchange& e) {
+  const int64_t ns = e.deadline_ns_.load(std::memory_order_relaxed);
+  return ns == 0 ? absl::InfiniteFuture() : absl::FromUnixNanos(ns);
 }
 
 void Access::StartReceiving(Exchange& e) {

@@ -25,6 +25,7 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include <nlohmann/json.hpp>
 #include "service/httpd/server.h"
 
@@ -182,6 +183,8 @@ struct Stream {
   bool header_too_large = false;
   bool streaming = false;     // the handler reads the body as it arrives
   bool dispatched = false;    // handed to the handler
+  Clock::time_point dispatched_at;  // when (Conn::Dispatch)
+  bool patient_reset = false;  // HTTP/2: reset by the client kPatientReset or more after that
   bool request_done = false;  // the whole body has arrived (or the request ended early)
   bool refused = false;       // refused unread (Exchange::refusal): its body is dropped
   int64_t body_bytes = 0;     // body bytes received
@@ -350,6 +353,8 @@ struct Access {
   static void StartReceiving(Exchange& e);
   static void StopReceiving(Exchange& e);
   static void SetRefusal(Exchange& e, Exchange::Refusal why) { e.refusal_ = why; }
+  // Exchange::SetDeadline's deadline, or InfiniteFuture.
+  static absl::Time Deadline(const Exchange& e);
   // After Handle: the body's memory goes.
   static void ReleaseBody(Exchange& e);
   static bool Streaming(const Exchange& e) { return e.reader_ != nullptr; }

@@ -32,6 +32,30 @@ constexpr uint32_t kTinyWindowUpdate = 1024;   // smaller increments count as no
 constexpr int kMaxWindowCredit = 64;            // ...unless they give back our DATA's bytes,
 constexpr int kFreeTinyUpdatesPerStream = 2;    // ...or come on a stream with a request open,
                                                 // or announce the window of a new request
+// A client's reset that comes this long or more after its request was handed to the handler, or
+// in the last quarter of the time the request's deadline gave (or after it), is a client giving
+// up on an answer it waited for (its deadline, a user's cancel: under overload many calls end
+// so), not an abuse: it counts neither as a premature reset nor against the reset rate. Rapid
+// Reset sends its resets with its requests. (Other resets take a credit earned by each stream
+// that ended well - answered, or reset after a patient wait - and, with none left, drain the
+// reset bucket.)
+constexpr auto kPatientReset = std::chrono::milliseconds(100);
+// Resets of streams we had closed with their answer, banked free (one per such stream): at least
+// this many, or the connection's stream limit.
+constexpr int kMaxLateResetCredit = 64;
+
+// Whether the client's reset of `s`, now, is patient (kPatientReset).
+bool PatientReset(const Stream& s) {
+  if (!s.dispatched) return false;
+  const Clock::time_point now = Clock::now();
+  if (now - s.dispatched_at >= kPatientReset) return true;
+  if (s.exchange == nullptr) return false;
+  const absl::Time deadline = Access::Deadline(*s.exchange);
+  if (deadline == absl::InfiniteFuture()) return false;
+  // The deadline as a point on the steady clock, from the time left when it was handed over.
+  const absl::Duration given = deadline - absl::Now() + absl::FromChrono(now - s.dispatched_at);
+  return now - s.dispatched_at >= absl::ToChronoNanoseconds(given * 3 / 4);
+}
 
 // nghttp2's memory: the heap, except for blocks of two pages or more (its 16 KiB outbound frame
 // buffer), which get mappings of their own, listed per session, so that an idle session can give
@@ -198,6 +222,9 @@ class Http2 final : public Protocol {
   void ReleaseBodyCharge(Stream* s) { internal::ReleaseBodyCharge(conn_, s); }
   // A frame that makes no progress; an empty bucket ends the connection.
   void NoProgress(NoProgressKind kind);
+  // A client reset that was not patient (kPatientReset): the reset bucket
+  // (Options::Http2::reset_burst, reset_rate); an empty one ends the connection.
+  void CountReset();
   // GOAWAY with `code` for `reason`, and the connection ends once it is written.
   void Abuse(AbuseReason reason, uint32_t code, absl::string_view debug = {},
              nlohmann::json detail = nlohmann::json());
@@ -250,6 +277,15 @@ class Http2 final : public Protocol {
   // Premature resets (Envoy's rule).
   uint64_t closed_streams_ = 0;
   uint64_t premature_ = 0;
+  // Reset token bucket.
+  double reset_tokens_;
+  Clock::time_point reset_refilled_;
+  uint64_t patient_resets_ = 0;  // client resets after a patient wait (not counted)
+  uint64_t reset_credit_ = 0;    // hasty resets earned by streams that ended well
+  std::array<uint64_t, 3> impatient_{};  // unknown stream, not dispatched, dispatched
+  // Streams closed with our whole answer and not reset by the client: a reset that comes for one
+  // later (it raced the answer) is free, up to this many banked (kMaxLateResetCredit).
+  int late_reset_credit_ = 0;
   // No-progress token bucket, and the frames that drained it by kind (for the verdict's log).
   double tokens_;
   std::array<uint32_t, static_cast<int>(NoProgressKind::kCount)> no_progress_{};
@@ -273,6 +309,8 @@ class Http2 final : public Protocol {
 Http2::Http2(Conn* conn)
     : conn_(conn),
       options_(conn->options()),
+      reset_tokens_(static_cast<double>(std::max<uint64_t>(1, options_.http2.reset_burst))),
+      reset_refilled_(Clock::now()),
       tokens_(std::max(1, options_.http2.no_progress_burst)),
       refilled_(Clock::now()) {
   nghttp2_session_callbacks* cb = nullptr;
@@ -294,7 +332,9 @@ Http2::Http2(Conn* conn)
   nghttp2_option_set_no_closed_streams(opt, 1);      // no priority tree of closed streams
   nghttp2_option_set_max_outbound_ack(opt, h2.max_outbound_ack);
   nghttp2_option_set_max_settings(opt, h2.max_settings);
-  nghttp2_option_set_stream_reset_rate_limit(opt, h2.reset_burst, h2.reset_rate);
+  // The reset rate is ours (OnFrameRecv: resets after a patient wait are free); nghttp2's own
+  // bucket, which takes every reset, is set out of reach.
+  nghttp2_option_set_stream_reset_rate_limit(opt, UINT64_MAX / 2, UINT64_MAX / 2);
   nghttp2_option_set_max_continuations(opt, h2.max_continuations);
   nghttp2_mem mem{&memory_, &SessionMemory::Alloc, &SessionMemory::Free, &SessionMemory::Calloc,
                   &SessionMemory::Realloc};
@@ -661,9 +701,23 @@ int Http2::OnFrameRecv(nghttp2_session* session, const nghttp2_frame* frame, voi
     case NGHTTP2_PRIORITY:
       self->NoProgress(NoProgressKind::kPriority);
       break;
-    case NGHTTP2_RST_STREAM:
-      if (Stream* s = self->Find(frame->hd.stream_id)) s->reset_by_peer = true;
+    case NGHTTP2_RST_STREAM: {
+      Stream* s = self->Find(frame->hd.stream_id);
+      if (s != nullptr) {
+        s->reset_by_peer = true;
+        s->patient_reset = PatientReset(*s);
+      }
+      if (s == nullptr && self->late_reset_credit_ > 0) {
+        // The reset of a stream we closed with its answer: the client's timer went off before
+        // it read the answer (a busy client, an answer near its deadline). Free, once per
+        // stream answered.
+        --self->late_reset_credit_;
+      } else if (s == nullptr || !s->patient_reset) {
+        ++self->impatient_[s == nullptr ? 0 : !s->dispatched ? 1 : 2];
+        self->CountReset();
+      }
       break;
+    }
     case NGHTTP2_SETTINGS:
       if ((frame->hd.flags & NGHTTP2_FLAG_ACK) == 0 && ++self->settings_frames_ > 1) {
         self->NoProgress(NoProgressKind::kSettings);
@@ -734,6 +788,27 @@ void Http2::NoProgress(NoProgressKind kind) {
          {"data_frames_sent", data_frames_sent_}});
 }
 
+void Http2::CountReset() {
+  if (reset_credit_ > 0) {
+    --reset_credit_;
+    return;
+  }
+  const Clock::time_point now = Clock::now();
+  const double burst = static_cast<double>(std::max<uint64_t>(1, options_.http2.reset_burst));
+  reset_tokens_ =
+      std::min(burst, reset_tokens_ + std::chrono::duration<double>(now - reset_refilled_).count() *
+                                          static_cast<double>(options_.http2.reset_rate));
+  reset_refilled_ = now;
+  reset_tokens_ -= 1;
+  if (reset_tokens_ < 0 && !closing_) {
+    Abuse(AbuseReason::kResetRate, NGHTTP2_ENHANCE_YOUR_CALM, {},
+          {{"patient_resets", patient_resets_},
+           {"resets_unknown_stream", impatient_[0]},
+           {"resets_before_dispatch", impatient_[1]},
+           {"resets_soon_after_dispatch", impatient_[2]}});
+  }
+}
+
 void Http2::ClientPing() {
   const Server::Options::Http2& h2 = options_.http2;
   if (h2.max_ping_strikes <= 0) return;
@@ -774,8 +849,22 @@ int Http2::OnStreamClose(nghttp2_session* session, int32_t stream_id, uint32_t e
   if (self->last_ == s.get()) self->last_ = nullptr;
   ++self->closed_streams_;
   const Server::Options::Http2& h2 = self->options_.http2;
-  // Ended before its answer, by the client's reset or one its error provoked (MadeYouReset).
-  const bool early = !s->done && (s->reset_by_peer || s->reset_by_us || error_code != 0);
+  // Ended before its answer, by the client's reset (unless it waited patiently for it) or one
+  // its error provoked (MadeYouReset).
+  if (s->patient_reset) ++self->patient_resets_;
+  if (s->done || s->patient_reset) {
+    // A stream that ended well earns the connection one hasty reset: the bucket bounds the resets
+    // a connection sends beyond the calls it let finish (Rapid Reset lets none), so that an
+    // overloaded client's bursts of hasty resets among many waited-for calls never empty it
+    // (the premature-reset rule still ends a connection whose resets are half its streams).
+    ++self->reset_credit_;
+  }
+  if (s->done && !s->reset_by_peer) {
+    self->late_reset_credit_ = std::min(
+        self->late_reset_credit_ + 1, std::max(kMaxLateResetCredit, h2.max_concurrent_streams));
+  }
+  const bool early = !s->done && (s->reset_by_peer ? !s->patient_reset
+                                                   : s->reset_by_us || error_code != 0);
   if (early && Clock::now() - s->opened < absl::ToChronoNanoseconds(h2.premature_reset_lifetime)) {
     ++self->premature_;
   }
@@ -788,7 +877,12 @@ int Http2::OnStreamClose(nghttp2_session* session, int32_t stream_id, uint32_t e
     const uint64_t limit = static_cast<uint64_t>(h2.premature_reset_streams);
     const bool over = self->closed_streams_ < limit ? self->premature_ * 2 >= limit
                                                      : self->premature_ * 2 >= self->closed_streams_;
-    if (over) self->Abuse(AbuseReason::kPrematureResets, NGHTTP2_ENHANCE_YOUR_CALM);
+    if (over) {
+      self->Abuse(AbuseReason::kPrematureResets, NGHTTP2_ENHANCE_YOUR_CALM, {},
+                  {{"closed_streams", self->closed_streams_},
+                   {"premature", self->premature_},
+                   {"patient_resets", self->patient_resets_}});
+    }
   }
   self->UpdateReadPause();
   return 0;
@@ -964,7 +1058,8 @@ int Http2::OnFrameSend(nghttp2_session* session, const nghttp2_frame* frame, voi
       break;
     case NGHTTP2_GOAWAY:
       if (self->our_goaway_ || frame->goaway.error_code == NGHTTP2_NO_ERROR) break;
-      // nghttp2's own: its reset rate limit (after an RST_STREAM) or a protocol error.
+      // nghttp2's own: a protocol error (its reset rate limit, out of reach since the reset
+      // bucket is ours, would be reset_rate).
       self->conn_->Abuse(self->last_recv_type_ == NGHTTP2_RST_STREAM
                                         ? AbuseReason::kResetRate
                                         : AbuseReason::kProtocolError);
