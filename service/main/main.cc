@@ -1,19 +1,25 @@
 // offload_server: the crypto-offload gRPC service. See README.md for the flags and a tour.
 #include <malloc.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
+// WasPresentOnCommandLine: whether a flag was given (on the command line or in a --flagfile);
+// Abseil has no public way to ask.
+#include "absl/flags/internal/parse.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/time/time.h"
 #include "service/common/log.h"
 #include "service/keys/kek_setup.h"
+#include "service/main/memory_sizing.h"
 #include "service/main/server.h"
 
 ABSL_FLAG(std::string, grpc_address, "127.0.0.1:50051",
@@ -233,6 +239,13 @@ ABSL_FLAG(std::string, grpc_transport, "",
 ABSL_FLAG(int64_t, grpc_memory_quota_bytes, -1,
           "Retired with gRPC 1.51's server: when set, the gRPC port's memory budget (as "
           "--http_memory_budget_bytes is the HTTP port's); unset, it has the HTTP port's value.");
+ABSL_FLAG(std::string, memory_limit_file, "/sys/fs/cgroup/memory.max",
+          "The cgroup memory limit (cgroup v2's memory.max: bytes or \"max\"): when it holds "
+          "one, the port budgets and memo bounds not set by flags are sized against it (each "
+          "port's --http_memory_budget_bytes 1/8, --memo_open_bytes_total 1/4, "
+          "--memo_verify_bytes 1/32, --memo_derive_bytes 1/64, each at most its default) and "
+          "logged (memory_sizing); cgroup v1's memory/memory.limit_in_bytes when the default file "
+          "is absent. Empty: no sizing.");
 ABSL_FLAG(int, grpc_max_concurrent_streams, 256,
           "HTTP/2 streams (calls) open at once per gRPC connection; a client's further calls wait "
           "in the client. 0 = the HTTP port's --http2_max_concurrent_streams.");
@@ -377,6 +390,41 @@ int main(int argc, char** argv) {
                   {"advice", "taken as the gRPC port's memory budget (bytes held for requests "
                              "and unsent answers, all its connections; 0: no bound); the HTTP "
                              "port's is --http_memory_budget_bytes"}});
+  }
+
+  // Bounds sized against the container's memory limit, where there is one.
+  {
+    std::string path = absl::GetFlag(FLAGS_memory_limit_file);
+    // cgroup v1 names it otherwise: read there when the default (v2) file is not present.
+    constexpr char kCgroupV2[] = "/sys/fs/cgroup/memory.max";
+    constexpr char kCgroupV1[] = "/sys/fs/cgroup/memory/memory.limit_in_bytes";
+    if (path == kCgroupV2 && access(kCgroupV2, R_OK) != 0) path = kCgroupV1;
+    absl::StatusOr<std::optional<int64_t>> limit = offload::ReadMemoryLimit(path);
+    if (!limit.ok()) {
+      offload::Log(offload::LogLevel::kError, "server_failed",
+                   {{"error", limit.status().ToString()}});
+      return 1;
+    }
+    if (limit->has_value()) {
+      // A flag given on the command line (or in a --flagfile) keeps its value.
+      const auto given = [](absl::string_view name) {
+        return absl::flags_internal::WasPresentOnCommandLine(name);
+      };
+      offload::MemorySizing::Given g;
+      g.http_memory_budget_bytes = given("http_memory_budget_bytes");
+      g.grpc_memory_budget_bytes = given("grpc_memory_quota_bytes");
+      g.memo_verify_bytes = given("memo_verify_bytes");
+      g.memo_derive_bytes = given("memo_derive_bytes");
+      g.memo_open_bytes_total = given("memo_open_bytes_total");
+      g.memo_open_bytes_per_key = given("memo_open_bytes_per_key");
+      nlohmann::json chosen = offload::SizeToMemoryLimit(**limit, g, &config);
+      chosen["memory_limit_file"] = path;
+      offload::Log(offload::LogLevel::kInfo, "memory_sizing", std::move(chosen));
+    } else {
+      offload::Log(offload::LogLevel::kInfo, "memory_sizing",
+                   {{"memory_limit_file", path}, {"limit_bytes", nullptr},
+                    {"advice", "no memory limit found: the bounds are the flags' values"}});
+    }
   }
 
   absl::Status status = offload::RunServer(config);
