@@ -458,6 +458,29 @@ TEST_F(Http2Test, DrainSendsTwoGoawaysAndFinishesTheStreamInFlight) {
   ASSERT_TRUE(c.Run([&] { return c.eof; }));  // closed once its last stream is done
 }
 
+// A body still arriving kDrainBodyGrace into the drain: its request is refused to the handler
+// (kDraining), the stream answered and reset, and Stop does not wait out its deadline for it.
+TEST_F(Http2Test, ASlowBodyIsRefusedAtTheDrainsDeadlineForBodies) {
+  Start();
+  H2Client c(server_->port());
+  const int32_t id = c.Submit("/unary", "part of a body", /*end=*/false);
+  c.RunFor(std::chrono::milliseconds(100));
+  const absl::Time started = absl::Now();
+  std::thread stop([&] { server_->Stop(absl::Now() + absl::Seconds(60)); });
+  for (int i = 0; i < 40 && !c.results[id].closed; ++i) {
+    c.Send(id, "x", /*end=*/false);  // progress, never the end
+    c.RunFor(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(c.Run([&] { return c.results[id].closed; }));
+  stop.join();
+  EXPECT_EQ(c.results[id].status, 429);
+  EXPECT_THAT(c.results[id].headers,
+              ::testing::Contains(Pair("x-refusal", absl::StrCat(static_cast<int>(
+                                                        Exchange::Refusal::kDraining)))));
+  EXPECT_LT(absl::Now() - started, absl::Seconds(30));
+  EXPECT_EQ(server_->stats().abuse[static_cast<int>(AbuseReason::kDrainBodyLate)], 1u);
+}
+
 // Several large bodies at once on one connection, past its budget: the oldest request always
 // progresses and the connection's window is never held by the others, so all complete.
 // gRPC's keepalive policy, as grpc-core enforces it: PINGs too close together with nothing sent

@@ -370,10 +370,14 @@ class Server final {
 
   // Stops accepting, sends HTTP/2 clients GOAWAY (a first one that announces the drain, then the
   // last stream id a moment later), turns keep-alive off and closes connections with no request
-  // under way; requests in flight still get their answers. Idempotent.
+  // under way; requests in flight still get their answers. A request whose body is still
+  // arriving kDrainBodyGrace later (at most the read timeout; at most half the time Stop is
+  // given) goes to the handler refused (Refusal::kDraining), its body unread: a slow sender holds
+  // the drain that long at most. Idempotent.
   void Drain();
-  // Drain(), waits until every request handed to the handler has been answered (or until
-  // `deadline`), then closes every connection and joins the loops. Idempotent.
+  static constexpr absl::Duration kDrainBodyGrace = absl::Seconds(2);
+  // Drain(), waits until every request accepted has been answered (or until `deadline`), then
+  // closes every connection and joins the loops. Idempotent.
   void Stop(absl::Time deadline);
 
   Stats stats() const;

@@ -169,6 +169,11 @@ Counters& Conn::counters() const { return impl_->counters; }
 Handler* Conn::handler() const { return impl_->handler; }
 bool Conn::draining() const { return impl_->draining.load(std::memory_order_relaxed); }
 
+bool Conn::DrainBodyDeadlinePassed(Clock::time_point now) const {
+  const int64_t deadline = impl_->drain_body_deadline.load(std::memory_order_relaxed);
+  return deadline != 0 && now.time_since_epoch().count() >= deadline;
+}
+
 namespace {
 
 // The server's count follows a connection's total in steps (Conn::kChargeStep).

@@ -277,6 +277,8 @@ class Conn {
   const std::shared_ptr<const std::string>& identity() const { return identity_; }
   bool tls() const { return tls_; }
   bool draining() const;
+  // The drain's deadline for request bodies has passed (Server::Stop).
+  bool DrainBodyDeadlinePassed(Clock::time_point now) const;
 
  protected:
   Loop* const loop_;
@@ -398,6 +400,9 @@ struct Server::Impl {
   internal::Counters counters;
   std::atomic<bool> draining{false};
   std::atomic<bool> stopping{false};
+  // The drain's deadline for request bodies (Clock ticks since its epoch; 0: none yet): a
+  // request whose body is still arriving then is refused (Exchange::Refusal::kDraining).
+  std::atomic<int64_t> drain_body_deadline{0};
   std::atomic<int> grants{0};  // progress grants held (Conn::MayTakeBody)
   std::vector<std::unique_ptr<internal::Loop>> loops;
   struct Io;  // the acceptor and TLS context (server.cc)

@@ -72,7 +72,17 @@ class Http1 final : public Protocol {
     *since = body_progress_;
     return true;
   }
-  void Tick(Clock::time_point) override { UpdateBodyPause(); }
+  void Tick(Clock::time_point now) override {
+    if (InBody() && conn_->draining() && conn_->DrainBodyDeadlinePassed(now)) {
+      // The drain's deadline for bodies: refused (UNAVAILABLE in the handler's terms; never
+      // run), and the connection closes after the answer.
+      conn_->Abuse(AbuseReason::kDrainBodyLate);
+      Refused(Exchange::Refusal::kDraining);
+      conn_->ReadStateChanged();
+      return;
+    }
+    UpdateBodyPause();
+  }
   bool InHeaders() const override {
     return (stream_ == nullptr && !in_.empty()) || (parser_.has_value() && !parser_->is_header_done());
   }
@@ -368,6 +378,9 @@ void Http1::Refused(Exchange::Refusal why) {
   parser_.reset();
   pending_interim_ = false;  // no 100 Continue: the body is not wanted
   ReleaseBodyCharge(conn_, s);
+  Access::ReleaseBody(*s->exchange);
+  conn_->ReleaseGrant();
+  body_paused_ = false;
   Access::SetRefusal(*s->exchange, why);
   conn_->Dispatch(s);
 }

@@ -1107,6 +1107,22 @@ void Http2::FinalGoaway() {
 
 void Http2::Tick(Clock::time_point now) {
   if (session_ == nullptr) return;
+  if (drain_noticed_ && !closing_ && conn_->DrainBodyDeadlinePassed(now)) {
+    // The drain's deadline for bodies: requests still arriving are refused (UNAVAILABLE in the
+    // handler's terms; never run), the rest of their bodies dropped.
+    std::vector<Stream*> late;
+    for (auto& [id, s] : streams_) {
+      if (!s->request_done && !s->streaming && !s->refused && !s->header_too_large &&
+          !s->dispatched) {
+        late.push_back(s.get());
+      }
+    }
+    for (Stream* s : late) {
+      conn_->Abuse(AbuseReason::kDrainBodyLate);
+      Refuse(s, Exchange::Refusal::kDraining);
+    }
+    if (!late.empty()) UpdateReadPause();
+  }
   if (drain_noticed_ && !drain_final_ && now - drain_at_ >= std::chrono::seconds(1)) {
     FinalGoaway();
     conn_->WantWrite();
