@@ -523,25 +523,52 @@ class Call final : public std::enable_shared_from_this<Call> {
 
   void AuthorizeAndRun(bool on_worker) {
     if (auth::Authorizer* authorizer = shared_->authorizer; authorizer != nullptr) {
-      if (absl::Status s = authorizer->Authorize(peer_, method_->path, *request_, TransportName());
+      // [issue 33] Fail-closed, a refusal waits for its audit line as every audited answer does.
+      const bool hold = authorizer->audit_fail_closed();
+      auth::Authorizer::RefusalDone held;
+      if (hold) {
+        held = [self = shared_from_this()](absl::Status refusal, bool written) {
+          self->HeldRefusal(std::move(refusal), {})(written);
+        };
+      }
+      if (absl::Status s = authorizer->Authorize(peer_, method_->path, *request_, TransportName(),
+                                                 std::move(held));
           !s.ok()) {
+        if (hold) return;  // finished by `held`, once the refusal's line is written
         return Finish(s);
       }
     }
     Run(on_worker);
   }
 
+  // [issue 33] The `done` of a refusal's audit line under --audit_fail_closed: the refusal once
+  // its line is written, UNAVAILABLE in its place when it could not be.
+  auth::AuditSink::Done HeldRefusal(absl::Status status, HeaderList extra) {
+    return [self = shared_from_this(), status = std::move(status),
+            extra = std::move(extra)](bool written) mutable {
+      if (!written) {
+        self->shared_->authorizer->CountAuditRefusal();
+        return self->Finish(absl::UnavailableError(kAuditUnwritable));
+      }
+      self->Finish(std::move(status), 0, std::move(extra));
+    };
+  }
+
   // A refusal for who the caller claims to be: audited and counted as unauthenticated. With
   // tokens on, the answer says how to authenticate (RFC 6750's WWW-Authenticate).
   void Refuse(absl::Status status) {
-    if (shared_->authorizer != nullptr) {
-      shared_->authorizer->AuditUnauthenticated(peer_, method_->path, status, TransportName());
-    }
     HeaderList extra;
     if (shared_->tokens != nullptr) {
       extra.emplace_back("www-authenticate", exchange_->header("authorization").has_value()
                                                  ? "Bearer error=\"invalid_token\""
                                                  : "Bearer");
+    }
+    if (auth::Authorizer* authorizer = shared_->authorizer; authorizer != nullptr) {
+      if (authorizer->audit_fail_closed()) {
+        return authorizer->AuditUnauthenticated(peer_, method_->path, status, TransportName(),
+                                                HeldRefusal(status, std::move(extra)));
+      }
+      authorizer->AuditUnauthenticated(peer_, method_->path, status, TransportName());
     }
     Finish(std::move(status), /*http_status=*/0, std::move(extra));
   }
@@ -888,14 +915,21 @@ class Call final : public std::enable_shared_from_this<Call> {
     out->headers.emplace_back("content-type", std::string(ConnectContentType(type_.codec)));
     if (gzip) out->headers.emplace_back("content-encoding", "gzip");
     if (get_) {
-      // A verify answer depends only on its request; keys change. Behind mTLS the answer is
-      // for the authenticated caller only.
+      // A verify answer depends only on its request; keys change. [issue 33] An answer to a call
+      // that carried or needed an identity (mTLS, a token, a forwarded identity, a server that
+      // requires one) is for that caller only: `public` would let a shared cache give it to
+      // anyone (RFC 9111 3.5). Vary names Authorization, so that a cached anonymous answer is
+      // never reused for a caller that sends a token.
       const bool immutable = method_->service == "offload.v1.Ed25519Service";
+      const bool identified =
+          shared_->mtls || !peer_.identity.empty() ||
+          exchange_->header("authorization").has_value() ||
+          (shared_->authorizer != nullptr && shared_->authorizer->RequiresIdentity());
       out->headers.emplace_back(
-          "cache-control", immutable ? absl::StrCat(shared_->mtls ? "private" : "public",
+          "cache-control", immutable ? absl::StrCat(identified ? "private" : "public",
                                                     ", max-age=31536000, immutable")
                                      : std::string("private, no-cache"));
-      out->headers.emplace_back("vary", "Accept-Encoding");
+      out->headers.emplace_back("vary", "Accept-Encoding, Authorization");
     }
     out->body = std::move(message);
     return absl::OkStatus();
