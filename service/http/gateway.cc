@@ -548,7 +548,7 @@ class Call final : public std::enable_shared_from_this<Call> {
             extra = std::move(extra)](bool written) mutable {
       if (!written) {
         self->shared_->authorizer->CountAuditRefusal();
-        return self->Finish(absl::UnavailableError(kAuditUnwritable));
+        return self->Finish(AuditUnwritableRefusal());
       }
       self->Finish(std::move(status), 0, std::move(extra));
     };
