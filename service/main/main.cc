@@ -116,7 +116,9 @@ ABSL_FLAG(int32_t, http2_stream_window_bytes, 256 << 10,
 ABSL_FLAG(int32_t, http2_connection_window_bytes, 1 << 20,
           "HTTP/2 connection window: request body bytes of all of a connection's streams.");
 ABSL_FLAG(uint64_t, http2_reset_burst, 1000,
-          "nghttp2's incoming RST_STREAM limit (Rapid Reset): a token bucket of this many...");
+          "Incoming RST_STREAM limit (Rapid Reset): a token bucket of this many (resets after a "
+          "patient wait, of streams just answered, and one per stream that ended well are "
+          "free)...");
 ABSL_FLAG(uint64_t, http2_reset_rate, 33, "...refilled at this many per second; empty: GOAWAY.");
 ABSL_FLAG(uint64_t, http2_max_continuations, 8,
           "CONTINUATION frames per HTTP/2 header block; more ends the connection.");
