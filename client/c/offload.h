@@ -95,10 +95,11 @@
  *   is copied into the caller's buffer like an answer from the service.
  * - A refusal about a key (OFFLOAD_NOT_FOUND, OFFLOAD_FAILED_PRECONDITION, OFFLOAD_PERMISSION_DENIED
  *   from any call naming it) drops that key's entries at once, and so do this client's own
- *   offload_key_disable and deletions; an error about one input (OFFLOAD_INVALID_ARGUMENT) does
- *   not. Otherwise a disabled, deleted or retired key's remembered results stop being used within
- *   the maximum age. After a rotation, derive entries asked as "current" keep the old version's
- *   key until their age runs out.
+ *   offload_key_disable, deletions and key creations (a new key under an id deleted elsewhere);
+ *   an error about one input (OFFLOAD_INVALID_ARGUMENT) does not. Otherwise a disabled, deleted
+ *   or retired key's remembered results stop being used within the maximum age. After a
+ *   rotation, derive entries asked as "current" keep the old version's key until their age runs
+ *   out.
  */
 #ifndef CLIENT_C_OFFLOAD_H_
 #define CLIENT_C_OFFLOAD_H_

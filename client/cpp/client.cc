@@ -669,10 +669,13 @@ absl::StatusOr<v1::KeyInfo> Client::CreateKey(absl::string_view key_id, v1::KeyT
     req.set_key_id(std::string(key_id));
     req.set_type(type);
     *req.mutable_options() = options;
-    return InvokeUnary<v1::KeyInfo>(key_id, [&](const Endpoint& e, grpc::ClientContext* ctx,
-                                         v1::KeyInfo* resp) {
+    auto r = InvokeUnary<v1::KeyInfo>(key_id, [&](const Endpoint& e, grpc::ClientContext* ctx,
+                                                  v1::KeyInfo* resp) {
       return e.keys->CreateKey(ctx, req, resp);
     });
+    // A new key under the id: whatever was remembered for it came from a key deleted since.
+    if (r.ok()) DropKey(key_id);
+    return r;
   });
 }
 
@@ -693,6 +696,7 @@ absl::StatusOr<v1::KeyInfo> Client::ImportKey(absl::string_view key_id, v1::KeyT
     std::string* copy = req.mutable_secret();
     if (!copy->empty()) sodium_memzero(copy->data(), copy->size());
     if (!s.ok()) return s;
+    DropKey(key_id);  // a new key under the id, as for CreateKey
     return resp;
   });
 }

@@ -68,7 +68,8 @@
 //   about a key (NOT_FOUND, FAILED_PRECONDITION, PERMISSION_DENIED, as a call's status or a batch
 //   item's error, from any call naming the key) drops that key's entries at once, and so do this
 //   client's own DisableKey, DeleteKey, DisableKeyVersion, DestroyKeyVersion and
-//   SetMinDecryptionVersion; an item error about one input (INVALID_ARGUMENT) does not. Otherwise
+//   SetMinDecryptionVersion, and its CreateKey and ImportKey (a new key under an id whose old key
+//   was deleted elsewhere); an item error about one input (INVALID_ARGUMENT) does not. Otherwise
 //   a disabled, deleted or retired key's remembered results stop being used within the maximum
 //   age. Auto-batched and explicit Batch* calls look in the memo first and send only what missed
 //   (a batch whose items all hit sends nothing). One set of memos per Client, shared by all its

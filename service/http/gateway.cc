@@ -22,6 +22,7 @@
 #include "service/common/log.h"
 #include "service/common/status_macros.h"
 #include "service/http/reflection.h"
+#include "service/http/refusals.h"
 #include "service/http/rpc_codec.h"
 #include "service/ops/methods.h"
 
@@ -98,11 +99,6 @@ int BatchSize(const Message& request) {
 
 thread_local absl::InsecureBitGen bitgen;
 
-// The answer to a call that must be audited while the audit file cannot be written
-// (--audit_fail_closed).
-constexpr absl::string_view kAuditUnwritable =
-    "audit log unwritable: calls that must be audited are refused (--audit_fail_closed)";
-
 httpd::Response Plain(int status, absl::string_view text, HeaderList headers = {}) {
   headers.emplace_back("content-type", "text/plain; charset=utf-8");
   return httpd::Response(status, std::move(headers), std::string(text));
@@ -115,11 +111,12 @@ constexpr size_t kCopyAtMost = 4096;
 // What the gRPC answers say we take (grpc-accept-encoding).
 constexpr absl::string_view kGrpcAcceptEncoding = "identity,gzip";
 
-// The trailers that end a gRPC stream with `status`: grpc-status, and grpc-message when there
-// is one.
+// The trailers that end a gRPC stream with `status`: grpc-status, grpc-message when there is
+// one, and the status's details (AppendGrpcStatusDetails: when to come back).
 httpd::Headers GrpcTrailers(const absl::Status& status) {
   httpd::Headers trailers = {{"grpc-status", absl::StrCat(static_cast<int>(status.code()))}};
   if (!status.message().empty()) trailers.emplace_back("grpc-message", PercentEncode(status.message()));
+  AppendGrpcStatusDetails(status, /*pushback=*/true, &trailers);
   return trailers;
 }
 
@@ -315,13 +312,13 @@ struct Gateway::Shared {
     Prune();
     for (const std::shared_ptr<Watch>& w : watches) {
       Push(*w);
-      if (end) EndStream(*w->exchange, w->wire, absl::UnavailableError("server is draining"));
+      if (end) EndStream(*w->exchange, w->wire, DrainingRefusal());
     }
     if (!end) return;
     watches.clear();
     for (const OpenStream& open : streams) {
       if (std::shared_ptr<httpd::Exchange> e = open.exchange.lock()) {
-        EndStream(*e, open.wire, absl::UnavailableError("server is draining"));
+        EndStream(*e, open.wire, DrainingRefusal());
       }
     }
     streams.clear();
@@ -349,10 +346,10 @@ struct Gateway::Shared {
   // refused it here.
   absl::Status StartStream(httpd::Exchange& exchange, StreamWire wire)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(watch_mu) {
-    if (draining.load()) return absl::UnavailableError("server is draining");
+    if (draining.load()) return DrainingRefusal();
     Prune();
     if (watches.size() + streams.size() >= kMaxOpenStreams) {
-      return absl::ResourceExhaustedError(absl::StrCat(
+      return BusyRefusal(absl::StrCat(
           "at most ", kMaxOpenStreams, " health Watch and reflection streams may be open at once"));
     }
     httpd::Headers headers = StreamHeaders(wire);
@@ -438,6 +435,11 @@ class Call final : public std::enable_shared_from_this<Call> {
       return Finish(absl::ResourceExhaustedError(absl::StrCat(
           "request body: expected at most ", limit, " bytes, got more than ", MaxBody(max))));
     }
+    if (exchange_->refusal() != httpd::Exchange::Refusal::kNone) {
+      // Refused unread by the engine (a memory budget, the drain): the status says when to come
+      // back.
+      return Finish(EngineRefusal(exchange_->refusal(), limit));
+    }
     const absl::string_view body = exchange_->body();
     if (static_cast<int64_t>(body.size()) > limit) {
       return Finish(absl::ResourceExhaustedError(
@@ -450,6 +452,9 @@ class Call final : public std::enable_shared_from_this<Call> {
   void StartGet() {
     get_ = true;
     type_ = ContentType{Protocol::kConnect, Codec::kProto, false};
+    if (exchange_->refusal() != httpd::Exchange::Refusal::kNone) {
+      return Finish(EngineRefusal(exchange_->refusal(), 0));
+    }
     absl::StatusOr<ConnectGetQuery> query =
         ParseConnectGetQuery(exchange_->query(), static_cast<size_t>(shared_->max_message_bytes));
     if (!query.ok()) return Finish(query.status());
@@ -483,7 +488,10 @@ class Call final : public std::enable_shared_from_this<Call> {
       shared_->bytes.received[static_cast<int>(encoding)].fetch_add(bytes.size(),
                                                                      std::memory_order_relaxed);
     }
-    if (options_.timeout.has_value()) deadline_ = absl::Now() + *options_.timeout;
+    if (options_.timeout.has_value()) {
+      deadline_ = absl::Now() + *options_.timeout;
+      exchange_->SetDeadline(deadline_);  // a reset at its end is the client's timer, not abuse
+    }
     if (auto origin = exchange_->header("origin")) origin_ = std::string(*origin);
     request_.reset(method_->request_prototype->New());
     response_.reset(method_->response_prototype->New());
@@ -593,7 +601,7 @@ class Call final : public std::enable_shared_from_this<Call> {
             extra = std::move(extra)](bool written) mutable {
       if (!written) {
         self->shared_->authorizer->CountAuditRefusal();
-        return self->Finish(absl::UnavailableError(kAuditUnwritable));
+        return self->Finish(AuditUnwritableRefusal());
       }
       self->Finish(std::move(status), 0, std::move(extra));
     };
@@ -712,7 +720,7 @@ class Call final : public std::enable_shared_from_this<Call> {
         audit_data_ = false;
         audit_skip_ = true;
         authorizer->CountAuditRefusal();
-        return Finish(absl::UnavailableError(kAuditUnwritable));
+        return Finish(AuditUnwritableRefusal());
       }
     }
     if (m->batch) {
@@ -764,6 +772,12 @@ class Call final : public std::enable_shared_from_this<Call> {
     if (exchange_->abandoned()) {
       if (shared_->admission != nullptr) shared_->admission->CountClientGoneDrop();
       Finish(absl::CancelledError("client went away"));
+      return true;
+    }
+    if (exchange_->answers_over_budget()) {
+      // Its connection's client is not reading the answers it has: no more are made for it.
+      if (shared_->admission != nullptr) shared_->admission->CountAnswersUnreadDrop();
+      Finish(EngineRefusal(httpd::Exchange::Refusal::kAnswersUnread, 0));
       return true;
     }
     return false;
@@ -860,7 +874,7 @@ class Call final : public std::enable_shared_from_this<Call> {
   void Deliver(bool written, httpd::Response out, absl::Status status,
                metrics::ItemCounts counts) {
     if (!written) {
-      status = absl::UnavailableError(kAuditUnwritable);
+      status = AuditUnwritableRefusal();
       counts = method_->batch ? metrics::ItemCounts{} : CountOne(status.code(), nullptr);
       out = EncodeError(status, 0);
       AddCors(&out);
@@ -1038,6 +1052,9 @@ class Call final : public std::enable_shared_from_this<Call> {
     }
     out.status = http_status != 0 ? http_status : ConnectHttpStatus(status.code());
     out.headers = {{"content-type", "application/json"}};
+    if (std::optional<std::string> after = RetryAfterValue(status)) {
+      out.headers.emplace_back("retry-after", *std::move(after));  // a 429 or 503 refusal
+    }
     if (get_) out.headers.emplace_back("cache-control", "no-store");
     out.body = ConnectErrorJson(status);
     return out;
@@ -1215,8 +1232,9 @@ Gateway::Gateway(const MethodTable* table, ops::WorkerPool* pool, metrics::Metri
         "Front-door defences that acted on the HTTP port, by reason: a connection closed "
         "(premature_resets, reset_rate, continuations, control_flood, settings, no_progress, "
         "too_many_pings, protocol_error, send_timeout), a request refused or cut short (header_too_large, "
-        "body_too_large, stream_refused: memory budget) or a connection's body held back "
-        "(read_paused: memory budget)",
+        "body_too_large, stream_refused: request memory budget, answers_unread: answer budget, "
+        "drain_body_late: a body still arriving at the drain's deadline for bodies) or a "
+        "connection's body held back (read_paused: memory budget)",
         {{"port", options_.port},
          {"reason", httpd::AbuseReasonName(static_cast<httpd::AbuseReason>(i))}},
         [weak, i] {
@@ -1503,6 +1521,10 @@ void Gateway::Handle(std::shared_ptr<httpd::Exchange> exchange) {
   }
 
   if (Streaming(*exchange)) {
+    if (exchange->refusal() != httpd::Exchange::Refusal::kNone) {  // refused unread
+      return respond(StreamRefusal(*StreamWireOf(exchange->header("content-type")),
+                                   EngineRefusal(exchange->refusal(), 0)));
+    }
     if (path == kHealthWatchPath) return WatchHealth(std::move(exchange));
     return Reflect(std::move(exchange));
   }

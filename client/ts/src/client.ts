@@ -29,7 +29,7 @@ import type { CryptoProvider } from "./digest.js";
 import { Digester, platformCrypto } from "./digest.js";
 import { isKeyRefusal, isRetryable, itemError, serverRetryDelayMs } from "./errors.js";
 import type { MemoStats } from "./memo.js";
-import { Memo } from "./memo.js";
+import { kByteArrayOverheadBytes, Memo } from "./memo.js";
 import { AeadService } from "./gen/offload/v1/aead_pb.js";
 import type { AeadSealResponse, AeadRewrapResponse } from "./gen/offload/v1/aead_pb.js";
 import { BoxService } from "./gen/offload/v1/box_pb.js";
@@ -62,17 +62,17 @@ export interface RetryOptions {
 export interface OpenMemoOptions {
   /** Required: entries older than this are never used. */
   maxAgeMs: number;
-  /** One budget across all keys (default 8 MiB): plaintexts plus ~100 bytes per entry. */
+  /** One budget across all keys (default 8 MiB): plaintexts plus ~550 bytes per entry. */
   maxBytes?: number;
 }
 export interface DeriveMemoOptions {
   /** Required: entries older than this are never used. */
   maxAgeMs: number;
-  /** Default 1 MiB (~160 bytes per entry). */
+  /** Default 1 MiB (~580 bytes per entry: about 1800 entries). */
   maxBytes?: number;
 }
 export interface VerifyMemoOptions {
-  /** Default 1 MiB (~130 bytes per entry). Valid results only; they need no age. */
+  /** Default 1 MiB (~260 bytes per entry: about 4000 entries). Valid results only; they need no age. */
   maxBytes?: number;
 }
 
@@ -128,6 +128,8 @@ export interface ClientStats {
   batchedItems: number;
   /** Attempts that were retries (UNAVAILABLE, RESOURCE_EXHAUSTED). */
   retries: number;
+  /** Of them, retries sent after waiting the delay the server gave (RetryInfo or Retry-After). */
+  retriesAfterServerDelay: number;
   /** Times the token provider was asked again after UNAUTHENTICATED. */
   tokenRefreshes: number;
   /** Per memo (null: off). */
@@ -223,6 +225,12 @@ interface Kind<Q, R> {
   onSuccess?: (q: Q, r: R, snapshot: number) => Promise<void>;
   // A second caller's copy of a result (secret bytes copied); default: the same object.
   clone?: (r: R) => R;
+  // The client's own copy of a request's bytes, taken when the call is made, when a memo keys or
+  // keeps them: the digest, the request sent and what is remembered then all see the same bytes,
+  // whatever the caller does with its buffers meanwhile. Undefined: the caller's request as is.
+  own?: (q: Q) => Q;
+  // Wipes the secret bytes of an owned request once it is done with (Seal's plaintext copy).
+  release?: (q: Q) => void;
 }
 
 interface MemoHook<Q, R, V> {
@@ -235,7 +243,7 @@ interface MemoHook<Q, R, V> {
 }
 
 interface Pending<Q, R> {
-  q: Q;
+  q: Q; // the caller's request, or the client's own copy of it (Kind.own)
   resolve: (r: R) => void;
   reject: (e: unknown) => void;
   deadline: number;
@@ -256,8 +264,10 @@ const kKeyChanges = new Set([
   "DisableKeyVersion", "EnableKeyVersion", "DestroyKeyVersion", "RestoreKeyVersion", "SetMinDecryptionVersion",
 ]);
 
+// A copy with memory of its own: for a Node Buffer (a Uint8Array too), slice() is a view of the
+// same memory, which the caller may wipe or reuse.
 function copy(b: Uint8Array): Uint8Array {
-  return b.slice();
+  return new Uint8Array(b);
 }
 
 function defaultNow(): () => number {
@@ -293,7 +303,7 @@ export class OffloadClient {
   private readonly deriveMemo?: Memo<{ sharedKey: Uint8Array; keyVersion: number }>;
   private readonly verifyMemo?: Memo<true>;
   private readonly queues = new Map<Kind<any, any>, Pending<any, any>[]>();
-  private readonly counters = { requests: 0, batches: 0, batchedItems: 0, retries: 0, tokenRefreshes: 0 };
+  private readonly counters = { requests: 0, batches: 0, batchedItems: 0, retries: 0, retriesAfterServerDelay: 0, tokenRefreshes: 0 };
   private readonly kinds;
 
   constructor(options: OffloadClientOptions) {
@@ -333,7 +343,7 @@ export class OffloadClient {
         maxBytes: m.open.maxBytes ?? 8 * kMiB,
         maxAgeMs: m.open.maxAgeMs,
         now: this.now,
-        size: (v) => v.plaintext.length,
+        size: (v) => v.plaintext.length + kByteArrayOverheadBytes,
         wipe: wipeBytes("plaintext"),
       });
     }
@@ -343,7 +353,7 @@ export class OffloadClient {
         maxBytes: m.derive.maxBytes ?? kMiB,
         maxAgeMs: m.derive.maxAgeMs,
         now: this.now,
-        size: (v) => v.sharedKey.length,
+        size: (v) => v.sharedKey.length + kByteArrayOverheadBytes,
         wipe: wipeBytes("sharedKey"),
       });
     }
@@ -485,6 +495,7 @@ export class OffloadClient {
       fromBatch: (it) => outcomeOf(it.status, () => open.fromSingle(it.response)),
       memo: () => openHook,
       clone: (r) => ({ ...r, plaintext: copy(r.plaintext) }),
+      own: openHook && ((q) => ({ keyId: q.keyId, envelope: copy(q.envelope), associatedData: q.associatedData && copy(q.associatedData) })),
     };
     const seal: Kind<SealRequest, AeadSealResponse> = {
       name: "seal",
@@ -506,6 +517,9 @@ export class OffloadClient {
           // not remembered: the seal itself succeeded
         }
       },
+      // What is sealed is what is remembered: the plaintext as it was when seal() was called.
+      own: openHook && ((q) => ({ keyId: q.keyId, plaintext: copy(q.plaintext), associatedData: q.associatedData && copy(q.associatedData) })),
+      release: openHook && ((q) => q.plaintext.fill(0)),
     };
     const rewrap: Kind<OpenRequest, AeadRewrapResponse> = {
       name: "rewrap",
@@ -531,6 +545,7 @@ export class OffloadClient {
       fromBatch: (it) => outcomeOf(it.status, () => derive.fromSingle(it.response)),
       memo: () => deriveHook,
       clone: (r) => ({ ...r, sharedKey: copy(r.sharedKey) }),
+      own: deriveHook && ((q) => ({ ...q, peerPublicKey: copy(q.peerPublicKey) })),
     };
     const verify: Kind<VerifyRequest, VerifyResult> = {
       name: "verify",
@@ -541,6 +556,7 @@ export class OffloadClient {
       fromSingle: (r) => ({ valid: r.valid, memoHit: r.memoHit, local: false }),
       fromBatch: (it) => outcomeOf(it.status, () => ({ valid: it.valid, memoHit: it.memoHit, local: false })),
       memo: () => verifyHook,
+      own: verifyHook && ((q) => ({ publicKey: copy(q.publicKey), message: copy(q.message), signature: copy(q.signature) })),
     };
     const sign: Kind<SignRequest, SignResponse> = {
       name: "sign",
@@ -596,8 +612,12 @@ export class OffloadClient {
 
   private call<Q, R>(kind: Kind<Q, R>, q: Q, opts?: CallOptions): Promise<R> {
     return new Promise<R>((resolve, reject) => {
+      if (opts?.signal?.aborted) {
+        reject(new ConnectError("the call was aborted", Code.Canceled));
+        return;
+      }
       const p: Pending<Q, R> = {
-        q,
+        q: kind.own ? kind.own(q) : q,
         resolve,
         reject,
         deadline: this.deadlineOf(opts),
@@ -605,10 +625,6 @@ export class OffloadClient {
         headers: opts?.headers,
         settled: false,
       };
-      if (p.signal?.aborted) {
-        reject(new ConnectError("the call was aborted", Code.Canceled));
-        return;
-      }
       // This caller's own deadline and signal, whatever the batch it joins does.
       p.timer = setTimeout(
         () => this.settle(p, false, new ConnectError("the call's deadline passed", Code.DeadlineExceeded)),
@@ -657,18 +673,25 @@ export class OffloadClient {
       try {
         digests = await Promise.all(items.map((p) => hook.digest(p.q)));
       } catch (e) {
-        for (const p of items) this.settle(p, false, ConnectError.from(e, Code.Internal));
+        for (const p of items) {
+          this.settle(p, false, ConnectError.from(e, Code.Internal));
+          kind.release?.(p.q);
+        }
         return;
       }
       const byDigest = new Map<string, Miss>();
       items.forEach((p, i) => {
-        if (p.settled) return;
+        if (p.settled) {
+          kind.release?.(p.q);
+          return;
+        }
         const d = digests[i];
         const keyId = kind.keyId(p.q) ?? "";
         const generation = hook.memo.generation(keyId);
         const v = hook.memo.get(d, hook.sent(p.q), hook.received);
         if (v !== undefined) {
           this.settle(p, true, hook.answer(v));
+          kind.release?.(p.q);
           return;
         }
         const twin = byDigest.get(d); // the same input twice in one tick: asked once
@@ -681,9 +704,19 @@ export class OffloadClient {
         misses.push(miss);
       });
     } else {
-      for (const p of items) if (!p.settled) misses.push({ p, generation: 0, twins: [] });
+      for (const p of items) {
+        if (p.settled) kind.release?.(p.q);
+        else misses.push({ p, generation: 0, twins: [] });
+      }
     }
-    const live = misses.filter((m) => !(m.p.settled && m.twins.every((t) => t.settled)));
+    const live: Miss[] = [];
+    for (const m of misses) {
+      if (!(m.p.settled && m.twins.every((t) => t.settled))) {
+        live.push(m);
+      } else {
+        for (const p of [m.p, ...m.twins]) kind.release?.(p.q);
+      }
+    }
     const chunks: Miss[][] = [];
     for (let i = 0; i < live.length; i += this.maxItems) chunks.push(live.slice(i, i + this.maxItems));
     await Promise.all(chunks.map((chunk) => this.send(kind, hook, chunk)));
@@ -700,10 +733,14 @@ export class OffloadClient {
     // A refusal about the key has already dropped the key's entries (afterAnswer, afterRefusal).
     const deliver = async (i: number, outcome: ItemOutcome<R> | { ok: false; error: ConnectError }) => {
       const m = chunk[i];
+      const done = () => {
+        for (const p of [m.p, ...m.twins]) kind.release?.(p.q);
+      };
       if (!outcome.ok) {
         const e = "error" in outcome ? outcome.error : itemError(outcome.code, outcome.message);
         this.settle(m.p, false, e);
         for (const t of m.twins) this.settle(t, false, e);
+        done();
         return;
       }
       await kind.onSuccess?.(m.p.q, outcome.value, snapshots[i]);
@@ -713,6 +750,7 @@ export class OffloadClient {
       }
       for (const t of m.twins) this.settle(t, true, kind.clone ? kind.clone(outcome.value) : outcome.value);
       this.settle(m.p, true, outcome.value);
+      done();
     };
     const deadline = Math.max(...chunk.map((m) => Math.max(m.p.deadline, ...m.twins.map((t) => t.deadline))));
     const keys = new Set(chunk.map((m) => kind.keyId(m.p.q)).filter((k): k is string => k !== undefined));
@@ -862,6 +900,7 @@ export class OffloadClient {
         await sleep(delay, signal);
         attempt++;
         this.counters.retries++;
+        if (serverDelay !== undefined) this.counters.retriesAfterServerDelay++;
       }
     }
   }

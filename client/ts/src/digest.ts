@@ -96,18 +96,26 @@ export class Digester {
   }
 }
 
+// One flat string: a key built by `+=` would be a rope of a dozen string objects, each of which
+// a memo entry would hold for its whole life (several hundred bytes instead of one 43-character
+// string).
 function toBase64Url(bytes: Uint8Array): string {
   const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-  let out = "";
+  const codes: number[] = [];
+  const put = (six: number) => codes.push(alphabet.charCodeAt(six));
   let i = 0;
   for (; i + 2 < bytes.length; i += 3) {
     const n = (bytes[i] << 16) | (bytes[i + 1] << 8) | bytes[i + 2];
-    out += alphabet[n >> 18] + alphabet[(n >> 12) & 63] + alphabet[(n >> 6) & 63] + alphabet[n & 63];
+    put(n >> 18);
+    put((n >> 12) & 63);
+    put((n >> 6) & 63);
+    put(n & 63);
   }
   if (i < bytes.length) {
     const n = (bytes[i] << 16) | ((bytes[i + 1] ?? 0) << 8);
-    out += alphabet[n >> 18] + alphabet[(n >> 12) & 63];
-    if (i + 1 < bytes.length) out += alphabet[(n >> 6) & 63];
+    put(n >> 18);
+    put((n >> 12) & 63);
+    if (i + 1 < bytes.length) put((n >> 6) & 63);
   }
-  return out;
+  return String.fromCharCode(...codes);
 }

@@ -4,10 +4,13 @@
 // - One recency order over every key id's entries and one byte budget: a hit moves the entry to
 //   the newest end, an insert evicts from the oldest end until the budget holds. An entry larger
 //   than the whole budget is not kept.
-// - `maxAgeMs` (when set): an entry older than that (from its insert; hits do not renew it) is
-//   never used: it is wiped and dropped when found, and counted as expired.
+// - `maxAgeMs` (when set): an entry that old or older (from its insert; hits do not renew it) is
+//   never used: every lookup and insert first wipes and drops the entries past it (the oldest
+//   inserts first), counted as expired. A clock that went back makes every entry stamped in its
+//   future expired too.
 // - `dropKey(keyId)` removes every entry of that key at once (a refusal about the key), and
-//   bumps the key's generation, so that an answer already on its way for that key is not kept.
+//   bumps the key's generation, so that an answer already on its way for that key is not kept;
+//   `clear()` does the same for every key.
 // - Secret values are wiped (`wipe`) whenever an entry leaves: evicted, expired, dropped,
 //   replaced or cleared.
 // Single-threaded (JavaScript): no locking.
@@ -24,7 +27,7 @@ export interface MemoStats {
   bytesNotReceived: number;
   /** Entries pushed out by the byte budget. */
   evictions: number;
-  /** Entries found past the maximum age (never used, dropped). */
+  /** Entries past the maximum age (never used; wiped by the next lookup or insert). */
   expired: number;
   /** Entries dropped because the server refused their key. */
   droppedForKey: number;
@@ -36,8 +39,17 @@ export interface MemoStats {
   maxAgeMs: number | null;
 }
 
-/** What an entry costs besides its value: the digest, the key id and the bookkeeping. */
-export const kEntryOverheadBytes = 96;
+/**
+ * What an entry costs besides its value and its key id's characters: the digest string, the
+ * entry record and its places in the recency, age and per-key maps (measured on V8: about 250
+ * bytes; test "a full memo's memory").
+ */
+export const kEntryOverheadBytes = 256;
+/**
+ * What a value holding one Uint8Array costs besides the array's bytes: the object holding it, the
+ * Uint8Array and its ArrayBuffer (measured on V8: about 270 bytes).
+ */
+export const kByteArrayOverheadBytes = 272;
 
 interface Entry<V> {
   keyId: string;
@@ -58,9 +70,11 @@ export interface MemoOptions<V> {
 }
 
 export class Memo<V> {
-  private readonly entries = new Map<string, Entry<V>>(); // oldest first (Map insertion order)
+  private readonly entries = new Map<string, Entry<V>>(); // least recently used first (Map insertion order)
+  private readonly byAge = new Map<string, Entry<V>>(); // oldest insert first: the order they expire in
   private readonly byKey = new Map<string, Set<string>>();
   private readonly generations = new Map<string, number>();
+  private clears = 0; // added to every key's generation: clear() moves them all on
   private bytes = 0;
   private readonly counters = {
     hits: 0,
@@ -84,12 +98,15 @@ export class Memo<V> {
    * `sent` / `received` to the bytes the memo saved.
    */
   get(digest: string, sent: number, received: (v: V) => number): V | undefined {
+    const now = this.options.now();
+    this.sweep(now);
     const e = this.entries.get(digest);
     if (e === undefined) {
       this.counters.misses++;
       return undefined;
     }
-    if (this.options.maxAgeMs !== undefined && this.options.now() - e.createdMs > this.options.maxAgeMs) {
+    if (this.expired(e, now)) {
+      // Behind a younger one in the age order: only a clock that went back does that.
       this.remove(digest, e);
       this.counters.expired++;
       this.counters.misses++;
@@ -105,7 +122,7 @@ export class Memo<V> {
 
   /** The key's generation: pass it back to `put` so that a drop in between wins. */
   generation(keyId: string): number {
-    return this.generations.get(keyId) ?? 0;
+    return (this.generations.get(keyId) ?? 0) + this.clears;
   }
 
   /**
@@ -119,9 +136,13 @@ export class Memo<V> {
       this.options.wipe(value);
       return;
     }
+    const now = this.options.now();
+    this.sweep(now);
     const old = this.entries.get(digest);
     if (old !== undefined) this.remove(digest, old);
-    this.entries.set(digest, { keyId, value, bytes, createdMs: this.options.now() });
+    const entry = { keyId, value, bytes, createdMs: now };
+    this.entries.set(digest, entry);
+    this.byAge.set(digest, entry);
     let set = this.byKey.get(keyId);
     if (set === undefined) this.byKey.set(keyId, (set = new Set()));
     set.add(digest);
@@ -135,7 +156,7 @@ export class Memo<V> {
 
   /** Wipes and removes every entry of `keyId`; answers already under way for it are not kept. */
   dropKey(keyId: string): number {
-    this.generations.set(keyId, this.generation(keyId) + 1);
+    this.generations.set(keyId, (this.generations.get(keyId) ?? 0) + 1);
     const set = this.byKey.get(keyId);
     if (set === undefined) return 0;
     let n = 0;
@@ -153,7 +174,12 @@ export class Memo<V> {
   /** Wipes and removes every entry. */
   clear(): void {
     for (const [digest, e] of [...this.entries]) this.remove(digest, e);
-    for (const keyId of [...this.generations.keys()]) this.generations.set(keyId, this.generation(keyId) + 1);
+    // Past every generation handed out so far (per key, a drop count plus `clears`), for every
+    // key id, dropped before or not; the per-key counts can then start again.
+    let most = 0;
+    for (const n of this.generations.values()) most = Math.max(most, n);
+    this.clears += most + 1;
+    this.generations.clear();
   }
 
   stats(): MemoStats {
@@ -166,8 +192,25 @@ export class Memo<V> {
     };
   }
 
+  // Wipes and drops the entries past the maximum age at `now`, or stamped after it (a clock
+  // that went back), oldest inserts first.
+  private sweep(now: number): void {
+    if (this.options.maxAgeMs === undefined) return;
+    for (const [digest, e] of this.byAge) {
+      if (!this.expired(e, now)) break;
+      this.remove(digest, e);
+      this.counters.expired++;
+    }
+  }
+
+  private expired(e: Entry<V>, now: number): boolean {
+    const maxAge = this.options.maxAgeMs;
+    return maxAge !== undefined && (now - e.createdMs >= maxAge || now < e.createdMs);
+  }
+
   private remove(digest: string, e: Entry<V>): void {
     this.entries.delete(digest);
+    this.byAge.delete(digest);
     const set = this.byKey.get(e.keyId);
     if (set !== undefined) {
       set.delete(digest);

@@ -9,7 +9,7 @@ import { createServer } from "node:http";
 import { create, toBinary } from "@bufbuild/protobuf";
 import { anyPack } from "@bufbuild/protobuf/wkt";
 
-import { Memo } from "../dist/memo.js";
+import { kEntryOverheadBytes, Memo } from "../dist/memo.js";
 import { Digester } from "../dist/digest.js";
 import { Code, ConnectError, createOffloadClient, RetryInfoSchema, StatusSchema, serverRetryDelayMs } from "../dist/node.js";
 import { createFetchTransport, createNodeTransport, nodeCrypto } from "../dist/node.js";
@@ -17,7 +17,7 @@ import { createFetchTransport, createNodeTransport, nodeCrypto } from "../dist/n
 function bytesMemo(maxBytes, { maxAgeMs, now = () => 0 } = {}) {
   return new Memo({ maxBytes, maxAgeMs, now, size: (v) => v.length, wipe: (v) => v.fill(0) });
 }
-const overhead = 96 + 1; // kEntryOverheadBytes + a one-letter key id
+const overhead = kEntryOverheadBytes + 1; // and a one-letter key id
 
 describe("Memo", () => {
   it("a hit moves the entry to the newest end; inserts evict the least recently used", () => {
@@ -32,18 +32,59 @@ describe("Memo", () => {
     assert.deepEqual([m.stats().entries, m.stats().evictions, m.stats().bytes], [3, 1, 3 * (100 + overhead)]);
   });
 
-  it("an entry past the maximum age is never used, and wiped", () => {
+  it("an entry at or past the maximum age is never used, and wiped", () => {
     let t = 0;
     const m = bytesMemo(10_000, { maxAgeMs: 1000, now: () => t });
     const v = new Uint8Array(10).fill(7);
     m.put("x", "k", v, 0);
+    t = 999;
+    assert.equal(m.get("x", 5, (y) => y.length), v, "younger than the maximum age");
     t = 1000;
-    assert.equal(m.get("x", 5, (y) => y.length), v, "at the maximum age");
-    t = 1001;
-    assert.equal(m.get("x", 5, (y) => y.length), undefined, "past it");
+    assert.equal(m.get("x", 5, (y) => y.length), undefined, "at it (as the C++ and embedded memos)");
     assert.ok(v.every((x) => x === 0));
     const s = m.stats();
     assert.deepEqual([s.hits, s.misses, s.expired, s.entries, s.bytes, s.bytesNotSent, s.bytesNotReceived], [1, 1, 1, 0, 0, 5, 10]);
+  });
+
+  it("an expired entry is wiped by the next lookup or insert of any entry, not only its own", () => {
+    let t = 0;
+    const m = bytesMemo(10_000, { maxAgeMs: 1000, now: () => t });
+    const old = new Uint8Array(10).fill(7);
+    m.put("old", "k", old, 0);
+    t = 600;
+    const young = new Uint8Array(10).fill(8);
+    m.put("young", "k", young, 0);
+    assert.equal(m.get("old", 0, () => 0), old); // a hit does not renew its age
+    t = 1001;
+    assert.equal(m.get("young", 0, () => 0), young);
+    assert.ok(old.every((x) => x === 0), "the expired plaintext stays in memory until its own lookup");
+    assert.deepEqual([m.stats().entries, m.stats().expired, m.stats().bytes], [1, 1, 10 + overhead]);
+    t = 1700;
+    m.put("new", "k", new Uint8Array(10), 0);
+    assert.ok(young.every((x) => x === 0), "an insert sweeps too");
+    assert.deepEqual([m.stats().entries, m.stats().expired], [1, 2]);
+  });
+
+  it("a clock that went back: entries stamped in its future are never used", () => {
+    let t = 5000;
+    const m = bytesMemo(10_000, { maxAgeMs: 1000, now: () => t });
+    const v = new Uint8Array(10).fill(7);
+    m.put("x", "k", v, 0);
+    t = 10; // Date.now() stepped back, say: the entry's age is unknown
+    assert.equal(m.get("x", 0, () => 0), undefined);
+    assert.ok(v.every((x) => x === 0));
+  });
+
+  it("clear() also keeps out an answer under way for a key never dropped", () => {
+    const m = bytesMemo(10_000);
+    const generation = m.generation("k"); // read before a request is sent
+    m.clear(); // sign-out while it is under way
+    const late = new Uint8Array(8).fill(9);
+    m.put("x", "k", late, generation);
+    assert.equal(m.get("x", 0, () => 0), undefined, "remembered after clear()");
+    assert.ok(late.every((x) => x === 0));
+    m.put("x", "k", new Uint8Array(8), m.generation("k"));
+    assert.equal(m.stats().entries, 1);
   });
 
   it("dropKey wipes that key's entries only, and an answer under way for it is not kept", () => {
