@@ -743,7 +743,7 @@ class Call final : public std::enable_shared_from_this<Call> {
       // A hit (or a malformed request) is answered here, on the loop: no crypto, no queue.
       absl::Status status;
       if (SharedOpenBody()) {
-        // [issue 15] AEAD Open over Connect proto: the hit's plaintext is written from the
+        // [issue 15, 34] AEAD Open in binary proto: the hit's plaintext is written from the
         // memo's buffer (EncodeSharedOpen), never copied into the response message.
         if (m->from_memo_shared(open_view_, &shared_open_, &probe, &status)) return Finish(status);
       } else if (m->from_memo(*request_, response_.get(), &probe, &status)) {
