@@ -104,6 +104,10 @@ httpd::Response Plain(int status, absl::string_view text, HeaderList headers = {
   return httpd::Response(status, std::move(headers), std::string(text));
 }
 
+// A gRPC answer's message up to this size is copied behind its frame header (cheaper than a
+// shared piece of its own); a larger one is sent from its own buffer.
+constexpr size_t kCopyAtMost = 4096;
+
 // What the gRPC answers say we take (grpc-accept-encoding).
 constexpr absl::string_view kGrpcAcceptEncoding = "identity,gzip";
 
@@ -229,6 +233,7 @@ int64_t MaxBody(int64_t max_message) {
 
 struct Gateway::Shared {
   ops::WorkerPool* pool = nullptr;
+  std::optional<ops::InlineRule> inline_rule;  // set by the constructor
   int64_t max_message_bytes = 0;
   CorsPolicy cors;
   double log_sample_rate = 0;
@@ -367,8 +372,20 @@ struct Gateway::Shared {
 
 namespace {
 
+// [issue 34] Whether a call estimated at `cost` ns runs to completion here, on the loop thread
+// that read it (`rule`, ops/inline_rule.h), rather than on the pool; the estimate is charged to
+// the loop when it does. Never on another thread (a worker finishing a token check).
+bool RunsOnLoop(const ops::InlineRule& rule, int64_t cost) {
+  const httpd::LoopLoad load = httpd::CurrentLoopLoad();
+  if (!load.on_loop) return false;
+  if (!rule.RunHere(cost, load.charged, load.waiting)) return false;
+  httpd::ChargeLoop(cost);
+  return true;
+}
+
 // One RPC over HTTP: headers and body read on the loop thread, the call run (on the loop for a
-// memo hit, else on the pool), the answer encoded where the call finished and handed back.
+// memo hit, a single operation or a small batch: RunsOnLoop; else on the pool), the answer
+// encoded where the call finished and handed back.
 class Call final : public std::enable_shared_from_this<Call> {
  public:
   Call(std::shared_ptr<Gateway::Shared> shared, std::shared_ptr<httpd::Exchange> exchange,
@@ -478,11 +495,7 @@ class Call final : public std::enable_shared_from_this<Call> {
     if (auto origin = exchange_->header("origin")) origin_ = std::string(*origin);
     request_.reset(method_->request_prototype->New());
     response_.reset(method_->response_prototype->New());
-    if (absl::Status s = DecodeRequest(type_, encoding, bytes, shared_->max_message_bytes,
-                                       request_.get());
-        !s.ok()) {
-      return Finish(s);
-    }
+    if (absl::Status s = DecodeBody(encoding, bytes); !s.ok()) return Finish(s);
     batch_size_ = method_->batch ? BatchSize(*request_) : 0;
     peer_.identity = exchange_->peer_identity();
     peer_.identity_source = peer_.identity.empty() ? "" : "certificate";
@@ -510,6 +523,46 @@ class Call final : public std::enable_shared_from_this<Call> {
       }
     }
     AuthorizeAndRun(/*on_worker=*/false);
+  }
+
+  // [issue 34] The request into request_; an AEAD Open in binary proto, uncompressed, is read
+  // where it lies instead: the body taken from the exchange (body_), the envelope a view into it
+  // (open_view_), only the key id and associated data copied into request_ (grants, audit).
+  absl::Status DecodeBody(Encoding encoding, absl::string_view bytes) {
+    auto* open = request_->GetDescriptor() == v1::AeadOpenRequest::descriptor() && SharedOpenBody()
+                     ? static_cast<v1::AeadOpenRequest*>(request_.get())
+                     : nullptr;
+    if (open != nullptr && UncompressedProtoMessage(type_, encoding, bytes).has_value()) {
+      body_ = exchange_->TakeBody();
+      absl::string_view fields[3];  // key_id, envelope, associated_data
+      std::optional<absl::string_view> message = UncompressedProtoMessage(type_, encoding, body_);
+      if (message.has_value() &&
+          ParseBytesFieldsInPlace(*message, *open->GetDescriptor(), absl::MakeSpan(fields))) {
+        open->set_key_id(fields[0].data(), fields[0].size());
+        open->set_associated_data(fields[2].data(), fields[2].size());
+        open_view_ = {open->key_id(), fields[1], open->associated_data()};
+        open_owner_ = &body_;
+        return absl::OkStatus();
+      }
+      bytes = body_;  // protobuf's parser decides (and says what is wrong)
+    }
+    OFFLOAD_RETURN_IF_ERROR(
+        DecodeRequest(type_, encoding, bytes, shared_->max_message_bytes, request_.get()));
+    std::string().swap(body_);
+    if (open != nullptr) {
+      open_view_ = {open->key_id(), open->envelope(), open->associated_data()};
+      open_owner_ = open->mutable_envelope();
+    }
+    return absl::OkStatus();
+  }
+
+  // [issue 34] The call's estimated cost if computed afresh (ops::InlineRule).
+  int64_t Cost() const {
+    if (open_owner_ != nullptr) {
+      return ops::InlineRule::EstimateAeadOpenNanos(open_view_.envelope.size() +
+                                                    open_view_.associated_data.size());
+    }
+    return ops::InlineRule::EstimateNanos(*request_);
   }
 
   void VerifyTokenOnWorker(const std::string& token) {
@@ -672,6 +725,9 @@ class Call final : public std::enable_shared_from_this<Call> {
     }
     if (m->batch) {
       if (absl::Status s = Admit(); !s.ok()) return Finish(s);
+      // A small batch's items run here, on the loop (the pool's tasks run on this thread).
+      std::optional<ops::WorkerPool::RunHere> here;
+      if (!on_worker && RunsOnLoop(*shared_->inline_rule, Cost())) here.emplace(shared_->pool);
       if (m->from_memo) {
         Method::Probe probe;
         absl::Status status;
@@ -687,15 +743,17 @@ class Call final : public std::enable_shared_from_this<Call> {
       // A hit (or a malformed request) is answered here, on the loop: no crypto, no queue.
       absl::Status status;
       if (SharedOpenBody()) {
-        // [issue 15] AEAD Open over Connect proto: the hit's plaintext is written from the
+        // [issue 15, 34] AEAD Open in binary proto: the hit's plaintext is written from the
         // memo's buffer (EncodeSharedOpen), never copied into the response message.
-        if (m->from_memo_shared(*request_, &shared_open_, &probe, &status)) return Finish(status);
+        if (m->from_memo_shared(open_view_, &shared_open_, &probe, &status)) return Finish(status);
       } else if (m->from_memo(*request_, response_.get(), &probe, &status)) {
         return Finish(status);
       }
     }
     if (absl::Status s = Admit(); !s.ok()) return Finish(s);
-    if (on_worker) return RunOnWorker(std::move(probe));
+    if (on_worker || RunsOnLoop(*shared_->inline_rule, Cost())) {
+      return RunOnWorker(std::move(probe));  // here: a worker's thread, or the loop (RunsOnLoop)
+    }
     shared_->pool->Submit([self = shared_from_this(), probe = std::move(probe)]() mutable {
       self->RunOnWorker(std::move(probe));
     });
@@ -727,6 +785,10 @@ class Call final : public std::enable_shared_from_this<Call> {
 
   void RunOnWorker(Method::Probe probe) {
     if (DroppedUnrun()) return;
+    if (probe != nullptr && SharedOpenBody()) {
+      // [issue 34] the fresh open writes a buffer the answer is sent from (EncodeSharedOpen).
+      return Finish(method_->fresh_shared(open_view_, open_owner_, probe, &shared_open_));
+    }
     if (probe != nullptr) {
       method_->fresh(*request_, response_.get(), std::move(probe), DoneFn(), nullptr);
     } else {
@@ -825,36 +887,37 @@ class Call final : public std::enable_shared_from_this<Call> {
     exchange_->Respond(std::move(out));
   }
 
-  // [issue 15] Whether an AEAD Open memo hit may be answered by EncodeSharedOpen: a Connect POST
-  // in binary proto (EncodeSharedOpen still compresses a plaintext that pays for it).
+  // [issue 15, 34] Whether an AEAD Open may be answered by EncodeSharedOpen: a POST in binary
+  // proto, Connect, gRPC or gRPC-Web binary (EncodeSharedOpen still compresses a plaintext that
+  // pays for it).
   bool SharedOpenBody() const {
-    return method_->from_memo_shared != nullptr && type_.protocol == Protocol::kConnect &&
-           type_.codec == Codec::kProto && !get_;
+    return method_->from_memo_shared != nullptr && type_.codec == Codec::kProto && !type_.text &&
+           !get_;
   }
 
-  // [issue 15] The AeadOpenResponse of a memo hit in Connect proto: field 1's tag and length in
-  // `body`, then the memo's plaintext buffer and fields 2-3 as shared pieces (no copy), held by
-  // `owner` until written. The bytes are those protobuf's serializer would write.
+  // [issue 15, 34] The AeadOpenResponse whose plaintext is `shared_open_`'s buffer (a memo
+  // entry's, or the one the cipher wrote), in its protocol's framing: the gRPC or gRPC-Web frame
+  // header and field 1's tag and length in `body`, then the plaintext buffer and the rest
+  // (fields 2-3; gRPC-Web's trailer frame) as shared pieces held by `owner` until written: the
+  // plaintext is never copied in user space (under TLS, into the record). The bytes are those
+  // protobuf's serializer and EncodeMessage would write.
   void EncodeSharedOpen(httpd::Response* out) {
     const absl::string_view plaintext(reinterpret_cast<const char*>(shared_open_.plaintext->data()),
                                       shared_open_.plaintext->size());
+    uint8_t prefix[ops::Operations::OpenResult::kMaxWirePrefix];
+    uint8_t suffix[ops::Operations::OpenResult::kMaxWireSuffix];
+    const size_t prefix_size = shared_open_.WirePrefix(prefix);
+    const size_t suffix_size = shared_open_.WireSuffix(suffix);
     const CompressionOptions& compression = shared_->compression;
     if (options_.accept != Encoding::kIdentity && compression.level > 0 &&
         static_cast<int64_t>(plaintext.size()) >= compression.min_bytes &&
         SampledEntropyBits(plaintext) <= kMaxCompressibleEntropyBits) {
       // The caller takes gzip and the plaintext would shrink: compress a contiguous copy (the
       // copy costs a fraction of the deflate pass).
-      uint8_t prefix[ops::Operations::OpenResult::kMaxWirePrefix];
-      uint8_t suffix[ops::Operations::OpenResult::kMaxWireSuffix];
-      std::string message(reinterpret_cast<const char*>(prefix), shared_open_.WirePrefix(prefix));
+      std::string message(reinterpret_cast<const char*>(prefix), prefix_size);
       message.append(plaintext.data(), plaintext.size());
-      message.append(reinterpret_cast<const char*>(suffix), shared_open_.WireSuffix(suffix));
-      const bool gzip = Compress(&message);
-      out->status = 200;
-      out->headers.emplace_back("content-type", std::string(ConnectContentType(type_.codec)));
-      if (gzip) out->headers.emplace_back("content-encoding", "gzip");
-      out->body = std::move(message);
-      return;
+      message.append(reinterpret_cast<const char*>(suffix), suffix_size);
+      return EncodeMessage(std::move(message), out);
     }
     if (options_.accept != Encoding::kIdentity && compression.level > 0 && shared_->count_bytes) {
       // Counted as CompressResponse would have counted it.
@@ -866,20 +929,29 @@ class Call final : public std::enable_shared_from_this<Call> {
     }
     struct Owned {
       memo::SharedPlaintext plaintext;
-      uint8_t suffix[ops::Operations::OpenResult::kMaxWireSuffix];
-      size_t suffix_size = 0;
+      std::string tail;  // fields 2-3, and gRPC-Web's trailer frame
     };
     auto owned = std::make_shared<Owned>();
     owned->plaintext = shared_open_.plaintext;
-    owned->suffix_size = shared_open_.WireSuffix(owned->suffix);
-    uint8_t prefix[ops::Operations::OpenResult::kMaxWirePrefix];
+    owned->tail.assign(reinterpret_cast<const char*>(suffix), suffix_size);
     out->status = 200;
-    out->headers.emplace_back("content-type", std::string(ConnectContentType(type_.codec)));
-    out->body.assign(reinterpret_cast<const char*>(prefix), shared_open_.WirePrefix(prefix));
-    out->shared_body = {
-        absl::string_view(reinterpret_cast<const char*>(owned->plaintext->data()),
-                          owned->plaintext->size()),
-        absl::string_view(reinterpret_cast<const char*>(owned->suffix), owned->suffix_size)};
+    std::string head;
+    if (type_.protocol == Protocol::kConnect) {
+      out->headers.emplace_back("content-type", std::string(ConnectContentType(type_.codec)));
+    } else {
+      head = EncodeFrameHeader(0, prefix_size + plaintext.size() + suffix_size);
+      if (type_.protocol == Protocol::kGrpc) {
+        out->headers.emplace_back("content-type", std::string(GrpcContentType(type_)));
+        out->headers.emplace_back("grpc-accept-encoding", std::string(kGrpcAcceptEncoding));
+        out->trailers = GrpcTrailers(absl::OkStatus());
+      } else {
+        out->headers.emplace_back("content-type", std::string(GrpcWebContentType(type_)));
+        owned->tail += EncodeFrame(kFrameTrailer, GrpcWebTrailers(absl::OkStatus()));
+      }
+    }
+    head.append(reinterpret_cast<const char*>(prefix), prefix_size);
+    out->body = std::move(head);
+    out->shared_body = {plaintext, owned->tail};
     out->owner = std::move(owned);
   }
 
@@ -891,17 +963,33 @@ class Call final : public std::enable_shared_from_this<Call> {
     std::string message;
     OFFLOAD_RETURN_IF_ERROR(
         EncodeResponse(type_.codec, *response_, shared_->max_message_bytes, &message));
+    EncodeMessage(std::move(message), out);
+    return absl::OkStatus();
+  }
+
+  // The response `message` (encoded in the call's codec) compressed when it pays, in its
+  // protocol's framing.
+  void EncodeMessage(std::string message, httpd::Response* out) {
     const bool gzip = Compress(&message);
     out->status = 200;
+    out->headers.reserve(4);
     if (type_.protocol == Protocol::kGrpc) {
       // HEADERS, one DATA frame with the message (compressed: its flag and grpc-encoding say
       // so), trailers with the status.
       out->headers.emplace_back("content-type", std::string(GrpcContentType(type_)));
       if (gzip) out->headers.emplace_back("grpc-encoding", "gzip");
       out->headers.emplace_back("grpc-accept-encoding", std::string(kGrpcAcceptEncoding));
-      out->body = EncodeFrame(gzip ? kFrameCompressed : 0, message);
+      if (message.size() > kCopyAtMost) {
+        // A large message is sent from where it lies, after its frame header (no copy).
+        out->body = EncodeFrameHeader(gzip ? kFrameCompressed : 0, message.size());
+        auto owned = std::make_shared<const std::string>(std::move(message));
+        out->shared_body = {*owned};
+        out->owner = std::move(owned);
+      } else {
+        out->body = EncodeFrame(gzip ? kFrameCompressed : 0, message);
+      }
       out->trailers = GrpcTrailers(absl::OkStatus());
-      return absl::OkStatus();
+      return;
     }
     if (type_.protocol == Protocol::kGrpcWeb) {
       // The message frame's flag and grpc-encoding say it is compressed; trailers never are.
@@ -910,7 +998,7 @@ class Call final : public std::enable_shared_from_this<Call> {
       out->headers.emplace_back("content-type", std::string(GrpcWebContentType(type_)));
       if (gzip) out->headers.emplace_back("grpc-encoding", "gzip");
       out->body = type_.text ? EncodeGrpcWebText(body) : std::move(body);
-      return absl::OkStatus();
+      return;
     }
     out->headers.emplace_back("content-type", std::string(ConnectContentType(type_.codec)));
     if (gzip) out->headers.emplace_back("content-encoding", "gzip");
@@ -932,7 +1020,6 @@ class Call final : public std::enable_shared_from_this<Call> {
       out->headers.emplace_back("vary", "Accept-Encoding, Authorization");
     }
     out->body = std::move(message);
-    return absl::OkStatus();
   }
 
   // Compresses the response `*message` when the caller asked and it pays (CompressResponse);
@@ -1016,7 +1103,12 @@ class Call final : public std::enable_shared_from_this<Call> {
   std::optional<std::string> origin_;  // the request's Origin header, for CORS
   std::unique_ptr<Message> request_;
   std::unique_ptr<Message> response_;
-  ops::Operations::OpenResult shared_open_;  // [issue 15] a Connect proto AEAD Open memo hit
+  ops::Operations::OpenResult shared_open_;  // [issue 15] an AEAD Open answered from its buffer
+  // [issue 34] AEAD Open (SharedOpenBody): its fields, and the buffer the envelope lies in (the
+  // body, body_, when read in place; else request_'s envelope).
+  std::string body_;
+  ops::Operations::OpenRequestView open_view_;
+  std::string* open_owner_ = nullptr;
   int batch_size_ = 0;
   bool audit_data_ = false;  // a data-plane call drawn for the audit (Run)
   bool audit_skip_ = false;  // refused for an unwritable audit file: no line
@@ -1083,6 +1175,7 @@ Gateway::Gateway(const MethodTable* table, ops::WorkerPool* pool, metrics::Metri
                  Options options)
     : table_(table), options_(std::move(options)), shared_(std::make_shared<Shared>()) {
   shared_->pool = pool;
+  shared_->inline_rule.emplace(options_.inline_work);
   shared_->max_message_bytes = options_.max_message_bytes;
   shared_->cors = options_.cors;
   shared_->log_sample_rate = options_.log_sample_rate;

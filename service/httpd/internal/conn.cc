@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/mman.h>
+#include <pthread.h>
 #include <sys/socket.h>
 
 #include <boost/asio/post.hpp>
@@ -31,6 +32,7 @@ using tcp = asio::ip::tcp;
 using boost::system::error_code;
 
 thread_local Loop* current_loop = nullptr;
+thread_local int64_t loop_charge = 0;
 
 constexpr absl::string_view kPreface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
@@ -402,6 +404,7 @@ class SocketConn final : public Conn, public std::enable_shared_from_this<Socket
       n = detected.size();
     }
     in_feed_ = true;
+    LoopCharge() = 0;  // a new input: what the handler runs for it is counted afresh
     protocol_->Receive(data, n);
     in_feed_ = false;
     want_write_ = false;
@@ -568,6 +571,8 @@ Loop::~Loop() {
 
 Loop* Loop::Current() { return current_loop; }
 
+int64_t& LoopCharge() { return loop_charge; }
+
 void Loop::Start() {
   thread_ = std::thread([this] { Run(); });
 }
@@ -578,6 +583,7 @@ void Loop::Join() {
 
 void Loop::Run() {
   current_loop = this;
+  pthread_setname_np(pthread_self(), "http-loop");  // in profiles and /proc/<pid>/task
   ArmSweep();
   ctx_.run();
   mailbox_->CloseLoop();

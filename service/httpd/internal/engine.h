@@ -74,6 +74,8 @@ class Mailbox {
       : loop_(loop), unanswered_(std::move(unanswered)), receiving_(std::move(receiving)) {}
   // Runs `fn` on the loop; false once the loop has stopped (`fn` is then dropped).
   bool Post(absl::AnyInvocable<void()> fn);
+  // Posts not yet run (LoopLoad::waiting).
+  int64_t waiting() const { return waiting_.load(std::memory_order_relaxed); }
   // An exchange has its answer (Stop waits for none unanswered). No lock: the count outlives
   // the server for the exchanges that hold this mailbox.
   void Answered() { unanswered_->fetch_sub(1, std::memory_order_acq_rel); }
@@ -87,7 +89,12 @@ class Mailbox {
   Loop* loop_ ABSL_GUARDED_BY(mu_);
   const std::shared_ptr<std::atomic<int64_t>> unanswered_;
   const std::shared_ptr<std::atomic<int64_t>> receiving_;
+  std::atomic<int64_t> waiting_{0};
 };
+
+// The calling loop thread's charge since it took up the input at hand (LoopLoad::charged): the
+// connection zeroes it before it feeds a read to its protocol. Loop threads only.
+int64_t& LoopCharge();
 
 // Counters shared by every loop (relaxed atomics; read by Server::stats()).
 struct Counters {
