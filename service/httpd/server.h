@@ -45,7 +45,7 @@
 // and its body bytes are not taken (HTTP/2: their window is not given back), except for one
 // request at a time, so that a request of max_body_bytes still completes. Past
 // `connection_answer_budget_bytes` of unsent answers (a client that does not read them) its new
-// requests are refused too; an answer begun below it completes whatever its size. Past
+// requests are refused too (HTTP/2: also a request whose body completes past it); an answer begun below it completes whatever its size. Past
 // `memory_budget_bytes` new requests are refused on every connection that holds bytes (one that
 // holds nothing still gets a request in), and connections holding body bytes are not read. A
 // refused request goes to the handler at once with Exchange::refusal() set, its body unread, so

@@ -559,6 +559,14 @@ void Http2::RequestDone(Stream* s) {
     ReleaseBodyCharge(s);
     return;
   }
+  if (conn_->AnswersOverBudget()) {
+    // Taken when its headers came, but the connection's unsent answers passed their budget
+    // while its body arrived (a client that sends every HEADERS first, then the bodies): refused
+    // as a new request is, before any handler answers it (a memo hit is answered at once, with
+    // no worker to look at the budget).
+    conn_->Abuse(AbuseReason::kAnswersUnread);
+    return Refuse(s, Exchange::Refusal::kAnswersUnread);
+  }
   std::shared_ptr<Exchange> exchange = s->exchange;
   conn_->Dispatch(s);
   // The body's bytes go (copied by the handler if it needs them).
