@@ -765,6 +765,127 @@ TEST_F(Http2Test, HeadersTooLargeOnAnOpenStreamAreAnsweredAndReset) {
   EXPECT_EQ(c.results[next].body, "still here");
 }
 
+// "/block": holds the loop for 300 ms (its client's next requests pile up in the socket), then
+// answers; any other path: notes the loop's charge it sees (LoopLoad::charged), charges 1 and
+// answers at once, on the loop.
+class ChargeHandler final : public Handler {
+ public:
+  void Handle(std::shared_ptr<Exchange> exchange) override {
+    if (exchange->path() == "/block") {
+      absl::SleepFor(absl::Milliseconds(300));
+    } else {
+      const LoopLoad load = CurrentLoopLoad();
+      ChargeLoop(1);
+      absl::MutexLock lock(&mu_);
+      all_on_loop_ = all_on_loop_ && load.on_loop;
+      max_charged_ = std::max(max_charged_, load.charged);
+      ++calls_;
+    }
+    exchange->Respond({200, {{"content-type", "text/plain"}}, "ok"});
+  }
+  int64_t calls() {
+    absl::MutexLock lock(&mu_);
+    return calls_;
+  }
+  int64_t max_charged() {
+    absl::MutexLock lock(&mu_);
+    return max_charged_;
+  }
+  bool all_on_loop() {
+    absl::MutexLock lock(&mu_);
+    return all_on_loop_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  int64_t calls_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t max_charged_ ABSL_GUARDED_BY(mu_) = 0;
+  bool all_on_loop_ ABSL_GUARDED_BY(mu_) = true;
+};
+
+// The loop's charge (LoopLoad::charged: what bounds the work handlers run on a loop, see
+// ops::InlineRule) runs for a connection's whole turn - its reads the loop makes in a row before
+// it serves another connection - not for one read: a client whose requests fill read after read
+// gets one turn's budget, as the work run for it delays the loop's other connections all the
+// same. (Reset per read, a turn of 8 full reads ran 8 budgets' worth.)
+TEST(Http2LoopChargeTest, RunsForAWholeTurnOfReads) {
+  ChargeHandler handler;
+  Server::Options options;
+  options.address = "127.0.0.1:0";
+  options.threads = 1;
+  options.http2.max_concurrent_streams = 100000;  // every request open at once
+  options.connection_budget_bytes = 64 << 20;      // their header text
+  Server server(options, &handler);
+  ASSERT_TRUE(server.Start().ok());
+
+  // The client's bytes, made by libnghttp2's client session into a buffer: /block, then
+  // kRequests GETs of at least kMinRequestBytes each (a padding header never indexed).
+  constexpr int kRequests = 4000;
+  constexpr size_t kPad = 200;
+  constexpr size_t kMinRequestBytes = 9 + kPad;
+  std::string wire;
+  nghttp2_session_callbacks* cb = nullptr;
+  nghttp2_session_callbacks_new(&cb);
+  nghttp2_session_callbacks_set_send_callback(
+      cb, [](nghttp2_session*, const uint8_t* data, size_t len, int, void* out) -> ssize_t {
+        static_cast<std::string*>(out)->append(reinterpret_cast<const char*>(data), len);
+        return static_cast<ssize_t>(len);
+      });
+  nghttp2_option* opt = nullptr;
+  nghttp2_option_new(&opt);
+  nghttp2_option_set_peer_max_concurrent_streams(opt, 100000);
+  nghttp2_session* session = nullptr;
+  ASSERT_EQ(nghttp2_session_client_new2(&session, cb, &wire, opt), 0);
+  nghttp2_option_del(opt);
+  nghttp2_session_callbacks_del(cb);
+  nghttp2_submit_settings(session, NGHTTP2_FLAG_NONE, nullptr, 0);
+  const std::string pad(kPad, '{');  // 15 bits in HPACK's Huffman code: sent as is
+  const auto submit = [&](const std::string& path) {
+    const std::string fields[][2] = {
+        {":method", "GET"}, {":scheme", "http"}, {":path", path}, {":authority", "x"}, {"x-pad", pad}};
+    std::vector<nghttp2_nv> nva;
+    for (const auto& f : fields) {
+      nva.push_back(nghttp2_nv{reinterpret_cast<uint8_t*>(const_cast<char*>(f[0].data())),
+                               reinterpret_cast<uint8_t*>(const_cast<char*>(f[1].data())),
+                               f[0].size(), f[1].size(), NGHTTP2_NV_FLAG_NO_INDEX});
+    }
+    ASSERT_GT(nghttp2_submit_request(session, nullptr, nva.data(), nva.size(), nullptr, nullptr), 0);
+  };
+  submit("/block");
+  for (int i = 0; i < kRequests; ++i) submit("/charge");
+  ASSERT_EQ(nghttp2_session_send(session), 0);
+  nghttp2_session_del(session);
+  ASSERT_GT(wire.size(), kRequests * kMinRequestBytes);
+
+  const int fd = Connect(server.port());
+  ASSERT_GE(fd, 0);
+  std::thread writer([&] {
+    size_t at = 0;
+    while (at < wire.size()) {
+      const ssize_t n = send(fd, wire.data() + at, wire.size() - at, MSG_NOSIGNAL);
+      if (n <= 0) return;
+      at += static_cast<size_t>(n);
+    }
+  });
+  // The answers are read (and dropped) until every request has been handled.
+  char buf[65536];
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (handler.calls() < kRequests && std::chrono::steady_clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 10) > 0 && recv(fd, buf, sizeof(buf), 0) <= 0) break;
+  }
+  shutdown(fd, SHUT_RDWR);
+  writer.join();
+  close(fd);
+  ASSERT_EQ(handler.calls(), kRequests);
+  EXPECT_TRUE(handler.all_on_loop());
+  // One 64 KiB read holds at most this many of the requests: a charge above it was run up over
+  // two reads or more of one turn.
+  const int64_t per_read = static_cast<int64_t>((64 << 10) / kMinRequestBytes) + 1;
+  EXPECT_GT(handler.max_charged(), per_read);
+  server.Stop(absl::Now() + absl::Seconds(5));
+}
+
 TEST_F(Http2Test, Http11TrailersGoInAChunkedBody) {
   Start();
   const int fd = Connect(server_->port());

@@ -266,7 +266,9 @@ class Exchange final : public std::enable_shared_from_this<Exchange> {
 struct LoopLoad {
   bool on_loop = false;  // the calling thread is one of a server's loops
   // Work the handler charged (ChargeLoop, in its own unit) since the loop took up the input at
-  // hand: one read of one connection, which may hold many requests (HTTP/2 streams).
+  // hand: one turn of one connection - the reads of it the loop makes in a row before it serves
+  // another connection (up to 8 of 64 KiB on a plain socket, one record's worth under TLS) -
+  // which may hold many requests (HTTP/2 streams).
   int64_t charged = 0;
   // Answers and stream parts handed to this loop from other threads and not yet taken up: they
   // wait for what runs here.
