@@ -765,6 +765,85 @@ TEST_F(Http2Test, HeadersTooLargeOnAnOpenStreamAreAnsweredAndReset) {
   EXPECT_EQ(c.results[next].body, "still here");
 }
 
+// Raw HTTP/2 frames, for what no conforming client sends.
+std::string Frame(uint8_t type, uint8_t flags, uint32_t stream, const std::string& payload) {
+  std::string f;
+  const uint32_t n = static_cast<uint32_t>(payload.size());
+  f += static_cast<char>(n >> 16);
+  f += static_cast<char>(n >> 8);
+  f += static_cast<char>(n);
+  f += static_cast<char>(type);
+  f += static_cast<char>(flags);
+  for (int shift = 24; shift >= 0; shift -= 8) f += static_cast<char>(stream >> shift);
+  return f + payload;
+}
+
+// Work for a stream that is gone is not done: a request whose stream ends in the same read as the
+// request itself - reset by the client (Rapid Reset), or by us for a frame of the client's
+// (MadeYouReset: a WINDOW_UPDATE overflowing the stream's window; HEADERS after the client's
+// END_STREAM, a connection error nghttp2 reports as an invalid frame) - is never handed to the
+// handler, which might run its work at once on the loop. The same request alone is. (DATA after
+// END_STREAM also ends the connection, but nghttp2 says so only when its GOAWAY is sent: that
+// read's requests are still handed over, and the connection closes under them.)
+TEST_F(Http2Test, ARequestWhoseStreamEndsInTheSameReadIsNotHandedOver) {
+  Start();
+  // POST /hold (kept by the handler), END_STREAM on the HEADERS: static table :method POST,
+  // :scheme http; :path and :authority literal with an indexed name.
+  const std::string block = std::string("\x83\x86\x04\x05/hold\x01\x01x", 12);
+  const std::string request = Frame(NGHTTP2_HEADERS, NGHTTP2_FLAG_END_HEADERS |
+                                                         NGHTTP2_FLAG_END_STREAM, 1, block);
+  const std::string preface =
+      std::string(NGHTTP2_CLIENT_MAGIC, NGHTTP2_CLIENT_MAGIC_LEN) + Frame(NGHTTP2_SETTINGS, 0, 0, "");
+  const struct {
+    const char* what;
+    std::string after;
+    bool handed_over;
+  } cases[] = {
+      {"alone", "", true},
+      {"client reset", Frame(NGHTTP2_RST_STREAM, 0, 1, std::string("\0\0\0\x8", 4)), false},
+      {"window overflow", Frame(NGHTTP2_WINDOW_UPDATE, 0, 1, std::string("\x7f\xff\xff\xff", 4)),
+       false},
+      {"headers after the end",
+       Frame(NGHTTP2_HEADERS, NGHTTP2_FLAG_END_HEADERS | NGHTTP2_FLAG_END_STREAM, 1,
+             std::string("\x40\x01y\x01z", 5)),
+       false},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    handler_.Release();
+    const int fd = Connect(server_->port());
+    ASSERT_GE(fd, 0);
+    // A PING after it all: its ACK is sent once the read before it has been dealt with (the
+    // hand-over decided); a connection error ends the connection instead.
+    const std::string wire =
+        preface + request + c.after + Frame(NGHTTP2_PING, 0, 0, std::string(8, '\x01'));
+    ASSERT_EQ(send(fd, wire.data(), wire.size(), 0), static_cast<ssize_t>(wire.size()));
+    std::string in;
+    bool ping_acked = false, ended = false;
+    while (!ping_acked && !ended) {
+      pollfd p{fd, POLLIN, 0};
+      ASSERT_GT(poll(&p, 1, 10000), 0);
+      char buf[4096];
+      const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+      if (n <= 0) break;
+      in.append(buf, static_cast<size_t>(n));
+      size_t at = 0;
+      while (at + 9 <= in.size()) {
+        const size_t len = (static_cast<uint8_t>(in[at]) << 16) |
+                           (static_cast<uint8_t>(in[at + 1]) << 8) | static_cast<uint8_t>(in[at + 2]);
+        if (at + 9 + len > in.size()) break;
+        const uint8_t type = static_cast<uint8_t>(in[at + 3]);
+        if (type == NGHTTP2_PING && (in[at + 4] & NGHTTP2_FLAG_ACK) != 0) ping_acked = true;
+        if (type == NGHTTP2_GOAWAY) ended = true;
+        at += 9 + len;
+      }
+      in.erase(0, at);
+    }
+    close(fd);
+    EXPECT_EQ(handler_.held() != nullptr, c.handed_over);
+  }
+}
+
 // "/block": holds the loop for 300 ms (its client's next requests pile up in the socket), then
 // answers; any other path: notes the loop's charge it sees (LoopLoad::charged), charges 1 and
 // answers at once, on the loop.

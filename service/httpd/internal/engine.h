@@ -209,6 +209,8 @@ struct Stream {
   bool done = false;            // all of it sent (or the stream is gone)
   bool reset_by_peer = false;
   bool reset_by_us = false;
+  bool doomed = false;          // HTTP/2: a frame of the client's made nghttp2 reset it (its RST
+                                // not sent yet): its request is not handed over
   bool head = false;            // a HEAD request: no body on the wire
   int status = 0;
   Headers headers;
