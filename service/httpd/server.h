@@ -45,7 +45,7 @@
 // and its body bytes are not taken (HTTP/2: their window is not given back), except for one
 // request at a time, so that a request of max_body_bytes still completes. Past
 // `connection_answer_budget_bytes` of unsent answers (a client that does not read them) its new
-// requests are refused too; an answer begun below it completes whatever its size. Past
+// requests are refused too (HTTP/2: also a request whose body completes past it); an answer begun below it completes whatever its size. Past
 // `memory_budget_bytes` new requests are refused on every connection that holds bytes (one that
 // holds nothing still gets a request in), and connections holding body bytes are not read. A
 // refused request goes to the handler at once with Exchange::refusal() set, its body unread, so
@@ -266,7 +266,9 @@ class Exchange final : public std::enable_shared_from_this<Exchange> {
 struct LoopLoad {
   bool on_loop = false;  // the calling thread is one of a server's loops
   // Work the handler charged (ChargeLoop, in its own unit) since the loop took up the input at
-  // hand: one read of one connection, which may hold many requests (HTTP/2 streams).
+  // hand: one turn of one connection - the reads of it the loop makes in a row before it serves
+  // another connection (up to 8 of 64 KiB on a plain socket, one record's worth under TLS) -
+  // which may hold many requests (HTTP/2 streams).
   int64_t charged = 0;
   // Answers and stream parts handed to this loop from other threads and not yet taken up: they
   // wait for what runs here.

@@ -73,8 +73,9 @@ ABSL_FLAG(int64_t, inline_max_call_us, 250,
           "of hopping to the worker pool, within --inline_turn_budget_us; 0: every call that "
           "misses the memo goes to the pool.");
 ABSL_FLAG(int64_t, inline_turn_budget_us, 2000,
-          "Estimated microseconds of work an event loop runs for one read of one connection "
-          "(many HTTP/2 streams) before the rest of its calls go to the pool; only one call's "
+          "Estimated microseconds of work an event loop runs for one turn of one connection "
+          "(the reads of it made in a row before another connection is served: many HTTP/2 "
+          "streams) before the rest of its calls go to the pool; only one call's "
           "worth while answers from workers wait on that loop.");
 ABSL_FLAG(std::string, backend, "auto",
           "Crypto backend: auto (the faster per operation, measured at start), libsodium or openssl.");

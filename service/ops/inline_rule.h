@@ -7,7 +7,8 @@
 //   - a call runs where it was read when its estimated CPU cost (EstimateNanos: a per-operation
 //     constant plus a per-KiB term, over every item of a batch) is at most `max_call`, and
 //   - the work already run on that loop for the input at hand (httpd::LoopLoad::charged: one
-//     read of one connection, which may carry many HTTP/2 streams), plus this call, stays within
+//     turn of one connection - its reads the loop makes in a row before it serves another
+//     connection - which may carry many HTTP/2 streams), plus this call, stays within
 //     `turn_budget` - or within `max_call` when answers from other threads wait on that loop
 //     (LoopLoad::waiting): they are delayed by what runs there.
 //

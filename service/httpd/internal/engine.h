@@ -93,7 +93,8 @@ class Mailbox {
 };
 
 // The calling loop thread's charge since it took up the input at hand (LoopLoad::charged): the
-// connection zeroes it before it feeds a read to its protocol. Loop threads only.
+// connection zeroes it when its turn begins (its reads in a row before the loop serves another
+// connection: up to 8 plain reads of 64 KiB, one TLS read). Loop threads only.
 int64_t& LoopCharge();
 
 // Counters shared by every loop (relaxed atomics; read by Server::stats()).
@@ -208,6 +209,8 @@ struct Stream {
   bool done = false;            // all of it sent (or the stream is gone)
   bool reset_by_peer = false;
   bool reset_by_us = false;
+  bool doomed = false;          // HTTP/2: a frame of the client's made nghttp2 reset it (its RST
+                                // not sent yet): its request is not handed over
   bool head = false;            // a HEAD request: no body on the wire
   int status = 0;
   Headers headers;
