@@ -36,6 +36,7 @@
 #include "service/keys/kek_setup.h"
 #include "service/keys/key_manager.h"
 #include "service/keys/postgres_key_store.h"
+#include "service/main/metrics_endpoint.h"
 #include "service/memo/memo.h"
 #include "service/metrics/instrumented_key_store.h"
 #include "service/metrics/metrics.h"
@@ -453,7 +454,11 @@ absl::Status RunServer(const ServerConfig& config) {
   metrics.AddPullGauge("offload_ready", "1 once the key store is loaded and calls are served",
                        {}, [ready] { return ready->load() ? 1.0 : 0.0; });
   // Metrics are up first, so that a slow or failing key store load can be seen.
-  if (config.metrics_enabled) OFFLOAD_RETURN_IF_ERROR(metrics.StartExposer(config.metrics_address));
+  std::unique_ptr<MetricsEndpoint> metrics_endpoint;
+  if (config.metrics_enabled && !config.metrics_address.empty()) {
+    OFFLOAD_ASSIGN_OR_RETURN(metrics_endpoint,
+                             MetricsEndpoint::Start(&metrics, config.metrics_address));
+  }
 
   const absl::Time load_start = absl::Now();
   keys::KekOrigin kek_origin;
@@ -683,7 +688,7 @@ absl::Status RunServer(const ServerConfig& config) {
   // Answers held for their audit line (lifecycle calls; fail-closed) are delivered by the audit
   // writer thread: wait for it too, before the gateways' method tables go.
   authorizer->FlushAudit();
-  metrics.StopExposer();
+  if (metrics_endpoint != nullptr) metrics_endpoint->Stop();
   // How the drain ended, for operators who tune --drain_timeout: every call answered, or at the
   // deadline (calls still running then were cut).
   Log(LogLevel::kInfo, "server_stopped",
