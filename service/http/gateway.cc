@@ -21,9 +21,8 @@
 #include "offload/v1/keys.pb.h"
 #include "service/common/log.h"
 #include "service/common/status_macros.h"
-#include "service/http/reflection.h"
+#include "service/api/reflection.h"
 #include "service/http/rpc_codec.h"
-#include "service/ops/methods.h"
 
 namespace offload::http {
 namespace {
@@ -241,10 +240,9 @@ struct Gateway::Shared {
   auth::TrustedProxies trusted_proxies;
   const auth::ForwardedIdentity* forwarded_identity = nullptr;
   auth::TokenVerifier* tokens = nullptr;
-  absl::flat_hash_map<const Method*, metrics::MethodMetrics*> method_metrics;
-  // The methods audited per call (ops::kDataPlaneAudited); empty when --audit_data_plane is off.
-  absl::flat_hash_set<const Method*> data_plane;
-  std::atomic<bool> draining{false};
+  absl::flat_hash_map<const api::Method*, metrics::MethodMetrics*> method_metrics;
+  // The methods audited per call (api::Method::data_plane); empty when --audit_data_plane is off.
+  absl::flat_hash_set<const api::Method*> data_plane;
   CompressionOptions compression;
 
   // RPC bodies by encoding (index: Encoding) and compression decisions, read at scrape time.
@@ -262,16 +260,11 @@ struct Gateway::Shared {
   absl::Mutex server_mu;
   const httpd::Server* server ABSL_GUARDED_BY(server_mu) = nullptr;
 
-  // Health: ready (SetReady) and not draining is SERVING. The services health knows: "" (the
-  // whole server) and each of the table's.
-  std::atomic<bool> ready{false};
-  absl::flat_hash_set<std::string> health_services;
-  // grpc.health.v1.Health as methods: Check answered on the loop (as a memo hit is); Watch,
-  // when not a gRPC stream (WatchHealth), answered UNIMPLEMENTED.
-  Method health_check;
-  Method health_watch;
+  // Health: ready (SetReady) and not draining is SERVING; Check and Watch's unary form as
+  // methods (Watch as a stream: WatchHealth).
+  std::unique_ptr<api::Health> health;
   // Server reflection (v1, v1alpha) over the table's services and health.
-  std::unique_ptr<Reflection> reflection;
+  std::unique_ptr<api::Reflection> reflection;
   // Open health Watch streams, each with the status last sent on it, and other open streams
   // (reflection): a drain ends them all.
   struct Watch {
@@ -288,15 +281,9 @@ struct Gateway::Shared {
   std::vector<std::shared_ptr<Watch>> watches ABSL_GUARDED_BY(watch_mu);
   std::vector<OpenStream> streams ABSL_GUARDED_BY(watch_mu);
 
-  // The health status of `service` now.
-  grpc::health::v1::HealthCheckResponse::ServingStatus HealthOf(absl::string_view service) const {
-    using R = grpc::health::v1::HealthCheckResponse;
-    if (!health_services.contains(service)) return R::SERVICE_UNKNOWN;
-    return ready.load() && !draining.load() ? R::SERVING : R::NOT_SERVING;
-  }
   // Sends `watch` its service's status if it changed.
   void Push(Watch& watch) {
-    const int status = HealthOf(watch.service);
+    const int status = health->StatusOf(watch.service);
     if (status == watch.sent) return;
     watch.sent = status;
     grpc::health::v1::HealthCheckResponse response;
@@ -344,7 +331,7 @@ struct Gateway::Shared {
   // refused it here.
   absl::Status StartStream(httpd::Exchange& exchange, StreamWire wire)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(watch_mu) {
-    if (draining.load()) return absl::UnavailableError("server is draining");
+    if (health->draining()) return absl::UnavailableError("server is draining");
     Prune();
     if (watches.size() + streams.size() >= kMaxOpenStreams) {
       return absl::ResourceExhaustedError(absl::StrCat(
@@ -375,7 +362,7 @@ namespace {
 class Call final : public std::enable_shared_from_this<Call> {
  public:
   Call(std::shared_ptr<Gateway::Shared> shared, std::shared_ptr<httpd::Exchange> exchange,
-       const Method* method)
+       const api::Method* method)
       : shared_(std::move(shared)),
         exchange_(std::move(exchange)),
         method_(method),
@@ -622,7 +609,7 @@ class Call final : public std::enable_shared_from_this<Call> {
       if (!method_->batch && shared_->admission != nullptr) shared_->admission->CountDeadlineDrop();
       return Finish(absl::DeadlineExceededError("deadline passed before the call started"));
     }
-    const Method* m = method_;
+    const api::Method* m = method_;
     if (auth::Authorizer* authorizer = shared_->authorizer; authorizer != nullptr) {
       // Decided per call, before any work: whether it is audited (a draw at
       // --audit_data_plane), and, fail-closed, refused while its line could not be written.
@@ -638,7 +625,7 @@ class Call final : public std::enable_shared_from_this<Call> {
     if (m->batch) {
       if (absl::Status s = Admit(); !s.ok()) return Finish(s);
       if (m->from_memo) {
-        Method::Probe probe;
+        api::Method::Probe probe;
         absl::Status status;
         if (m->from_memo(*request_, response_.get(), &probe, &status)) return Finish(status);
         m->fresh(*request_, response_.get(), std::move(probe), DoneFn(), AliveFn());
@@ -647,7 +634,7 @@ class Call final : public std::enable_shared_from_this<Call> {
       }
       return;
     }
-    Method::Probe probe;
+    api::Method::Probe probe;
     if (m->from_memo) {
       // A hit (or a malformed request) is answered here, on the loop: no crypto, no queue.
       absl::Status status;
@@ -684,7 +671,7 @@ class Call final : public std::enable_shared_from_this<Call> {
     return false;
   }
 
-  void RunOnWorker(Method::Probe probe) {
+  void RunOnWorker(api::Method::Probe probe) {
     if (DroppedUnrun()) return;
     if (probe != nullptr) {
       method_->fresh(*request_, response_.get(), std::move(probe), DoneFn(), nullptr);
@@ -955,7 +942,7 @@ class Call final : public std::enable_shared_from_this<Call> {
 
   const std::shared_ptr<Gateway::Shared> shared_;
   const std::shared_ptr<httpd::Exchange> exchange_;
-  const Method* const method_;
+  const api::Method* const method_;
   const Clock::time_point start_;
   ContentType type_;
   bool get_ = false;
@@ -973,62 +960,9 @@ class Call final : public std::enable_shared_from_this<Call> {
   ops::Admission::Ticket ticket_;
 };
 
-// grpc.health.v1.Health's two methods, and the services it knows.
-void InitHealth(const MethodTable* table, Gateway::Shared* shared) {
-  using grpc::health::v1::HealthCheckRequest;
-  using grpc::health::v1::HealthCheckResponse;
-  shared->health_services.insert("");
-  std::vector<std::string> services;
-  for (const Method& m : table->methods()) {
-    if (shared->health_services.insert(m.service).second) services.push_back(m.service);
-  }
-  services.push_back("grpc.health.v1.Health");
-  shared->reflection = std::make_unique<Reflection>(std::move(services));
-  const auto method = [](Method* m, absl::string_view name) {
-    m->service = "grpc.health.v1.Health";
-    m->method = std::string(name);
-    m->path = absl::StrCat("/", m->service, "/", name);
-    m->no_side_effects = true;
-    m->open = true;
-    m->request_prototype = &HealthCheckRequest::default_instance();
-    m->response_prototype = &HealthCheckResponse::default_instance();
-    m->call = [m](const Message& request, Message* response, ops::Operations::Done done,
-                  ops::Operations::Alive) {
-      Method::Probe probe;
-      absl::Status status;
-      m->from_memo(request, response, &probe, &status);
-      std::move(done)(std::move(status));
-    };
-  };
-  method(&shared->health_check, "Check");
-  shared->health_check.from_memo = [shared](const Message& request, Message* response,
-                                           Method::Probe*, absl::Status* status) {
-    const std::string& service = static_cast<const HealthCheckRequest&>(request).service();
-    const HealthCheckResponse::ServingStatus s = shared->HealthOf(service);
-    if (s == HealthCheckResponse::SERVICE_UNKNOWN) {
-      *status = absl::NotFoundError(absl::StrCat("health: unknown service \"",
-                                                 absl::CHexEscape(service.substr(0, 128)), "\""));
-      return true;
-    }
-    static_cast<HealthCheckResponse*>(response)->set_status(s);
-    *status = absl::OkStatus();
-    return true;
-  };
-  method(&shared->health_watch, "Watch");
-  shared->health_watch.no_side_effects = false;
-  shared->health_watch.from_memo = [](const Message&, Message*, Method::Probe*,
-                                      absl::Status* status) {
-    *status = absl::UnimplementedError(
-        "grpc.health.v1.Health/Watch is a server stream: a POST over HTTP/2 of application/grpc, "
-        "application/grpc-web+proto or application/connect+proto (Check answers on every "
-        "protocol)");
-    return true;
-  };
-}
-
 }  // namespace
 
-Gateway::Gateway(const MethodTable* table, ops::WorkerPool* pool, metrics::Metrics* metrics,
+Gateway::Gateway(const api::MethodTable* table, ops::WorkerPool* pool, metrics::Metrics* metrics,
                  Options options)
     : table_(table), options_(std::move(options)), shared_(std::make_shared<Shared>()) {
   shared_->pool = pool;
@@ -1042,12 +976,11 @@ Gateway::Gateway(const MethodTable* table, ops::WorkerPool* pool, metrics::Metri
   shared_->forwarded_identity = options_.forwarded_identity;
   shared_->tokens = options_.tokens;
   shared_->compression = options_.compression;
-  InitHealth(table_, shared_.get());
+  shared_->health = std::make_unique<api::Health>(*table_);
+  shared_->reflection = std::make_unique<api::Reflection>(shared_->health->services());
   if (options_.authorizer != nullptr && options_.authorizer->audit_data_plane() > 0) {
-    for (const ops::DataPlaneMethod& d : ops::kDataPlaneAudited) {
-      if (const Method* m = table_->Find(absl::StrCat("/", d.service, "/", d.name))) {
-        shared_->data_plane.insert(m);
-      }
+    for (const api::Method& m : table_->methods()) {
+      if (m.data_plane) shared_->data_plane.insert(&m);
     }
   }
   if (metrics == nullptr) return;
@@ -1055,7 +988,7 @@ Gateway::Gateway(const MethodTable* table, ops::WorkerPool* pool, metrics::Metri
   // memory, by its name. Calls are counted by method on every port alike.
   const bool http_port = options_.port == "http";
   shared_->count_bytes = http_port;
-  for (const Method& m : table_->methods()) {
+  for (const api::Method& m : table_->methods()) {
     shared_->method_metrics[&m] = metrics->Method(m.service, m.method, m.batch);
   }
   // Connection counters of the HTTP port, read at scrape time.
@@ -1219,13 +1152,13 @@ void Gateway::HeaderTooLarge(absl::string_view peer_address) {
 }
 
 void Gateway::SetReady(bool ready) {
-  shared_->ready.store(ready);
+  shared_->health->SetReady(ready);
   shared_->PushAll(/*end=*/false);
 }
 
 void Gateway::Drain() {
-  shared_->ready.store(false);
-  shared_->draining.store(true);
+  shared_->health->SetReady(false);
+  shared_->health->SetDraining();
   // Health Watch streams hear NOT_SERVING and end (UNAVAILABLE): nothing holds the drain.
   shared_->PushAll(/*end=*/true);
   if (server_ != nullptr) server_->Drain();
@@ -1248,8 +1181,8 @@ void Gateway::Reflect(std::shared_ptr<httpd::Exchange> exchange) {
     shared_->streams.push_back({exchange, wire});
   }
   struct State {
-    explicit State(const Reflection* r) : stream(r), reader(kMaxRequestBytes) {}
-    Reflection::Stream stream;
+    explicit State(const api::Reflection* r) : stream(r), reader(kMaxRequestBytes) {}
+    api::Reflection::Stream stream;
     FrameReader reader;
     bool over = false;
   };
@@ -1280,11 +1213,9 @@ void Gateway::Reflect(std::shared_ptr<httpd::Exchange> exchange) {
   });
 }
 
-const Method* Gateway::FindMethod(absl::string_view path) const {
-  if (const Method* m = table_->Find(path)) return m;
-  if (path == kHealthCheckPath) return &shared_->health_check;
-  if (path == kHealthWatchPath) return &shared_->health_watch;
-  return nullptr;
+const api::Method* Gateway::FindMethod(absl::string_view path) const {
+  if (const api::Method* m = table_->Find(path)) return m;
+  return shared_->health->Find(path);
 }
 
 bool Gateway::Streaming(const httpd::Exchange& exchange) {
@@ -1371,7 +1302,7 @@ void Gateway::Handle(std::shared_ptr<httpd::Exchange> exchange) {
       return respond(Plain(405, "method not allowed\n", {{"allow", "GET, HEAD"}}));
     }
     if (path == "/healthz") return respond(Plain(200, "ok\n", {{"cache-control", "no-store"}}));
-    return respond(shared_->ready.load() ? Plain(200, "ready\n", {{"cache-control", "no-store"}})
+    return respond(shared_->health->ready() ? Plain(200, "ready\n", {{"cache-control", "no-store"}})
                                  : Plain(503, "not ready\n", {{"cache-control", "no-store"}}));
   }
 
@@ -1403,7 +1334,7 @@ void Gateway::Handle(std::shared_ptr<httpd::Exchange> exchange) {
     return respond(httpd::Response(415, {{"content-type", "application/json"}},
                                    ConnectErrorJson(unimplemented)));
   }
-  const Method* rpc = FindMethod(path);
+  const api::Method* rpc = FindMethod(path);
   if (method == "OPTIONS") {
     const std::optional<absl::string_view> request_method =
         exchange->header("access-control-request-method");

@@ -11,7 +11,7 @@
 // Responses are gzipped for callers that ask, when it pays (CompressResponse, rpc_codec.h), where
 // the call finished (the loop for a memo hit).
 //
-//   MethodTable table(&operations, &key_manager);
+//   api::MethodTable table(&operations, &key_manager);
 //   Gateway::Options options;
 //   options.address = "127.0.0.1:8080";
 //   Gateway gateway(&table, &pool, &metrics, options);
@@ -43,7 +43,8 @@
 #include "service/auth/forwarded_identity.h"
 #include "service/auth/tokens.h"
 #include "service/auth/trusted_proxies.h"
-#include "service/http/method_table.h"
+#include "service/api/health.h"
+#include "service/api/method_table.h"
 #include "service/http/protocol.h"
 #include "service/http/rpc_codec.h"
 #include "service/httpd/server.h"
@@ -92,7 +93,7 @@ class Gateway final : public httpd::Handler {
   };
 
   // `metrics` may be null (nothing counted).
-  Gateway(const MethodTable* table, ops::WorkerPool* pool, metrics::Metrics* metrics,
+  Gateway(const api::MethodTable* table, ops::WorkerPool* pool, metrics::Metrics* metrics,
           Options options);
   ~Gateway() override;  // Stop(now)
   Gateway(const Gateway&) = delete;
@@ -125,8 +126,8 @@ class Gateway final : public httpd::Handler {
   void HeaderTooLarge(absl::string_view peer_address) override;
 
   // The paths of the health service.
-  static constexpr absl::string_view kHealthCheckPath = "/grpc.health.v1.Health/Check";
-  static constexpr absl::string_view kHealthWatchPath = "/grpc.health.v1.Health/Watch";
+  static constexpr absl::string_view kHealthCheckPath = api::Health::kCheckPath;
+  static constexpr absl::string_view kHealthWatchPath = api::Health::kWatchPath;
   // Server reflection's one method, in both versions.
   static constexpr absl::string_view kReflectionV1Path =
       "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo";
@@ -140,14 +141,14 @@ class Gateway final : public httpd::Handler {
  private:
   absl::Status ConfigureTls(SSL_CTX* ctx);
   // The method at `path`: the table's, or health Check and Watch.
-  const Method* FindMethod(absl::string_view path) const;
+  const api::Method* FindMethod(absl::string_view path) const;
   // A health Watch over gRPC (HTTP/2): the request read as it arrives, then the status now and
   // each change.
   void WatchHealth(std::shared_ptr<httpd::Exchange> exchange);
   // Server reflection (v1 or v1alpha) over gRPC (HTTP/2): a bidirectional stream.
   void Reflect(std::shared_ptr<httpd::Exchange> exchange);
 
-  const MethodTable* const table_;
+  const api::MethodTable* const table_;
   const Options options_;
   std::shared_ptr<Shared> shared_;
   std::unique_ptr<httpd::Server> server_;

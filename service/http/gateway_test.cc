@@ -24,7 +24,7 @@
 #include "offload/v1/ed25519.pb.h"
 #include "offload/v1/keys.pb.h"
 #include "service/crypto/backend.h"
-#include "service/http/method_table.h"
+#include "service/api/method_table.h"
 #include "service/http/protocol.h"
 #include "service/ops/test_stack.h"
 #include "tests/testing/http_client.h"
@@ -50,7 +50,7 @@ class GatewayTest : public ::testing::Test {
     keys_ = stack_->keys.get();
     pool_ = stack_->pool.get();
     ops_ = stack_->ops.get();
-    table_ = std::make_unique<MethodTable>(ops_, keys_);
+    table_ = std::make_unique<api::MethodTable>(ops_, keys_);
     metrics_ = std::make_unique<metrics::Metrics>();
     gateway_ = std::make_unique<Gateway>(table_.get(), pool_, metrics_.get(), BaseOptions());
     ASSERT_TRUE(gateway_->Start().ok());
@@ -122,7 +122,7 @@ class GatewayTest : public ::testing::Test {
   keys::KeyManager* keys_ = nullptr;
   ops::WorkerPool* pool_ = nullptr;
   ops::Operations* ops_ = nullptr;
-  std::unique_ptr<MethodTable> table_;
+  std::unique_ptr<api::MethodTable> table_;
   std::unique_ptr<metrics::Metrics> metrics_;
   std::unique_ptr<Gateway> gateway_;
   v1::VerifyRequest verify_;

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "service/api/method_table.h"
 #include "service/auth/authorizer.h"
 #include "service/auth/forwarded_identity.h"
 #include "service/auth/tokens.h"
@@ -30,7 +31,6 @@
 #include "service/crypto/backend.h"
 #include "service/crypto/secure_heap.h"
 #include "service/http/gateway.h"
-#include "service/http/method_table.h"
 #include "service/keys/file_key_store.h"
 #include "service/keys/kek.h"
 #include "service/keys/kek_setup.h"
@@ -575,6 +575,7 @@ absl::Status RunServer(const ServerConfig& config) {
   auth_options.audit_file = config.audit_log_file;
   auth_options.audit_data_plane = config.audit_data_plane;
   auth_options.audit_fail_closed = config.audit_fail_closed;
+  auth_options.operations = api::PolicyOperations();
   if (!config.audit_chain_key_file.empty()) {
     OFFLOAD_ASSIGN_OR_RETURN(auth_options.audit_chain_key,
                              auth::ReadAuditKey(config.audit_chain_key_file));
@@ -608,7 +609,7 @@ absl::Status RunServer(const ServerConfig& config) {
   RegisterPulledMetrics(metrics, memo, pool, *key_manager);
   RegisterGuardMetrics(metrics, admission, *authorizer, tokens.get());
   // One method table for every port and protocol: gRPC, gRPC-Web and Connect.
-  http::MethodTable http_methods(&operations, key_manager.get());
+  api::MethodTable http_methods(&operations, key_manager.get());
   OFFLOAD_ASSIGN_OR_RETURN(auth::TrustedProxies trusted_proxies,
                            auth::TrustedProxies::Parse(config.trusted_proxies));
   // The engine's options for a port: the HTTP port's flags, the same guards and TLS.

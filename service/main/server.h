@@ -105,7 +105,7 @@ struct ServerConfig {
   std::string audit_log_file;
   // With audit_log_file: the key (a file of 32+ bytes) of the HMAC chain over its lines.
   std::string audit_chain_key_file;
-  // The fraction of data-plane calls (Sign, Derive, Box, AEAD: ops::kDataPlaneAudited) audited
+  // The fraction of data-plane calls (Sign, Derive, Box, AEAD: api::Method::data_plane) audited
   // one line each: 0 none, 1 all.
   double audit_data_plane = 0;
   // Refuse calls that must be audited (UNAVAILABLE) while the audit file is unwritable.

@@ -1,7 +1,7 @@
 // gRPC server reflection (grpc/grpc doc/server-reflection.md), v1 and v1alpha, answered from the
 // descriptors compiled into this binary: what grpcurl, grpcui, Postman and `buf curl` use to
 // list our services and call them without .proto files. Free of any transport: the gateway feeds
-// it the messages of one ServerReflectionInfo stream (service/http/gateway.cc).
+// it the messages of one ServerReflectionInfo stream (service/gateway).
 //
 //   Reflection reflection({"offload.v1.Ed25519Service", "grpc.health.v1.Health"});
 //   Reflection::Stream stream(&reflection);           // one per ServerReflectionInfo call
@@ -16,8 +16,8 @@
 //
 // Thread-safety: Reflection is immutable after construction; a Stream is used by one thread at a
 // time.
-#ifndef SERVICE_HTTP_REFLECTION_H_
-#define SERVICE_HTTP_REFLECTION_H_
+#ifndef SERVICE_API_REFLECTION_H_
+#define SERVICE_API_REFLECTION_H_
 
 #include <memory>
 #include <string>
@@ -30,7 +30,7 @@
 #include "google/protobuf/descriptor.h"
 #include "grpc/reflection/v1/reflection.pb.h"
 
-namespace offload::http {
+namespace offload::api {
 
 class Reflection final {
  public:
@@ -85,6 +85,6 @@ class Reflection final {
   const google::protobuf::FileDescriptor* v1alpha_file_ = nullptr;
 };
 
-}  // namespace offload::http
+}  // namespace offload::api
 
-#endif  // SERVICE_HTTP_REFLECTION_H_
+#endif  // SERVICE_API_REFLECTION_H_
