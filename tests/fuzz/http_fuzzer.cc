@@ -23,8 +23,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
-#include "service/http/method_table.h"
-#include "service/http/reflection.h"
+#include "service/api/method_table.h"
+#include "service/api/reflection.h"
 #include "service/http/protocol.h"
 #include "service/http/rpc_codec.h"
 #include "tests/fuzz/fuzz_support.h"
@@ -41,7 +41,7 @@ constexpr size_t kMaxKeys = 32;
 
 struct Fixture {
   World* world = NewWorld(crypto::BackendChoice{});
-  http::MethodTable table{world->ops.get(), world->keys.get()};
+  api::MethodTable table{world->ops.get(), world->keys.get()};
 };
 Fixture& F() {
   static Fixture* f = new Fixture;
@@ -117,7 +117,7 @@ absl::Status Serve(const Request& r, std::string* out) {
                                       ? path.substr(path.find('?') + 1)
                                       : absl::string_view();
   if (get) path = path.substr(0, path.find('?'));
-  const http::Method* method = F().table.Find(path);
+  const api::Method* method = F().table.Find(path);
   if (method == nullptr) {
     return absl::UnimplementedError(absl::StrCat("unknown method ", path.substr(0, 128)));
   }
@@ -230,9 +230,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // The streaming side (server reflection over gRPC): the body as a message stream, fed in
   // uneven pieces; each message that parses is a reflection request, and gets an answer.
   {
-    static const http::Reflection reflection(
+    static const api::Reflection reflection(
         {"offload.v1.KeyService", "offload.v1.Ed25519Service", "grpc.health.v1.Health"});
-    http::Reflection::Stream stream(&reflection);
+    api::Reflection::Stream stream(&reflection);
     http::FrameReader reader(64 << 10);
     const absl::string_view body = request.body;
     const size_t piece = 1 + size % 7;
