@@ -37,6 +37,11 @@ class Reflection final {
   // The reflection services' own names, listed beside `services`.
   static constexpr absl::string_view kV1 = "grpc.reflection.v1.ServerReflection";
   static constexpr absl::string_view kV1alpha = "grpc.reflection.v1alpha.ServerReflection";
+  // Their one method (a bidirectional stream), in both versions.
+  static constexpr absl::string_view kV1Path =
+      "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo";
+  static constexpr absl::string_view kV1alphaPath =
+      "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo";
 
   // `services`: the full names of the services to list (each must be in the generated pool).
   explicit Reflection(std::vector<std::string> services);

@@ -30,7 +30,8 @@
 #include "service/common/status_macros.h"
 #include "service/crypto/backend.h"
 #include "service/crypto/secure_heap.h"
-#include "service/http/gateway.h"
+#include "service/gateway/gateway.h"
+#include "service/http/protocol.h"
 #include "service/keys/file_key_store.h"
 #include "service/keys/kek.h"
 #include "service/keys/kek_setup.h"
@@ -614,7 +615,7 @@ absl::Status RunServer(const ServerConfig& config) {
                            auth::TrustedProxies::Parse(config.trusted_proxies));
   // The engine's options for a port: the HTTP port's flags, the same guards and TLS.
   const auto engine_options = [&](const std::string& address, const std::string& port) {
-    http::Gateway::Options http_options;
+    gateway::Gateway::Options http_options;
     http_options.port = port;
     http_options.http.address = address;
     http_options.max_message_bytes = config.max_message_bytes;
@@ -640,17 +641,17 @@ absl::Status RunServer(const ServerConfig& config) {
     http_options.admission = &admission;
     return http_options;
   };
-  std::unique_ptr<http::Gateway> gateway;
+  std::unique_ptr<gateway::Gateway> http_gateway;
   if (!config.http_address.empty()) {
-    http::Gateway::Options http_options = engine_options(config.http_address, "http");
+    gateway::Gateway::Options http_options = engine_options(config.http_address, "http");
     OFFLOAD_ASSIGN_OR_RETURN(http_options.cors, http::CorsPolicy::Parse(config.http_cors_origins));
-    gateway = std::make_unique<http::Gateway>(
+    http_gateway = std::make_unique<gateway::Gateway>(
         &http_methods, &pool, config.metrics_enabled ? &metrics : nullptr, http_options);
-    OFFLOAD_RETURN_IF_ERROR(gateway->Start());
+    OFFLOAD_RETURN_IF_ERROR(http_gateway->Start());
   }
   // The gRPC port on the same engine: gRPC clients multiplex their calls on one connection, so
   // a connection may hold four of the largest messages at once.
-  http::Gateway::Options grpc_options = engine_options(config.grpc_address, "grpc");
+  gateway::Gateway::Options grpc_options = engine_options(config.grpc_address, "grpc");
   if (config.grpc_max_concurrent_streams > 0) {
     grpc_options.http.http2.max_concurrent_streams = config.grpc_max_concurrent_streams;
   }
@@ -661,12 +662,12 @@ absl::Status RunServer(const ServerConfig& config) {
   if (config.grpc_memory_budget_bytes >= 0) {
     grpc_options.http.memory_budget_bytes = config.grpc_memory_budget_bytes;
   }
-  http::Gateway grpc_gateway(&http_methods, &pool, config.metrics_enabled ? &metrics : nullptr,
+  gateway::Gateway grpc_gateway(&http_methods, &pool, config.metrics_enabled ? &metrics : nullptr,
                              grpc_options);
   OFFLOAD_RETURN_IF_ERROR(grpc_gateway.Start());
   ready->store(true);
   grpc_gateway.SetReady(true);
-  if (gateway != nullptr) gateway->SetReady(true);
+  if (http_gateway != nullptr) http_gateway->SetReady(true);
   LogStarted(config, grpc_gateway.port(), pool.size());
 
   const int signal_number = WaitForStopSignal();
@@ -680,9 +681,9 @@ absl::Status RunServer(const ServerConfig& config) {
   // connections closed, no new connection; then every request accepted is answered (until the
   // deadline) and the connections close.
   grpc_gateway.Drain();
-  if (gateway != nullptr) gateway->Drain();
+  if (http_gateway != nullptr) http_gateway->Drain();
   grpc_gateway.Stop(drain_deadline);
-  if (gateway != nullptr) gateway->Stop(drain_deadline);
+  if (http_gateway != nullptr) http_gateway->Stop(drain_deadline);
   // Tasks still queued (calls past the drain deadline) run now, while everything they use is
   // still here.
   pool.WaitIdle();

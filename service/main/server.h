@@ -47,7 +47,7 @@ struct ServerConfig {
   absl::Duration drain_timeout = absl::Seconds(20);
   std::string metrics_address = "127.0.0.1:9464";  // empty: no /metrics exposer
   std::string http_address = "127.0.0.1:8080";     // empty: no HTTP gateway (Connect, gRPC-Web)
-  // The HTTP gateway (service/http/gateway.h, service/httpd/server.h).
+  // The HTTP gateway (service/gateway/gateway.h, service/httpd/server.h).
   std::string http_cors_origins;  // comma-separated exact origins; empty: no CORS headers
   int http_threads = 0;           // event loops; 0 = one per core, at most 4
   int http_max_connections = 10000;

@@ -1,7 +1,7 @@
 // The gateway over a real socket: raw HTTP/1.1 requests (tests/testing/http_client.h) to a gateway
 // serving real operations (file key store in a temporary folder, worker pool, memo). HTTP/2 and
 // real Connect / gRPC-Web clients are in tests/e2e/connect.
-#include "service/http/gateway.h"
+#include "service/gateway/gateway.h"
 
 #include <sodium.h>
 #include <stdlib.h>
@@ -30,10 +30,18 @@
 #include "tests/testing/http_client.h"
 #include "tests/testing/payloads.h"
 
-namespace offload::http {
+namespace offload::gateway {
 namespace {
 
 using ::testing::HasSubstr;
+using http::CorsPolicy;
+using http::EncodeFrame;
+using http::Gunzip;
+using http::Gzip;
+using http::ParseUnaryRequestFrame;
+using http::kFrameCompressed;
+using http::kFrameHeaderBytes;
+using http::kFrameTrailer;
 using testhttp::JsonLike;
 using testhttp::RandomBytes;
 
@@ -648,4 +656,4 @@ TEST_F(GatewayTest, ConnectionHygiene) {
 }
 
 }  // namespace
-}  // namespace offload::http
+}  // namespace offload::gateway
