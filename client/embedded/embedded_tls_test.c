@@ -15,6 +15,11 @@
  *   idle
  *       a call, then the server closes the idle connection (--http_idle_timeout), then a call:
  *       the transport reconnects within it.
+ *   refresh GOOD_TOKEN_FILE
+ *       the token of --token is refused (UNAUTHENTICATED): the token provider, asked once, gives
+ *       the one in GOOD_TOKEN_FILE and the call is sent once more and succeeds (two requests);
+ *       the next call uses it (one request); a provider that gives a refused token again is
+ *       asked once, the call is retried once and fails UNAUTHENTICATED.
  *
  * run_tls_live_test.sh makes the certificates and tokens and starts the servers. Built twice:
  * embedded_tls_test and embedded_tls_noheap_test (heap_guard.c). In the second, `suite`
@@ -179,6 +184,47 @@ static void run_idle(void) {
   CHECK(tls.handshakes == 2, "the second call reconnects: %lu handshakes", tls.handshakes);
 }
 
+/* The token provider of `refresh`: counts its asks, gives `provided`. */
+static char good_token[OFFLOAD_TOKEN_MAX_LEN + 2];
+static const char* provided;
+static int asks;
+static const char* provide_token(void* ctx) {
+  ++asks;
+  CHECK(ctx == &asks, "provider context");
+  return provided;
+}
+
+static void run_refresh(const char* good_token_file) {
+  bool valid = false;
+  offload_status_t s;
+  uint32_t requests;
+  CHECK(read_text(good_token_file, good_token, sizeof good_token), "read %s", good_token_file);
+  CHECK(token[0] != '\0', "refresh needs --token (the one the server refuses)");
+  provided = good_token;
+  CHECK_STATUS(&client, offload_client_set_token_provider(&client, provide_token, &asks),
+               OFFLOAD_OK);
+  s = verify_once(&valid);
+  CHECK_STATUS(&client, s, OFFLOAD_OK);
+  CHECK(valid && asks == 1 && client.stats.requests == 2 && client.stats.token_refreshes == 1 &&
+            client.token == good_token,
+        "refused token: provider asked once (%d), the call sent twice (%u requests)", asks,
+        client.stats.requests);
+  requests = client.stats.requests;
+  s = verify_once(&valid);
+  CHECK_STATUS(&client, s, OFFLOAD_OK);
+  CHECK(asks == 1 && client.stats.requests == requests + 1, "the new token stays: one request");
+  /* A provider whose token the server refuses too: asked once, retried once. */
+  CHECK_STATUS(&client, offload_client_set_token(&client, token), OFFLOAD_OK);
+  provided = token;
+  requests = client.stats.requests;
+  s = verify_once(&valid);
+  CHECK_STATUS(&client, s, OFFLOAD_ERR_UNAUTHENTICATED);
+  CHECK(asks == 2 && client.stats.requests == requests + 2 && client.last_http_status == 401,
+        "refused again: asked %d, %u requests", asks, client.stats.requests - requests);
+  printf("  refresh: %d asks, %u requests, %u handshakes\n", asks, client.stats.requests,
+         (unsigned)tls.handshakes);
+}
+
 int main(int argc, char** argv) {
   offload_mbedtls_config_t config;
   const char* mode = NULL;
@@ -211,10 +257,12 @@ int main(int argc, char** argv) {
   if (!ok || port <= 0 || port > 65535 || mode == NULL || config.ca_pem == NULL ||
       !((strcmp(mode, "suite") == 0 && argc == i + 4) ||
         (strcmp(mode, "expect") == 0 && (argc == i + 3 || argc == i + 4)) ||
-        (strcmp(mode, "idle") == 0 && argc == i + 2))) {
+        (strcmp(mode, "idle") == 0 && argc == i + 2) ||
+        (strcmp(mode, "refresh") == 0 && argc == i + 3))) {
     fprintf(stderr,
             "usage: %s --ca=PEM --server-name=NAME [--token=FILE] [--cert=PEM --key=PEM] "
-            "HTTP_PORT suite KEY_ID PUBLIC_KEY_HEX | expect STATUS [TRANSPORT_ERROR] | idle\n",
+            "HTTP_PORT suite KEY_ID PUBLIC_KEY_HEX | expect STATUS [TRANSPORT_ERROR] | idle | "
+            "refresh GOOD_TOKEN_FILE\n",
             argv[0]);
     return 64;
   }
@@ -240,6 +288,7 @@ int main(int argc, char** argv) {
   if (strcmp(mode, "suite") == 0) run_suite(&config, argv[i + 2], argv[i + 3]);
   if (strcmp(mode, "expect") == 0) run_expect(argv[i + 2], argc == i + 4 ? argv[i + 3] : NULL);
   if (strcmp(mode, "idle") == 0) run_idle();
+  if (strcmp(mode, "refresh") == 0) run_refresh(argv[i + 2]);
   offload_mbedtls_transport_free(&tls);
   return live_summary(argv[0]);
 }

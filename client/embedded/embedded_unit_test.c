@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <pb_decode.h>
 #include <pb_encode.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -200,6 +201,456 @@ static void test_token(void) {
   CHECK_STATUS(offload_derive(&client, "dev1", peer, false, shared, NULL), OFFLOAD_OK);
   CHECK(fake.bearer_token == NULL, "NULL stops sending it");
   CHECK_STATUS(offload_client_set_token(NULL, jwt), OFFLOAD_ERR_ARGUMENT);
+}
+
+/* --- the derive memo, the token provider, the local box ------------------------------------
+ * A transport that answers Derive as the server would, with real X25519 (libsodium): the secret
+ * of version v of key `id` is BLAKE2b(id || v), version `current` answers key_version 0. It can
+ * refuse every call with a Connect error, or any call whose bearer token is not `want_token`. */
+typedef struct deriver {
+  int calls;
+  uint32_t current;
+  int error_status;        /* 0, or the HTTP status of `error_body` */
+  const char* error_body;  /* a Connect error JSON */
+  const char* want_token;  /* NULL, or 401 unless the call carries this token */
+  const uint8_t* last_body;
+  size_t last_len;
+} deriver_t;
+
+static void version_secret(const char* key_id, uint32_t version, uint8_t sk[32]) {
+  crypto_generichash_state st;
+  uint8_t v[4] = {(uint8_t)version, (uint8_t)(version >> 8), (uint8_t)(version >> 16),
+                  (uint8_t)(version >> 24)};
+  crypto_generichash_init(&st, NULL, 0, 32);
+  crypto_generichash_update(&st, (const uint8_t*)key_id, strlen(key_id));
+  crypto_generichash_update(&st, v, sizeof v);
+  crypto_generichash_final(&st, sk, 32);
+}
+
+/* What the server would derive: raw X25519 or crypto_box_beforenm. */
+static void expected_key(const char* key_id, uint32_t version, const uint8_t peer[32], bool box,
+                         uint8_t out[32]) {
+  uint8_t sk[32];
+  version_secret(key_id, version, sk);
+  if (box) {
+    CHECK(crypto_box_beforenm(out, peer, sk) == 0, "beforenm");
+  } else {
+    CHECK(crypto_scalarmult(out, sk, peer) == 0, "scalarmult");
+  }
+}
+
+static int deriver_transport(void* ctx, const offload_transport_request_t* request,
+                             uint8_t* resp, size_t resp_cap, size_t* resp_len, int* http_status) {
+  deriver_t* d = (deriver_t*)ctx;
+  offload_v1_DeriveRequest req = offload_v1_DeriveRequest_init_zero;
+  offload_v1_DeriveResponse out = offload_v1_DeriveResponse_init_zero;
+  pb_istream_t is = pb_istream_from_buffer(request->body, request->body_len);
+  pb_ostream_t os = pb_ostream_from_buffer(resp, resp_cap);
+  const char* error = NULL;
+  ++d->calls;
+  d->last_body = request->body;
+  d->last_len = request->body_len;
+  if (d->want_token != NULL &&
+      (request->bearer_token == NULL || strcmp(request->bearer_token, d->want_token) != 0)) {
+    *http_status = 401;
+    error = "{\"code\":\"unauthenticated\",\"message\":\"token signature: does not verify\"}";
+  } else if (d->error_body != NULL) {
+    *http_status = d->error_status;
+    error = d->error_body;
+  } else if (strcmp(request->path, "/offload.v1.X25519Service/Derive") != 0 ||
+             !pb_decode(&is, offload_v1_DeriveRequest_fields, &req)) {
+    *http_status = 400;
+    error = "{\"code\":\"invalid_argument\",\"message\":\"not a derive\"}";
+  } else {
+    uint32_t v = req.key_version != 0 ? req.key_version : d->current;
+    if (v > d->current) {
+      *http_status = 404;
+      error = "{\"code\":\"not_found\",\"message\":\"no such version\"}";
+    } else {
+      expected_key(req.key_id, v, req.peer_public_key.bytes,
+                   req.output == offload_v1_DeriveOutput_DERIVE_OUTPUT_BOX_BEFORENM,
+                   out.shared_key.bytes);
+      out.shared_key.size = 32;
+      out.key_version = v;
+      *http_status = 200;
+      CHECK(pb_encode(&os, offload_v1_DeriveResponse_fields, &out), "encode");
+      *resp_len = os.bytes_written;
+      return OFFLOAD_TRANSPORT_OK;
+    }
+  }
+  *resp_len = strlen(error) < resp_cap ? strlen(error) : resp_cap;
+  memcpy(resp, error, *resp_len);
+  return OFFLOAD_TRANSPORT_OK;
+}
+
+static uint64_t test_now;
+static uint64_t test_clock(void* ctx) { return *(const uint64_t*)ctx; }
+
+static offload_client_t mclient;
+static deriver_t deriver;
+
+/* A fresh client on the deriver, with the test clock at 0 unless `clock` is false. */
+static void memo_client(bool clock) {
+  memset(&deriver, 0, sizeof deriver);
+  deriver.current = 1;
+  test_now = 0;
+  CHECK_STATUS(offload_client_init(&mclient, deriver_transport, &deriver, wire, sizeof wire),
+               OFFLOAD_OK);
+  if (clock) CHECK_STATUS(offload_client_set_clock(&mclient, test_clock, &test_now), OFFLOAD_OK);
+}
+
+static void peer_of(int i, uint8_t peer[32]) {
+  uint8_t sk[32];
+  memset(sk, 0, sizeof sk);
+  /* Not in sk[0]: X25519 clears its low 3 bits. */
+  sk[1] = (uint8_t)i;
+  sk[2] = (uint8_t)(i >> 8);
+  sk[3] = 0x77;
+  crypto_scalarmult_base(peer, sk);
+}
+
+/* Derive of (key_id, version 0, box key, peer i): checks the key; returns whether it made a
+ * request. */
+static int derive_peer(const char* key_id, int i) {
+  uint8_t peer[32], got[32], want[32];
+  int before = deriver.calls;
+  bool hit = false;
+  peer_of(i, peer);
+  CHECK_STATUS(offload_derive(&mclient, key_id, peer, true, got, &hit), OFFLOAD_OK);
+  expected_key(key_id, deriver.current, peer, true, want);
+  CHECK(memcmp(got, want, 32) == 0, "peer %d: the server's box key", i);
+  return deriver.calls - before;
+}
+
+#if OFFLOAD_MEMO_SLOTS > 0
+/* `needle` (32 bytes) anywhere in the client struct. */
+static int client_holds(const offload_client_t* c, const uint8_t* needle) {
+  const uint8_t* p = (const uint8_t*)c;
+  size_t i;
+  for (i = 0; i + 32 <= sizeof *c; ++i) {
+    if (memcmp(p + i, needle, 32) == 0) return 1;
+  }
+  return 0;
+}
+
+/* Least recently used, not round robin: with N slots full, re-touching the oldest and then
+ * inserting a new entry evicts the second oldest and keeps the touched one. */
+static void test_memo_lru(void) {
+  const int n = OFFLOAD_MEMO_SLOTS;
+  int i, made = 0;
+  memo_client(true);
+  for (i = 0; i < n; ++i) made += derive_peer("lru", i);
+  CHECK(made == n && mclient.stats.misses == (uint32_t)n && mclient.stats.hits == 0,
+        "%d slots filled: %d requests", n, made);
+  CHECK(derive_peer("lru", 0) == 0, "peer 0 (the oldest) from the memo");
+  CHECK(derive_peer("lru", n) == 1 && mclient.stats.evictions == 1, "a new peer evicts one");
+  CHECK(derive_peer("lru", 0) == 0, "the re-touched oldest entry stayed");
+  CHECK(derive_peer("lru", 1) == 1, "the least recently used entry (peer 1) was evicted");
+  CHECK(mclient.stats.evictions == 2, "peer 1 back evicted peer 2: %u", mclient.stats.evictions);
+  for (i = 3; i <= n; ++i) CHECK(derive_peer("lru", i) == 0, "peer %d stayed", i);
+  CHECK(derive_peer("lru", 2) == 1, "peer 2 was the one evicted");
+  CHECK(mclient.memo_count == n, "memo full: %d", mclient.memo_count);
+}
+
+/* Key fields: key id, version asked, output kind and peer are each part of the key. */
+static void test_memo_key_fields(void) {
+  uint8_t peer[32], got[32], want[32];
+  uint32_t version = 0;
+  bool hit = true;
+  memo_client(true);
+  deriver.current = 2;
+  peer_of(1, peer);
+  CHECK_STATUS(offload_derive_version(&mclient, "k", 0, peer, true, got, &version, &hit),
+               OFFLOAD_OK);
+  expected_key("k", 2, peer, true, want);
+  CHECK(memcmp(got, want, 32) == 0 && version == 2 && !hit, "current = version 2, a miss");
+  CHECK_STATUS(offload_derive_version(&mclient, "k", 0, peer, true, got, &version, &hit),
+               OFFLOAD_OK);
+  CHECK(memcmp(got, want, 32) == 0 && version == 2 && hit && deriver.calls == 1,
+        "the same again: a hit with the version the server used");
+  CHECK_STATUS(offload_derive_version(&mclient, "k", 2, peer, true, got, &version, &hit),
+               OFFLOAD_OK);
+  CHECK(!hit && deriver.calls == 2 && version == 2, "version 2 asked by number: its own entry");
+  CHECK_STATUS(offload_derive_version(&mclient, "k", 1, peer, true, got, &version, &hit),
+               OFFLOAD_OK);
+  expected_key("k", 1, peer, true, want);
+  CHECK(!hit && deriver.calls == 3 && version == 1 && memcmp(got, want, 32) == 0, "version 1");
+  CHECK_STATUS(offload_derive_version(&mclient, "k", 0, peer, false, got, &version, &hit),
+               OFFLOAD_OK);
+  expected_key("k", 2, peer, false, want);
+  CHECK(!hit && deriver.calls == 4 && memcmp(got, want, 32) == 0, "raw output: its own entry");
+  CHECK_STATUS(offload_derive_version(&mclient, "k2", 0, peer, true, got, &version, &hit),
+               OFFLOAD_OK);
+  CHECK(!hit && deriver.calls == 5, "another key id: its own entry");
+  peer[31] ^= 0x01;
+  CHECK_STATUS(offload_derive_version(&mclient, "k", 0, peer, true, got, &version, &hit),
+               OFFLOAD_OK);
+  CHECK(!hit && deriver.calls == 6, "another peer: its own entry");
+  peer[31] ^= 0x01;
+  CHECK_STATUS(offload_derive_version(&mclient, "k", 1, peer, true, got, &version, &hit),
+               OFFLOAD_OK);
+  CHECK(hit && deriver.calls == 6 && version == 1, "version 1 remembered apart");
+  CHECK(mclient.stats.hits == 2 && mclient.stats.misses == 6, "hits %u misses %u",
+        mclient.stats.hits, mclient.stats.misses);
+  /* A refused key id never reaches the memo or the server. */
+  CHECK_STATUS(offload_derive_version(&mclient, "", 0, peer, true, got, NULL, NULL),
+               OFFLOAD_ERR_ARGUMENT);
+  CHECK(deriver.calls == 6 && mclient.stats.misses == 6, "no lookup for a bad key id");
+}
+
+/* The maximum age, on the test's own clock: an entry is used while younger, never at or past
+ * it, and is wiped then. */
+static void test_memo_expiry(void) {
+  uint8_t peer[32], old_key[32], got[32];
+  memo_client(true);
+  CHECK_STATUS(offload_client_set_memo_max_age(&mclient, 1000), OFFLOAD_OK);
+  CHECK(derive_peer("exp", 1) == 1, "first: a request");
+  peer_of(1, peer);
+  expected_key("exp", 1, peer, true, old_key);
+  CHECK(client_holds(&mclient, old_key), "the memo holds the key");
+  test_now = 999;
+  CHECK(derive_peer("exp", 1) == 0, "at 999 ms of 1000: from the memo");
+  test_now = 1000;
+  CHECK(derive_peer("exp", 2) == 1 && mclient.stats.expired == 1,
+        "at 1000 ms the entry expired (wiped by the next lookup): expired %u",
+        mclient.stats.expired);
+  CHECK(!client_holds(&mclient, old_key), "an expired entry's key is wiped");
+  CHECK(derive_peer("exp", 1) == 1, "and is asked again");
+  /* A clock that goes back: the entry counts as expired, never as young. */
+  test_now = 500;
+  CHECK(derive_peer("exp", 1) == 1 && mclient.stats.expired == 3,
+        "stamped in the clock's future: expired %u", mclient.stats.expired);
+  /* No clock: the memo is not used; setting one wipes it. */
+  CHECK_STATUS(offload_client_set_clock(&mclient, NULL, NULL), OFFLOAD_OK);
+  CHECK(mclient.memo_count == 0 && !client_holds(&mclient, old_key), "set_clock wipes");
+  CHECK(derive_peer("exp", 1) == 1 && derive_peer("exp", 1) == 1, "no clock: every call asks");
+  /* Maximum age 0: not used either. */
+  CHECK_STATUS(offload_client_set_clock(&mclient, test_clock, &test_now), OFFLOAD_OK);
+  CHECK(derive_peer("exp", 1) == 1 && derive_peer("exp", 1) == 0, "memo back");
+  CHECK_STATUS(offload_client_set_memo_max_age(&mclient, 0), OFFLOAD_OK);
+  CHECK(mclient.memo_count == 0, "max age 0 wipes the memo");
+  CHECK(derive_peer("exp", 1) == 1 && derive_peer("exp", 1) == 1, "max age 0: every call asks");
+  /* Reset wipes every slot, the counters stay. */
+  CHECK_STATUS(offload_client_set_memo_max_age(&mclient, OFFLOAD_MEMO_DEFAULT_MAX_AGE_MS),
+               OFFLOAD_OK);
+  CHECK(derive_peer("exp", 1) == 1 && derive_peer("exp", 2) == 1, "two entries");
+  offload_client_reset(&mclient);
+  CHECK(mclient.memo_count == 0 && all_zero(mclient.memo, sizeof mclient.memo) &&
+            mclient.stats.misses > 0,
+        "reset: every slot zero");
+  CHECK(derive_peer("exp", 1) == 1, "after a reset: asked again");
+  (void)got;
+}
+
+/* Evicted entries are wiped; an error is never remembered. */
+static void test_memo_wipe_and_errors(void) {
+  uint8_t peer[32], first[32], got[32];
+  int i;
+  memo_client(true);
+  peer_of(0, peer);
+  expected_key("w", 1, peer, true, first);
+  for (i = 0; i <= OFFLOAD_MEMO_SLOTS; ++i) derive_peer("w", i);
+  CHECK(mclient.stats.evictions == 1 && !client_holds(&mclient, first),
+        "the evicted entry's key is wiped");
+  /* An error is not remembered: the same call asks again. */
+  deriver.error_status = 400;
+  deriver.error_body = "{\"code\":\"invalid_argument\",\"message\":\"small order\"}";
+  peer_of(1000, peer);
+  CHECK_STATUS(offload_derive(&mclient, "w", peer, true, got, NULL), OFFLOAD_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(offload_derive(&mclient, "w", peer, true, got, NULL), OFFLOAD_ERR_INVALID_ARGUMENT);
+  CHECK(deriver.calls == OFFLOAD_MEMO_SLOTS + 3, "errors asked twice: %d", deriver.calls);
+  CHECK(mclient.memo_count == OFFLOAD_MEMO_SLOTS && mclient.stats.dropped == 0,
+        "an error about one message keeps the key's entries");
+  deriver.error_body = NULL;
+}
+
+/* A refusal about the key drops every entry of that key id at once, and only those. */
+static void test_memo_refusals(void) {
+  static const struct {
+    int status;
+    const char* body;
+    offload_status_t want;
+  } refusals[] = {
+      {400, "{\"code\":\"failed_precondition\",\"message\":\"key \\\"a\\\" is disabled\"}",
+       OFFLOAD_ERR_FAILED_PRECONDITION},
+      {404, "{\"code\":\"not_found\",\"message\":\"key \\\"a\\\" is not in the store\"}",
+       OFFLOAD_ERR_NOT_FOUND},
+      {403, "{\"code\":\"permission_denied\",\"message\":\"not granted\"}",
+       OFFLOAD_ERR_PERMISSION_DENIED},
+  };
+  size_t r;
+  for (r = 0; r < sizeof refusals / sizeof refusals[0]; ++r) {
+    uint8_t peer[32], got[32];
+    memo_client(true);
+    derive_peer("a", 1);
+    derive_peer("a", 2);
+    derive_peer("b", 1);
+    CHECK(derive_peer("a", 1) == 0 && derive_peer("b", 1) == 0, "remembered");
+    deriver.error_status = refusals[r].status;
+    deriver.error_body = refusals[r].body;
+    peer_of(3, peer);
+    CHECK_STATUS(offload_derive(&mclient, "a", peer, true, got, NULL), refusals[r].want);
+    deriver.error_body = NULL;
+    CHECK(mclient.stats.dropped == 2 && mclient.memo_count == 1,
+          "%s: both entries of key a dropped (dropped %u, %d left)",
+          offload_status_name(refusals[r].want), mclient.stats.dropped, mclient.memo_count);
+    CHECK(derive_peer("b", 1) == 0, "key b's entry stays");
+    CHECK(derive_peer("a", 1) == 1, "key a asks the server again");
+  }
+  /* The server's Seal and Open refusals drop the key too. */
+  memo_client(true);
+  derive_peer("a", 1);
+  deriver.error_status = 400;
+  deriver.error_body = "{\"code\":\"failed_precondition\",\"message\":\"disabled\"}";
+  {
+    uint8_t peer[32], pt[4] = {1, 2, 3, 4}, ct[64], out[64], nonce[24] = {0};
+    size_t len = 0;
+    peer_of(9, peer);
+    mclient.local_box = false; /* the server's box, for this check */
+    CHECK_STATUS(offload_box_seal(&mclient, "a", peer, nonce, pt, sizeof pt, ct, sizeof ct, &len,
+                                  NULL),
+                 OFFLOAD_ERR_FAILED_PRECONDITION);
+    CHECK(mclient.stats.dropped == 1 && mclient.memo_count == 0, "a refused Seal drops the key");
+    deriver.error_body = NULL;
+    derive_peer("a", 1);
+    deriver.error_body = "{\"code\":\"failed_precondition\",\"message\":\"disabled\"}";
+    memset(ct, 0, sizeof ct);
+    CHECK_STATUS(offload_box_open(&mclient, "a", 0, peer, nonce, ct, 20, out, sizeof out, &len,
+                                  NULL),
+                 OFFLOAD_ERR_FAILED_PRECONDITION);
+    CHECK(mclient.stats.dropped == 2 && mclient.memo_count == 0, "a refused Open drops the key");
+  }
+  deriver.error_body = NULL;
+}
+#endif /* OFFLOAD_MEMO_SLOTS > 0 */
+
+/* Without slots (OFFLOAD_MEMO_SLOTS 0) a clock changes nothing: every call asks the server. */
+static void test_memo_compiled_out(void) {
+#if OFFLOAD_MEMO_SLOTS == 0
+  int i, made = 0;
+  memo_client(true);
+  for (i = 0; i < 6; ++i) made += derive_peer("off", i % 2);
+  CHECK(made == 6 && mclient.stats.hits == 0 && mclient.stats.misses == 0,
+        "memo compiled out: %d requests for 6 derives", made);
+  CHECK(!mclient.local_box, "no local box without the memo");
+#endif
+}
+
+/* UNAUTHENTICATED asks the provider once, then sends the call once more. */
+static const char* provided_token;
+static int provider_asks;
+static const char* token_provider(void* ctx) {
+  ++provider_asks;
+  CHECK(ctx == &provider_asks, "provider ctx");
+  return provided_token;
+}
+
+static void test_token_provider(void) {
+  uint8_t peer[32], got[32];
+  memo_client(false);
+  peer_of(1, peer);
+  deriver.want_token = "fresh.token";
+  CHECK_STATUS(offload_client_set_token(&mclient, "stale.token"), OFFLOAD_OK);
+  /* No provider: one request, UNAUTHENTICATED. */
+  CHECK_STATUS(offload_derive(&mclient, "t", peer, true, got, NULL), OFFLOAD_ERR_UNAUTHENTICATED);
+  CHECK(deriver.calls == 1 && mclient.last_http_status == 401, "no provider: one request");
+  /* A provider with a good token: asked once, the call sent again with it, same bytes. */
+  provided_token = "fresh.token";
+  provider_asks = 0;
+  CHECK_STATUS(offload_client_set_token_provider(&mclient, token_provider, &provider_asks),
+               OFFLOAD_OK);
+  CHECK_STATUS(offload_derive(&mclient, "t", peer, true, got, NULL), OFFLOAD_OK);
+  CHECK(deriver.calls == 3 && provider_asks == 1 && mclient.stats.token_refreshes == 1 &&
+            mclient.token == provided_token && mclient.last_http_status == 200 &&
+            mclient.last_error_message[0] == '\0',
+        "refreshed: calls %d asks %d", deriver.calls, provider_asks);
+  CHECK_STATUS(offload_derive(&mclient, "t", peer, false, got, NULL), OFFLOAD_OK);
+  CHECK(deriver.calls == 4 && provider_asks == 1, "the new token stays");
+  /* The server refuses the new token too: asked once, retried once, then UNAUTHENTICATED. */
+  deriver.want_token = "other";
+  CHECK_STATUS(offload_derive(&mclient, "t", peer, true, got, NULL), OFFLOAD_ERR_UNAUTHENTICATED);
+  CHECK(deriver.calls == 6 && provider_asks == 2, "one retry only: calls %d asks %d",
+        deriver.calls, provider_asks);
+  CHECK(strstr(mclient.last_error_message, "does not verify") != NULL, "message '%s'",
+        mclient.last_error_message);
+  /* A provider with nothing (NULL) or a token that is not token68: no retry, token kept. */
+  provided_token = NULL;
+  CHECK_STATUS(offload_derive(&mclient, "t", peer, true, got, NULL), OFFLOAD_ERR_UNAUTHENTICATED);
+  CHECK(deriver.calls == 7 && provider_asks == 3, "NULL: no retry");
+  provided_token = "bad token";
+  CHECK_STATUS(offload_derive(&mclient, "t", peer, true, got, NULL), OFFLOAD_ERR_UNAUTHENTICATED);
+  CHECK(deriver.calls == 8 && provider_asks == 4 && strcmp(mclient.token, "fresh.token") == 0,
+        "a refused token: no retry, the previous token stays");
+  CHECK(mclient.stats.dropped == 0, "UNAUTHENTICATED drops nothing");
+  CHECK_STATUS(offload_client_set_token_provider(&mclient, NULL, NULL), OFFLOAD_OK);
+  CHECK_STATUS(offload_derive(&mclient, "t", peer, true, got, NULL), OFFLOAD_ERR_UNAUTHENTICATED);
+  CHECK(deriver.calls == 9 && provider_asks == 4, "provider removed");
+}
+
+/* The local box: seal and open on the device with the remembered box key, checked against
+ * libsodium's crypto_box with the peer's secret; a tampered box fails locally and drops nothing. */
+static void test_local_box(void) {
+#if OFFLOAD_LOCAL_BOX && OFFLOAD_MEMO_SLOTS > 0
+  uint8_t peer_pk[32], peer_sk[32], server_sk[32], server_pk[32];
+  uint8_t pt[40], ct[40 + 16], out[64], nonce[24], nonce2[24];
+  size_t len = 0;
+  bool hit = false;
+  int i;
+  memo_client(true);
+  CHECK(mclient.local_box, "libsodium initialised");
+  crypto_box_keypair(peer_pk, peer_sk);
+  version_secret("box", 1, server_sk);
+  crypto_scalarmult_base(server_pk, server_sk);
+  for (i = 0; i < (int)sizeof pt; ++i) pt[i] = (uint8_t)(3 * i);
+  /* Seal with a nonce picked on the device: one Derive, then local. */
+  CHECK_STATUS(offload_box_seal(&mclient, "box", peer_pk, NULL, pt, sizeof pt, ct, sizeof ct, &len,
+                                nonce),
+               OFFLOAD_OK);
+  CHECK(len == sizeof ct && deriver.calls == 1, "seal: one derive, len %zu", len);
+  CHECK(crypto_box_open_easy(out, ct, len, nonce, server_pk, peer_sk) == 0 &&
+            memcmp(out, pt, sizeof pt) == 0,
+        "the peer opens the device's box");
+  CHECK_STATUS(offload_box_seal(&mclient, "box", peer_pk, NULL, pt, sizeof pt, ct, sizeof ct, &len,
+                                nonce2),
+               OFFLOAD_OK);
+  CHECK(deriver.calls == 1 && memcmp(nonce, nonce2, 24) != 0, "second seal: no request, new nonce");
+  /* Open what the peer sealed: no request. */
+  CHECK(crypto_box_easy(ct, pt, sizeof pt, nonce, server_pk, peer_sk) == 0, "peer seals");
+  CHECK_STATUS(offload_box_open(&mclient, "box", 0, peer_pk, nonce, ct, sizeof ct, out, sizeof out,
+                                &len, &hit),
+               OFFLOAD_OK);
+  CHECK(len == sizeof pt && memcmp(out, pt, sizeof pt) == 0 && hit && deriver.calls == 1,
+        "open on the device from the memo");
+  CHECK(crypto_box_easy(ct, pt, 0, nonce, server_pk, peer_sk) == 0, "empty box");
+  CHECK_STATUS(offload_box_open(&mclient, "box", 0, peer_pk, nonce, ct, 16, NULL, 0, &len, NULL),
+               OFFLOAD_OK);
+  CHECK(len == 0, "empty box opened");
+  CHECK_STATUS(offload_box_seal(&mclient, "box", peer_pk, nonce, NULL, 0, ct, sizeof ct, &len,
+                                NULL),
+               OFFLOAD_OK);
+  CHECK(len == 16 && crypto_box_open_easy(out, ct, 16, nonce, server_pk, peer_sk) == 0,
+        "empty seal with the caller's nonce");
+  /* Tampered: INVALID_ARGUMENT as the server says it, no request, nothing dropped. */
+  CHECK(crypto_box_easy(ct, pt, sizeof pt, nonce, server_pk, peer_sk) == 0, "peer seals");
+  ct[20] ^= 1;
+  CHECK_STATUS(offload_box_open(&mclient, "box", 0, peer_pk, nonce, ct, sizeof ct, out, sizeof out,
+                                &len, NULL),
+               OFFLOAD_ERR_INVALID_ARGUMENT);
+  CHECK(strcmp(mclient.last_error_message, "authentication failed") == 0 &&
+            mclient.last_http_status == 0 && deriver.calls == 1 && mclient.memo_count == 1,
+        "tampered box: '%s', %d requests", mclient.last_error_message, deriver.calls);
+  /* Shared with offload_derive(box): the same entry. */
+  CHECK(derive_peer("box", 999) == 1, "another peer");
+  {
+    uint8_t k[32], want[32];
+    CHECK_STATUS(offload_derive(&mclient, "box", peer_pk, true, k, &hit), OFFLOAD_OK);
+    CHECK(crypto_box_beforenm(want, server_pk, peer_sk) == 0 && memcmp(k, want, 32) == 0 && hit &&
+              deriver.calls == 2,
+          "the box key the seal remembered serves a derive");
+  }
+  CHECK(all_zero(&mclient.msg, sizeof mclient.msg) && all_zero(wire, sizeof wire),
+        "client memory wiped after local boxes");
+#endif
 }
 
 /* --- the HTTP/1.1 framing the transports share, without a network ------------------------- */
@@ -628,16 +1079,29 @@ static void test_posix_transport(void) {
 }
 
 int main(void) {
+  if (sodium_init() < 0) return 1;
   CHECK_STATUS(offload_client_init(&client, fake_transport, &fake, wire, sizeof wire), OFFLOAD_OK);
   test_derive();
   test_connect_errors();
   test_box_and_verify();
   test_small_buffer();
   test_token();
+#if OFFLOAD_MEMO_SLOTS > 0
+  test_memo_lru();
+  test_memo_key_fields();
+  test_memo_expiry();
+  test_memo_wipe_and_errors();
+  test_memo_refusals();
+#endif
+  test_memo_compiled_out();
+  test_token_provider();
+  test_local_box();
   test_http1_request();
   test_http1_reader();
   test_posix_transport();
-  printf("embedded_unit_test: %d checks, %d failures (client struct %zu bytes, buffer %zu)\n",
-         checks, failures, sizeof(offload_client_t), (size_t)OFFLOAD_CLIENT_BUF_SIZE);
+  printf("embedded_unit_test: %d checks, %d failures (client struct %zu bytes with %d memo "
+         "slots of %zu bytes, local box %d; buffer %zu)\n",
+         checks, failures, sizeof(offload_client_t), OFFLOAD_MEMO_SLOTS,
+         sizeof(offload_memo_slot_t), OFFLOAD_LOCAL_BOX, (size_t)OFFLOAD_CLIENT_BUF_SIZE);
   return failures == 0 ? 0 : 1;
 }

@@ -6,7 +6,7 @@
 #                                               --metrics_address on fresh loopback ports, the data
 #                                               dir and the extra FLAGs, its output in LOG; waits
 #                                               for its server_started line. Sets SERVER_PID, GRPC,
-#                                               HTTP. The caller exports OFFLOAD_KEK.
+#                                               HTTP, METRICS. The caller exports OFFLOAD_KEK.
 #   stop_server                                 SIGTERM; the server must exit 0.
 #   kill_server                                 SIGKILL (for the EXIT trap).
 # Both return non-zero (and print the log's tail) on failure.
@@ -22,9 +22,9 @@ start_server() {
   local server=$1 data=$2 log=$3 attempt give_up ready=0
   shift 3
   for attempt in 1 2 3; do
-    GRPC=$(free_port); HTTP=$(free_port); local metrics; metrics=$(free_port)
+    GRPC=$(free_port); HTTP=$(free_port); METRICS=$(free_port)
     "$server" --grpc_address="127.0.0.1:$GRPC" --http_address="127.0.0.1:$HTTP" \
-      --metrics_address="127.0.0.1:$metrics" --data_dir="$data" "$@" >"$log" 2>&1 &
+      --metrics_address="127.0.0.1:$METRICS" --data_dir="$data" "$@" >"$log" 2>&1 &
     SERVER_PID=$!
     give_up=$((SECONDS + 60))  # an ASan server on a busy machine
     while ((SECONDS < give_up)); do

@@ -16,9 +16,19 @@
  *   offload_status_t s = offload_derive(&client, "dev1", peer_pk, true, shared, &memo_hit);
  *   if (s != OFFLOAD_OK) log("derive: %s (%s)", offload_status_name(s), client.last_error_message);
  *
+ * The client remembers (the derive memo, README.md "The derive memo"): once a clock is set,
+ * a derive result is kept in one of OFFLOAD_MEMO_SLOTS fixed slots inside the offload_client_t,
+ * so a repeated (key id, version, output, peer) costs no round trip until its maximum age:
+ *
+ *   offload_client_set_clock(&client, device_clock_ms, NULL);   // monotonic milliseconds
+ *
+ * With OFFLOAD_LOCAL_BOX (libsodium), box seal and open run on the device with the remembered
+ * box key.
+ *
  * Thread-safety: an offload_client_t serves one call at a time; use one per task, or a lock.
  * Secrets: the shared keys and plaintexts that pass through the client's own memory (its message
- * structs and the response part of `buf`) are wiped before each call returns.
+ * structs and the response part of `buf`) are wiped before each call returns. Remembered shared
+ * keys are wiped when evicted, expired, dropped, reset, or when a new clock is set.
  */
 #ifndef CLIENT_EMBEDDED_OFFLOAD_CLIENT_H_
 #define CLIENT_EMBEDDED_OFFLOAD_CLIENT_H_
@@ -134,12 +144,80 @@ typedef int (*offload_transport_fn)(void* ctx, const offload_transport_request_t
 /* Longest Connect error message kept (truncated, NUL-terminated). */
 #define OFFLOAD_ERROR_MESSAGE_CAP 128
 
+/* Slots of the derive memo: a compile-time bound (the CMake cache variable
+ * OFFLOAD_EMBEDDED_MEMO_SLOTS sets it; a device build passes -DOFFLOAD_MEMO_SLOTS=N to every
+ * file that includes this header, since the client struct's size depends on it). 0 compiles the
+ * memo out. At most 255. */
+#ifndef OFFLOAD_MEMO_SLOTS
+#define OFFLOAD_MEMO_SLOTS 24
+#endif
+#if OFFLOAD_MEMO_SLOTS < 0 || OFFLOAD_MEMO_SLOTS > 255
+#error "OFFLOAD_MEMO_SLOTS: expected 0..255"
+#endif
+
+/* 1: box seal and open run on the device with the remembered box key (libsodium's
+ * crypto_box_easy_afternm / crypto_box_open_easy_afternm; ESP-IDF's libsodium component). Set by
+ * the CMake option OFFLOAD_EMBEDDED_LOCAL_BOX (ON when libsodium is found). 0: they go to the
+ * server. */
+#ifndef OFFLOAD_LOCAL_BOX
+#define OFFLOAD_LOCAL_BOX 0
+#endif
+
+/* The maximum age of a remembered result unless offload_client_set_memo_max_age() says other. */
+#define OFFLOAD_MEMO_DEFAULT_MAX_AGE_MS 300000u
+
+/* A monotonic clock in milliseconds, supplied by the device (ESP-IDF: esp_timer_get_time() /
+ * 1000; POSIX: offload_posix_clock_ms() in transport_posix.h). It must never go back; the
+ * client treats an entry stamped in its future as expired. `ctx` is the pointer given to
+ * offload_client_set_clock(). Must not call back into the client. */
+typedef uint64_t (*offload_clock_fn)(void* ctx);
+
+/* Asked for a fresh bearer token when the server answers UNAUTHENTICATED: returns a token that
+ * stays alive and unchanged until it is replaced (the device's static buffer, as for
+ * offload_client_set_token()), or NULL when it has none. It may fetch one over the network, but
+ * must not call back into this client. `ctx` is the pointer given with it. */
+typedef const char* (*offload_token_provider_fn)(void* ctx);
+
+/* One remembered derive: the key (compared field by field) and its value. */
+typedef struct offload_memo_slot {
+  uint64_t stamp_ms;          /* the clock when the server's answer came */
+  uint32_t key_version_asked; /* 0 = current */
+  uint32_t key_version_used;  /* the version the server used */
+  uint8_t used;
+  uint8_t box_output;         /* 0: raw X25519 secret, 1: NaCl box key */
+  uint8_t key_id_len;
+  char key_id[OFFLOAD_KEY_ID_MAX_LEN];
+  uint8_t peer_public_key[OFFLOAD_X25519_KEY_SIZE];
+  uint8_t shared_key[OFFLOAD_X25519_KEY_SIZE]; /* secret: wiped when the slot is let go */
+} offload_memo_slot_t;
+
+/* What the client counted since offload_client_init(); offload_client_reset() keeps them. */
+typedef struct offload_client_stats {
+  uint32_t hits;            /* answered from the memo: no round trip */
+  uint32_t misses;          /* looked up, not there (or expired): asked the server */
+  uint32_t evictions;       /* the least recently used slot given up for a new entry */
+  uint32_t expired;         /* entries wiped because they reached the maximum age */
+  uint32_t dropped;         /* entries wiped because the server refused their key */
+  uint32_t requests;        /* requests handed to the transport (round trips), retries included */
+  uint32_t token_refreshes; /* times the token provider was asked after UNAUTHENTICATED */
+} offload_client_stats_t;
+
 typedef struct offload_client {
   offload_transport_fn transport;
   void* transport_ctx;
   uint8_t* buf;
   size_t buf_len;
   const char* token; /* the caller's bearer token (offload_client_set_token), or NULL */
+  offload_token_provider_fn token_provider; /* offload_client_set_token_provider(), or NULL */
+  void* token_provider_ctx;
+  offload_clock_fn clock; /* offload_client_set_clock(), or NULL: the memo is not used */
+  void* clock_ctx;
+  uint32_t memo_max_age_ms; /* offload_client_set_memo_max_age(); 0: the memo is not used */
+  /* True when box seal and open run on the device: OFFLOAD_LOCAL_BOX and libsodium initialised
+   * (set by offload_client_init()). They still need the memo in use for their key. */
+  bool local_box;
+  bool wipe_pending; /* the call in progress wrote to `msg` or `buf`: finish wipes them */
+  offload_client_stats_t stats;
   /* After each call: the HTTP status (0 if the transport failed), the transport's own return
    * value after OFFLOAD_ERR_TRANSPORT (else 0), and for a Connect error its message (else "").
    * The message never contains secrets (the server's rule). offload_client_set_token() also
@@ -162,6 +240,12 @@ typedef struct offload_client {
       offload_v1_VerifyResponse resp;
     } verify;
   } msg;
+#if OFFLOAD_MEMO_SLOTS > 0
+  /* The derive memo: memo_lru[0 .. memo_count) are slot indices, least recently used first. */
+  uint8_t memo_count;
+  uint8_t memo_lru[OFFLOAD_MEMO_SLOTS];
+  offload_memo_slot_t memo[OFFLOAD_MEMO_SLOTS];
+#endif
 } offload_client_t;
 
 #define OFFLOAD_CLIENT_STRUCT_SIZE (sizeof(offload_client_t))
@@ -182,6 +266,31 @@ offload_status_t offload_client_init(offload_client_t* client, offload_transport
  * previous token then stays. Not while a call runs on `client`. */
 offload_status_t offload_client_set_token(offload_client_t* client, const char* token);
 
+/* Asks `provider` (with `ctx`) for a new token when a call is answered UNAUTHENTICATED: the
+ * client takes the token it returns (checked as offload_client_set_token() does; a NULL or
+ * refused one leaves the previous token) and sends the call once more. Each call asks at most
+ * once and is retried at most once, so a server that refuses the new token too costs two
+ * requests and the call returns OFFLOAD_ERR_UNAUTHENTICATED. NULL stops it. The client keeps
+ * the pointers (no heap). Not while a call runs on `client`. */
+offload_status_t offload_client_set_token_provider(offload_client_t* client,
+                                                   offload_token_provider_fn provider, void* ctx);
+
+/* Turns the derive memo on with `clock` (NULL turns it off): every entry is stamped with the
+ * clock when the server answered, and used while its age is under the maximum age. Wipes what
+ * the memo held (stamps of another clock mean nothing). Without a clock, or with
+ * OFFLOAD_MEMO_SLOTS 0, every call goes to the server. Not while a call runs on `client`. */
+offload_status_t offload_client_set_clock(offload_client_t* client, offload_clock_fn clock,
+                                          void* ctx);
+
+/* Entries of this age or older (in milliseconds of the clock) are never used, and wiped at the
+ * next call that looks in the memo. Default OFFLOAD_MEMO_DEFAULT_MAX_AGE_MS (300 s); 0 stops
+ * the memo being used (and wipes it). Not while a call runs on `client`. */
+offload_status_t offload_client_set_memo_max_age(offload_client_t* client, uint32_t max_age_ms);
+
+/* Wipes every slot of the memo (the counters stay). Call it after rotating a key the device
+ * uses, to get the new version at once. Not while a call runs on `client`. */
+void offload_client_reset(offload_client_t* client);
+
 /* The length of `token` when it is a bearer token the client sends: 1 to OFFLOAD_TOKEN_MAX_LEN
  * characters of token68 (RFC 7235: letters, digits, "-._~+/", then any number of "="), which a
  * JWT is; else 0. Reads at most OFFLOAD_TOKEN_MAX_LEN + 1 characters. Transports use it to
@@ -194,17 +303,33 @@ void offload_wipe(void* p, size_t len);
 
 /* X25519Service/Derive: the shared key of the managed X25519 key `key_id` (current version) and
  * `peer_public_key`. `box_output` false gives the raw X25519 secret, true the NaCl box key
- * (crypto_box_beforenm). `*memo_hit` (may be NULL) tells whether the server's derive memo
- * served it. Writes 32 bytes to `out_shared_key` on success only. */
+ * (crypto_box_beforenm). `*memo_hit` (may be NULL) tells whether a memo served it: this
+ * client's (no round trip; stats.hits counts those) or the server's derive memo. Writes 32 bytes
+ * to `out_shared_key` on success only. With the memo in use, a remembered result is answered
+ * without a round trip; after a rotation that is the old version's key until the entry reaches
+ * its maximum age or offload_client_reset() (README.md "The derive memo"). */
 offload_status_t offload_derive(offload_client_t* client, const char* key_id,
                                 const uint8_t peer_public_key[OFFLOAD_X25519_KEY_SIZE],
                                 bool box_output, uint8_t out_shared_key[OFFLOAD_X25519_KEY_SIZE],
                                 bool* memo_hit);
 
-/* BoxService/Seal: crypto_box_easy of `plaintext` from `key_id` to `peer_public_key`.
- * `nonce` NULL lets the server pick a random nonce, returned in `out_nonce` (may be NULL when
- * `nonce` is given). The ciphertext (tag || encrypted, `plaintext_len` + 16 bytes) goes to
- * `ciphertext` (capacity `ciphertext_cap`), its length to `*ciphertext_len`.
+/* offload_derive() with the key version asked for (`key_version` 0 = current) and the version
+ * the server used in `*out_key_version` (may be NULL; on success only). A remembered entry is
+ * keyed by the version asked for. */
+offload_status_t offload_derive_version(offload_client_t* client, const char* key_id,
+                                        uint32_t key_version,
+                                        const uint8_t peer_public_key[OFFLOAD_X25519_KEY_SIZE],
+                                        bool box_output,
+                                        uint8_t out_shared_key[OFFLOAD_X25519_KEY_SIZE],
+                                        uint32_t* out_key_version, bool* memo_hit);
+
+/* BoxService/Seal: crypto_box_easy of `plaintext` from `key_id` (current version) to
+ * `peer_public_key`. `nonce` NULL picks a random nonce (the server's, or randombytes_buf() when
+ * sealed on the device), returned in `out_nonce` (may be NULL when `nonce` is given). The
+ * ciphertext (tag || encrypted, `plaintext_len` + 16 bytes) goes to `ciphertext` (capacity
+ * `ciphertext_cap`), its length to `*ciphertext_len`. With `client->local_box` and the memo in
+ * use, it is sealed on the device with the remembered box key of (key_id, version 0, peer),
+ * asked of the server (Derive) when not remembered.
  * REQUIRES: `plaintext_len` <= OFFLOAD_MAX_MESSAGE. */
 offload_status_t offload_box_seal(offload_client_t* client, const char* key_id,
                                   const uint8_t peer_public_key[OFFLOAD_X25519_KEY_SIZE],
@@ -217,7 +342,10 @@ offload_status_t offload_box_seal(offload_client_t* client, const char* key_id,
 /* BoxService/Open: crypto_box_open_easy of `ciphertext` sent by `peer_public_key` to `key_id`
  * (`key_version` 0 = current). The plaintext goes to `plaintext` (capacity `plaintext_cap`),
  * its length to `*plaintext_len`. A ciphertext that does not authenticate is
- * OFFLOAD_ERR_INVALID_ARGUMENT. `*memo_hit` (may be NULL): the box key came from the memo.
+ * OFFLOAD_ERR_INVALID_ARGUMENT ("authentication failed"). `*memo_hit` (may be NULL): the box
+ * key came from a memo (this client's or the server's). With `client->local_box` and the memo in
+ * use, it is opened on the device with the remembered box key of (key_id, key_version, peer),
+ * asked of the server (Derive) when not remembered.
  * REQUIRES: 16 <= `ciphertext_len` <= OFFLOAD_MAX_CIPHERTEXT. */
 offload_status_t offload_box_open(offload_client_t* client, const char* key_id,
                                   uint32_t key_version,

@@ -9,7 +9,8 @@
 # 3. a plaintext server creates the X25519 keys (offloadctl speaks plaintext gRPC only);
 # 4. on the same data, TLS + --jwks_file + --require_identity: the round trips with the token
 #    (ordinary, then with the heap forbidden during each call on the open connection); without
-#    a token, or with the foreign one: unauthenticated; the wrong CA, or a server name the
+#    a token, or with the foreign one: unauthenticated; the foreign token and a token provider
+#    that gives the good one: asked once, the call retried once; the wrong CA, or a server name the
 #    certificate does not carry: the handshake fails verification;
 # 5. the same with mTLS (--tls_client_ca_file) and a one-second idle timeout: a client
 #    certificate alone is an identity; no certificate: unauthenticated; the other CA's
@@ -107,6 +108,8 @@ run "$TEST" "${TRUST[@]}" --token="$TMP/token" "$HTTP" suite dev1 "${PK[dev1]}"
 run "$NOHEAP" "${TRUST[@]}" --token="$TMP/token" "$HTTP" suite dev2 "${PK[dev2]}"
 run "$TEST" "${TRUST[@]}" "$HTTP" expect unauthenticated
 run "$TEST" "${TRUST[@]}" --token="$TMP/foreign.token" "$HTTP" expect unauthenticated
+# The token provider: asked once on UNAUTHENTICATED, the call retried once.
+run "$TEST" "${TRUST[@]}" --token="$TMP/foreign.token" "$HTTP" refresh "$TMP/token"
 run "$TEST" --ca="$C/other-ca.pem" --server-name=localhost --token="$TMP/token" "$HTTP" \
   expect transport verify
 run "$TEST" --ca="$C/ca.pem" --server-name=offload.example --token="$TMP/token" "$HTTP" \

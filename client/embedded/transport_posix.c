@@ -3,6 +3,7 @@
 #include "transport_posix.h"
 
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "internal/http1.h"
@@ -63,4 +64,11 @@ int offload_posix_transport(void* ctx, const offload_transport_request_t* reques
     *http_status = reader.status;
   }
   return rc;
+}
+
+uint64_t offload_posix_clock_ms(void* ctx) {
+  struct timespec ts;
+  (void)ctx;
+  if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0) return 0;
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }

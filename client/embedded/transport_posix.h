@@ -49,6 +49,11 @@ int offload_posix_transport_init(offload_posix_transport_t* t, const char* ipv4,
 int offload_posix_transport(void* ctx, const offload_transport_request_t* request, uint8_t* resp,
                             size_t resp_cap, size_t* resp_len, int* http_status);
 
+/* An offload_clock_fn for offload_client_set_clock(): CLOCK_MONOTONIC in milliseconds (`ctx`
+ * unused). A device without POSIX clocks supplies its own (ESP-IDF: esp_timer_get_time() /
+ * 1000). */
+uint64_t offload_posix_clock_ms(void* ctx);
+
 #ifdef __cplusplus
 }
 #endif
