@@ -58,14 +58,16 @@ packages+=(docker-compose python3-yaml)  # nginx: above
 if ! command -v kubectl >/dev/null; then packages+=(kubernetes-client); fi
 
 # The npm packages of tests/e2e/connect, tests/e2e/interop_node, tests/deploy, the benchmark peer
-# (tests/bench/peer), the web example (examples/web) and its browser test (tests/e2e/web),
-# exactly as their package-lock.json pin them: `npm ci` when node_modules is missing or older
-# than the lock file. Works with Debian 12's node 18 and npm 9.
+# (tests/bench/peer), the TypeScript client (client/ts), the examples that use it (examples/web,
+# examples/mobile-ts: they link it, so client/ts comes first) and the browser test
+# (tests/e2e/web), exactly as their package-lock.json pin them: `npm ci` when node_modules is
+# missing or older than the lock file. Works with Debian 12's node 18 and npm 9.
 npm_packages() {
   local root dir
   root="$(cd "$(dirname "$0")/.." && pwd)"
   for dir in "$root/tests/e2e/connect" "$root/tests/e2e/interop_node" "$root/tests/deploy" \
-             "$root/tests/bench/peer" "$root/examples/web" "$root/tests/e2e/web"; do
+             "$root/tests/bench/peer" "$root/client/ts" "$root/examples/web" \
+             "$root/examples/mobile-ts" "$root/tests/e2e/web"; do
     if [ ! -f "$dir/node_modules/.package-lock.json" ] ||
        [ "$dir/package-lock.json" -nt "$dir/node_modules/.package-lock.json" ]; then
       echo "install-deps: npm ci in $dir" >&2

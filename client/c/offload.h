@@ -1,8 +1,9 @@
 /* offload.h: the C ABI of the crypto-offload client, for C and for FFI (Swift, Kotlin/JNI, Dart,
  * Python ctypes, Node). A thin layer over the C++ client (client/cpp/client.h, with the whole
  * story in client/cpp/README.md): same deadlines, retries, failover, key affinity over several
- * endpoints and auto-batching of concurrent verify / derive / aead_open calls, all with the C++
- * client's default options except the deadline, the credentials and the bearer token.
+ * endpoints, auto-batching of concurrent verify / derive / aead_open calls and memos that answer
+ * repeated work with no round trip, all with the C++ client's default options except the
+ * deadline, the credentials, the bearer token and the memos' settings.
  *
  *   offload_client_t* c = NULL;
  *   if (offload_client_create("127.0.0.1:50051", 5000, &c) != OFFLOAD_OK) {   // plain text
@@ -26,6 +27,17 @@
  *   ...
  *   offload_client_set_token(c, fresh_jwt);       // before the first one expires
  *
+ * With the derive and open memos (off unless asked for; each needs a maximum age):
+ *
+ *   o.flags = OFFLOAD_CLIENT_DERIVE_MEMO | OFFLOAD_CLIENT_OPEN_MEMO;
+ *   o.derive_memo_max_age_ms = 300000;            // required with the flag
+ *   o.open_memo_max_age_ms = 300000;
+ *   o.open_memo_bytes = 8 << 20;                  // 0: the default (8 MB for open, 1 MB else)
+ *   ...
+ *   offload_client_stats_t st = {sizeof(st)};
+ *   offload_client_get_stats(c, &st);             // st.open_memo.hits, st.rpcs, ...
+ *   offload_client_reset(c);                      // wipes every memo
+ *
  * Conventions:
  * - Every function returns an offload_status_t. The codes 0-16 are gRPC's canonical codes (what
  *   the service or the transport said); OFFLOAD_BUFFER_TOO_SMALL is this library's own.
@@ -35,7 +47,8 @@
  *   `*out_len` is set to the bytes written. When the room is short, nothing is written, the call
  *   returns OFFLOAD_BUFFER_TOO_SMALL and `*out_len` is the size required (`out` may be NULL with
  *   `*out_len` == 0 to ask). The operation has then run once (for seal: with a nonce that is
- *   discarded); calling again with enough room runs it again.
+ *   discarded); calling again with enough room runs it again (or a memo answers it: the first
+ *   call's answer was remembered).
  * - Byte inputs are (pointer, length); a NULL pointer is allowed when the length is 0. Strings
  *   (endpoints, key ids) are NUL-terminated UTF-8.
  * - Thread-safe: one client may be used by any number of threads at once (that is how calls get
@@ -65,6 +78,28 @@
  *   and its keys go to their next endpoint; after a lost or refused connection it gets them back
  *   as soon as it is connected again (about 1 s after it listens, while calls flow). Keys of the
  *   other endpoints never move, and an auto-batch is sent to the endpoint it was grouped for.
+ * - A refusal that says when to come back (RESOURCE_EXHAUSTED or UNAVAILABLE carrying a
+ *   google.rpc.RetryInfo) is retried after at least that delay, within the 4 RPCs and the
+ *   deadline; RESOURCE_EXHAUSTED without one is returned as it is.
+ *
+ * Memos (client/cpp/README.md, "Memos"), one set per client, shared by its threads and endpoints:
+ * - verify (on, 1 MB; OFFLOAD_CLIENT_NO_VERIFY_MEMO turns it off): a signature found valid is
+ *   valid again with no RPC; an invalid one is asked every time. No maximum age.
+ * - derive (OFFLOAD_CLIENT_DERIVE_MEMO, 1 MB) and open (OFFLOAD_CLIENT_OPEN_MEMO, 8 MB): the
+ *   shared key of (key id, current version, output, peer) and the plaintext of (key id, envelope,
+ *   associated data), so a wrong associated data never hits; offload_aead_seal records the
+ *   envelope it made. A failed open is never remembered. Each needs a maximum age in ms
+ *   (INVALID_ARGUMENT without one): an entry older than that is never used.
+ * - Entries are named by keyed digests (a random key per client), least recently used by bytes
+ *   within each bound, and the shared keys and plaintexts in them are wiped when dropped; a hit
+ *   is copied into the caller's buffer like an answer from the service.
+ * - A refusal about a key (OFFLOAD_NOT_FOUND, OFFLOAD_FAILED_PRECONDITION, OFFLOAD_PERMISSION_DENIED
+ *   from any call naming it) drops that key's entries at once, and so do this client's own
+ *   offload_key_disable, deletions and key creations (a new key under an id deleted elsewhere);
+ *   an error about one input (OFFLOAD_INVALID_ARGUMENT) does not. Otherwise a disabled, deleted
+ *   or retired key's remembered results stop being used within the maximum age. After a
+ *   rotation, derive entries asked as "current" keep the old version's key until their age runs
+ *   out.
  */
 #ifndef CLIENT_C_OFFLOAD_H_
 #define CLIENT_C_OFFLOAD_H_
@@ -171,10 +206,26 @@ typedef struct offload_client_options {
    * meant for localhost; elsewhere use TLS, a token is as good as a password). Visible ASCII,
    * at most 16384 characters. Replace it later with offload_client_set_token. */
   const char* bearer_token;
+  /* --- Added after the first layout (a caller that stops at bearer_token gets the defaults). */
+  /* Memo bounds in bytes (charged: value + key id + a fixed overhead per entry); 0 = the default:
+   * 1 MB for verify and derive, 8 MB for open. */
+  size_t verify_memo_bytes;
+  size_t derive_memo_bytes;
+  size_t open_memo_bytes;
+  /* Maximum ages in milliseconds; required (> 0) with OFFLOAD_CLIENT_DERIVE_MEMO /
+   * OFFLOAD_CLIENT_OPEN_MEMO, ignored without. */
+  uint32_t derive_memo_max_age_ms;
+  uint32_t open_memo_max_age_ms;
 } offload_client_options_t;
 
 /* TLS with the system's trusted roots even when no tls_* field is set. */
 #define OFFLOAD_CLIENT_TLS 1u
+/* No verify memo (it is on by default). */
+#define OFFLOAD_CLIENT_NO_VERIFY_MEMO 2u
+/* The derive memo; needs derive_memo_max_age_ms. */
+#define OFFLOAD_CLIENT_DERIVE_MEMO 4u
+/* The open memo; needs open_memo_max_age_ms. */
+#define OFFLOAD_CLIENT_OPEN_MEMO 8u
 
 /* Zeroes `*options` and sets its struct_size (for C callers; FFI callers may set both
  * themselves). */
@@ -194,8 +245,51 @@ OFFLOAD_API offload_status_t offload_client_create_with_options(
  * is not visible ASCII is INVALID_ARGUMENT and the previous one stays. */
 OFFLOAD_API offload_status_t offload_client_set_token(offload_client_t* client, const char* token);
 
-/* Frees the client (NULL is fine). Waits for its calls in progress. */
+/* Frees the client (NULL is fine). Waits for its calls in progress. Its memos are wiped. */
 OFFLOAD_API void offload_client_destroy(offload_client_t* client);
+
+/* Counters of one memo (entries and bytes are current; the rest count since the client was made). */
+typedef struct offload_memo_stats {
+  uint64_t hits;
+  uint64_t misses;
+  uint64_t inserts;
+  uint64_t evictions;       /* pushed out by the byte bound */
+  uint64_t expired;         /* removed past their maximum age */
+  uint64_t dropped;         /* removed by a refusal about their key, or by offload_client_reset */
+  uint64_t entries;
+  uint64_t bytes;
+  uint64_t capacity_bytes;  /* 0: this memo is off */
+} offload_memo_stats_t;
+
+/* A client's counters. Every field is a uint64_t (struct_size too), so there is no padding
+ * anywhere; fields are only ever added at the end. */
+typedef struct offload_client_stats {
+  uint64_t struct_size;      /* the caller's sizeof(offload_client_stats_t) */
+  uint64_t calls;            /* offload_* calls that reached the service layer */
+  uint64_t rpcs;             /* RPCs sent (a memo hit sends none) */
+  uint64_t batch_rpcs;       /* of which batch RPCs */
+  uint64_t retries;
+  uint64_t failed_calls;
+  uint64_t auto_batches;
+  uint64_t auto_batched_items;
+  uint64_t retry_info_waits; /* retries after a delay the server asked for */
+  uint64_t memo_bytes_not_sent;      /* request bytes of calls the memos answered */
+  uint64_t memo_bytes_not_received;  /* response bytes of those */
+  offload_memo_stats_t verify_memo;
+  offload_memo_stats_t derive_memo;
+  offload_memo_stats_t open_memo;
+} offload_client_stats_t;
+
+/* Fills `*stats`: the caller sets stats->struct_size (e.g. `offload_client_stats_t s =
+ * {sizeof(s)};`); the fields within it that this library knows are written, any beyond are
+ * zeroed, struct_size is left as it was. INVALID_ARGUMENT for a struct_size below 8 or above
+ * 4096. */
+OFFLOAD_API offload_status_t offload_client_get_stats(offload_client_t* client,
+                                                      offload_client_stats_t* stats);
+
+/* Drops and wipes every entry of every memo of `client` (answers on their way are not
+ * remembered). */
+OFFLOAD_API offload_status_t offload_client_reset(offload_client_t* client);
 
 /* --- Keys. `public_key` / `public_key_len` may be NULL (not wanted); otherwise the key's current
  * public key (32 bytes; 0 for AEAD keys) is written with the buffer protocol above. */

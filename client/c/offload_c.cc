@@ -100,9 +100,11 @@ void Wipe(std::string* s) {
 // read as zero; fields past ours must be zero). The first published layout ends at bearer_token.
 constexpr size_t kOptionsSizeV1 =
     offsetof(offload_client_options_t, bearer_token) + sizeof(const char*);
-// A struct_size beyond this is taken for an unset field rather than scanned for zeros.
+// A struct_size beyond this is taken for an unset field rather than scanned for zeros (for the
+// stats struct too: a larger one is refused rather than zeroed that far).
 constexpr size_t kOptionsSizeMax = 4096;
-constexpr uint32_t kKnownFlags = OFFLOAD_CLIENT_TLS;
+constexpr uint32_t kKnownFlags = OFFLOAD_CLIENT_TLS | OFFLOAD_CLIENT_NO_VERIFY_MEMO |
+                                 OFFLOAD_CLIENT_DERIVE_MEMO | OFFLOAD_CLIENT_OPEN_MEMO;
 
 offload_status_t CopyOptions(const offload_client_options_t* in, offload_client_options_t* out) {
   if (in == nullptr) return NullArgument("options");
@@ -154,6 +156,20 @@ offload_status_t KeyInfoOut(const absl::StatusOr<offload::v1::KeyInfo>& info, ui
     if (v.version() == info->current_version()) pk = v.public_key();
   }
   return Output("public_key", pk, public_key, public_key_len);
+}
+
+offload_memo_stats_t MemoStatsOut(const offload::client::MemoStats& m) {
+  offload_memo_stats_t out;
+  out.hits = static_cast<uint64_t>(m.hits);
+  out.misses = static_cast<uint64_t>(m.misses);
+  out.inserts = static_cast<uint64_t>(m.inserts);
+  out.evictions = static_cast<uint64_t>(m.evictions);
+  out.expired = static_cast<uint64_t>(m.expired);
+  out.dropped = static_cast<uint64_t>(m.dropped);
+  out.entries = static_cast<uint64_t>(m.entries);
+  out.bytes = static_cast<uint64_t>(m.bytes);
+  out.capacity_bytes = static_cast<uint64_t>(m.capacity_bytes);
+  return out;
 }
 
 }  // namespace
@@ -235,6 +251,29 @@ offload_status_t offload_client_create_with_options(const offload_client_options
       co.credentials = *std::move(credentials);
     }
     co.bearer_token = Str(o.bearer_token);
+    // The memos: 0 bytes is the C++ default; a memo asked for without a maximum age is refused
+    // by Client::Create (INVALID_ARGUMENT naming the C++ option, which names the same field).
+    if ((o.flags & OFFLOAD_CLIENT_NO_VERIFY_MEMO) != 0) {
+      co.verify_memo_bytes = 0;
+    } else if (o.verify_memo_bytes != 0) {
+      co.verify_memo_bytes = o.verify_memo_bytes;
+    }
+    co.derive_memo = (o.flags & OFFLOAD_CLIENT_DERIVE_MEMO) != 0;
+    if (o.derive_memo_bytes != 0) co.derive_memo_bytes = o.derive_memo_bytes;
+    co.derive_memo_max_age = absl::Milliseconds(o.derive_memo_max_age_ms);
+    co.open_memo = (o.flags & OFFLOAD_CLIENT_OPEN_MEMO) != 0;
+    if (o.open_memo_bytes != 0) co.open_memo_bytes = o.open_memo_bytes;
+    co.open_memo_max_age = absl::Milliseconds(o.open_memo_max_age_ms);
+    if (co.derive_memo && o.derive_memo_max_age_ms == 0) {
+      return Fail(OFFLOAD_INVALID_ARGUMENT,
+                  "derive_memo_max_age_ms: expected > 0 with OFFLOAD_CLIENT_DERIVE_MEMO (the "
+                  "maximum age of an entry is the caller's to give), got 0");
+    }
+    if (co.open_memo && o.open_memo_max_age_ms == 0) {
+      return Fail(OFFLOAD_INVALID_ARGUMENT,
+                  "open_memo_max_age_ms: expected > 0 with OFFLOAD_CLIENT_OPEN_MEMO (the "
+                  "maximum age of an entry is the caller's to give), got 0");
+    }
     const offload_status_t s = MakeClient(std::move(co), out);
     Wipe(&co.bearer_token);  // moved from: normally empty already
     return s;
@@ -251,6 +290,55 @@ offload_status_t offload_client_set_token(offload_client_t* client, const char* 
       }
     }
     return FromStatus(client->impl->SetBearerToken(t));
+  });
+}
+
+offload_status_t offload_client_get_stats(offload_client_t* client,
+                                          offload_client_stats_t* stats) {
+  return Guard([&]() -> offload_status_t {
+    OFFLOAD_CHECK_CLIENT(client);
+    if (stats == nullptr) return NullArgument("stats");
+    const uint64_t size = stats->struct_size;
+    if (size < sizeof(uint64_t) || size > kOptionsSizeMax) {
+      return Fail(OFFLOAD_INVALID_ARGUMENT,
+                  absl::StrCat("struct_size: expected sizeof(offload_client_stats_t) (",
+                               sizeof(offload_client_stats_t), " for this library), got ", size));
+    }
+    const offload::client::ClientStats s = client->impl->Stats();
+    offload_client_stats_t out;
+    std::memset(&out, 0, sizeof(out));
+    out.calls = static_cast<uint64_t>(s.calls);
+    out.rpcs = static_cast<uint64_t>(s.rpcs);
+    out.batch_rpcs = static_cast<uint64_t>(s.batch_rpcs);
+    out.retries = static_cast<uint64_t>(s.retries);
+    out.failed_calls = static_cast<uint64_t>(s.failed_calls);
+    out.auto_batches = static_cast<uint64_t>(s.auto_batches);
+    out.auto_batched_items = static_cast<uint64_t>(s.auto_batched_items);
+    out.retry_info_waits = static_cast<uint64_t>(s.retry_info_waits);
+    out.memo_bytes_not_sent = static_cast<uint64_t>(s.memo_bytes_not_sent);
+    out.memo_bytes_not_received = static_cast<uint64_t>(s.memo_bytes_not_received);
+    out.verify_memo = MemoStatsOut(s.verify_memo);
+    out.derive_memo = MemoStatsOut(s.derive_memo);
+    out.open_memo = MemoStatsOut(s.open_memo);
+    // Whole fields only, after struct_size; beyond this library's struct: zeros.
+    const size_t known =
+        static_cast<size_t>(std::min<uint64_t>(size, sizeof(out))) / sizeof(uint64_t) *
+        sizeof(uint64_t);
+    auto* dst = reinterpret_cast<unsigned char*>(stats);
+    const auto* src = reinterpret_cast<const unsigned char*>(&out);
+    std::memcpy(dst + sizeof(uint64_t), src + sizeof(uint64_t), known - sizeof(uint64_t));
+    if (size > sizeof(out)) {
+      std::memset(dst + sizeof(out), 0, static_cast<size_t>(size) - sizeof(out));
+    }
+    return OFFLOAD_OK;
+  });
+}
+
+offload_status_t offload_client_reset(offload_client_t* client) {
+  return Guard([&]() -> offload_status_t {
+    OFFLOAD_CHECK_CLIENT(client);
+    client->impl->ResetMemos();
+    return OFFLOAD_OK;
   });
 }
 

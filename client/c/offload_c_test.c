@@ -338,6 +338,157 @@ static void tour(offload_client_t* client) {
   CHECK_STATUS(offload_key_delete(client, "c-none"), OFFLOAD_NOT_FOUND);
 }
 
+/* The memos through the C ABI: their options and refusals, repeats answered with no RPC (the
+   client's own counters; offload_client_memo_test and the ctypes test count at the server), a
+   tampered envelope and a wrong associated data never remembered, a refusal dropping the key's
+   entries, the stats struct's protocol and offload_client_reset. */
+static void memo_checks(const char* address) {
+  offload_client_options_t o;
+  offload_client_t* c = NULL;
+  offload_client_stats_t st, before;
+  uint8_t x_pk[32], peer_pk[32], k1[32], k2[32], env[128], out[64];
+  size_t x_len = 32, peer_len = 32, l1 = 32, l2 = 32, env_len = sizeof(env), out_len;
+  const uint8_t text[] = "remembered state";
+  const uint8_t ad[] = "user-7";
+  int i;
+
+  /* A memo asked for without a maximum age is refused, naming the field. */
+  offload_client_options_init(&o);
+  o.endpoints = address;
+  o.flags = OFFLOAD_CLIENT_DERIVE_MEMO;
+  CHECK_STATUS(offload_client_create_with_options(&o, &c), OFFLOAD_INVALID_ARGUMENT);
+  CHECK(strstr(offload_last_error(), "derive_memo_max_age_ms") != NULL);
+  o.flags = OFFLOAD_CLIENT_OPEN_MEMO;
+  CHECK_STATUS(offload_client_create_with_options(&o, &c), OFFLOAD_INVALID_ARGUMENT);
+  CHECK(strstr(offload_last_error(), "open_memo_max_age_ms") != NULL);
+  CHECK(c == NULL);
+
+  o.flags = OFFLOAD_CLIENT_DERIVE_MEMO | OFFLOAD_CLIENT_OPEN_MEMO;
+  o.timeout_ms = 30000;
+  o.derive_memo_max_age_ms = 600000;
+  o.open_memo_max_age_ms = 600000;
+  o.open_memo_bytes = 4 << 20;
+  CHECK_STATUS(offload_client_create_with_options(&o, &c), OFFLOAD_OK);
+  if (c == NULL) return;
+
+  /* The stats protocol: a struct_size below 8 is refused; the defaults and bounds show. */
+  memset(&st, 0, sizeof(st));
+  CHECK_STATUS(offload_client_get_stats(c, &st), OFFLOAD_INVALID_ARGUMENT);
+  st.struct_size = sizeof(st);
+  CHECK_STATUS(offload_client_get_stats(c, &st), OFFLOAD_OK);
+  CHECK(st.struct_size == sizeof(st));
+  CHECK(st.verify_memo.capacity_bytes == 1u << 20);
+  CHECK(st.derive_memo.capacity_bytes == 1u << 20);
+  CHECK(st.open_memo.capacity_bytes == 4u << 20);
+
+  CHECK_STATUS(offload_key_create(c, "c-mx", OFFLOAD_KEY_X25519, x_pk, &x_len), OFFLOAD_OK);
+  CHECK_STATUS(offload_key_create(c, "c-mpeer", OFFLOAD_KEY_X25519, peer_pk, &peer_len),
+               OFFLOAD_OK);
+  CHECK_STATUS(offload_key_create(c, "c-maead", OFFLOAD_KEY_CHACHA20_POLY1305, NULL, NULL),
+               OFFLOAD_OK);
+
+  /* Derive: the first asks the service, the next nine do not. */
+  CHECK_STATUS(offload_derive(c, "c-mx", peer_pk, 32, OFFLOAD_DERIVE_RAW, k1, &l1), OFFLOAD_OK);
+  before.struct_size = sizeof(before);
+  CHECK_STATUS(offload_client_get_stats(c, &before), OFFLOAD_OK);
+  for (i = 0; i < 9; i++) {
+    l2 = sizeof(k2);
+    CHECK_STATUS(offload_derive(c, "c-mx", peer_pk, 32, OFFLOAD_DERIVE_RAW, k2, &l2), OFFLOAD_OK);
+    CHECK(l2 == 32 && memcmp(k1, k2, 32) == 0);
+  }
+  CHECK_STATUS(offload_client_get_stats(c, &st), OFFLOAD_OK);
+  CHECK(st.rpcs == before.rpcs);
+  CHECK(st.derive_memo.hits - before.derive_memo.hits == 9);
+  CHECK(st.derive_memo.entries == 1);
+  CHECK(st.memo_bytes_not_sent > before.memo_bytes_not_sent);
+
+  /* Seal records the envelope: opening it sends nothing. A wrong associated data and a tampered
+     envelope go to the service every time and are never remembered. */
+  CHECK_STATUS(offload_aead_seal(c, "c-maead", text, sizeof(text) - 1, ad, sizeof(ad) - 1, env,
+                                 &env_len),
+               OFFLOAD_OK);
+  CHECK_STATUS(offload_client_get_stats(c, &before), OFFLOAD_OK);
+  for (i = 0; i < 3; i++) {
+    out_len = sizeof(out);
+    CHECK_STATUS(offload_aead_open(c, "c-maead", env, env_len, ad, sizeof(ad) - 1, out, &out_len),
+                 OFFLOAD_OK);
+    CHECK(out_len == sizeof(text) - 1 && memcmp(out, text, out_len) == 0);
+  }
+  CHECK_STATUS(offload_client_get_stats(c, &st), OFFLOAD_OK);
+  CHECK(st.rpcs == before.rpcs);
+  CHECK(st.open_memo.hits - before.open_memo.hits == 3);
+  for (i = 0; i < 2; i++) {
+    out_len = sizeof(out);
+    CHECK_STATUS(offload_aead_open(c, "c-maead", env, env_len, ad, 2, out, &out_len),
+                 OFFLOAD_INVALID_ARGUMENT);
+  }
+  env[env_len - 1] ^= 1;
+  for (i = 0; i < 2; i++) {
+    out_len = sizeof(out);
+    CHECK_STATUS(offload_aead_open(c, "c-maead", env, env_len, ad, sizeof(ad) - 1, out, &out_len),
+                 OFFLOAD_INVALID_ARGUMENT);
+  }
+  env[env_len - 1] ^= 1;
+  CHECK_STATUS(offload_client_get_stats(c, &st), OFFLOAD_OK);
+  CHECK(st.rpcs - before.rpcs == 4);
+  CHECK(st.open_memo.entries == 1);
+  CHECK(st.open_memo.dropped == 0); /* an error about one envelope drops nothing */
+
+  /* Verify: on by default, valid answers only. */
+  {
+    const uint8_t msg[] = "signed once";
+    uint8_t sig[64], pk[32];
+    size_t sig_len = sizeof(sig);
+    int valid = -1;
+    CHECK_STATUS(offload_key_create(c, "c-med", OFFLOAD_KEY_ED25519, NULL, NULL), OFFLOAD_OK);
+    CHECK_STATUS(offload_sign(c, "c-med", msg, sizeof(msg) - 1, sig, &sig_len, pk), OFFLOAD_OK);
+    CHECK_STATUS(offload_client_get_stats(c, &before), OFFLOAD_OK);
+    for (i = 0; i < 3; i++) {
+      CHECK_STATUS(offload_verify(c, pk, 32, msg, sizeof(msg) - 1, sig, 64, &valid), OFFLOAD_OK);
+      CHECK(valid == 1);
+    }
+    sig[0] ^= 1;
+    for (i = 0; i < 2; i++) {
+      CHECK_STATUS(offload_verify(c, pk, 32, msg, sizeof(msg) - 1, sig, 64, &valid), OFFLOAD_OK);
+      CHECK(valid == 0);
+    }
+    CHECK_STATUS(offload_client_get_stats(c, &st), OFFLOAD_OK);
+    CHECK(st.rpcs - before.rpcs == 3); /* the first valid one, then each invalid one */
+    CHECK(st.verify_memo.hits - before.verify_memo.hits == 2);
+  }
+
+  /* This client's own disable drops the key's entries: the open goes to the service, refused. */
+  CHECK_STATUS(offload_key_disable(c, "c-maead"), OFFLOAD_OK);
+  CHECK_STATUS(offload_client_get_stats(c, &st), OFFLOAD_OK);
+  CHECK(st.open_memo.entries == 0 && st.open_memo.dropped == 1);
+  out_len = sizeof(out);
+  CHECK_STATUS(offload_aead_open(c, "c-maead", env, env_len, ad, sizeof(ad) - 1, out, &out_len),
+               OFFLOAD_FAILED_PRECONDITION);
+  CHECK_STATUS(offload_key_enable(c, "c-maead"), OFFLOAD_OK);
+
+  /* Reset wipes every memo: the derive asks the service again. */
+  CHECK_STATUS(offload_client_reset(c), OFFLOAD_OK);
+  CHECK_STATUS(offload_client_get_stats(c, &before), OFFLOAD_OK);
+  CHECK(before.derive_memo.entries == 0 && before.verify_memo.entries == 0);
+  l2 = sizeof(k2);
+  CHECK_STATUS(offload_derive(c, "c-mx", peer_pk, 32, OFFLOAD_DERIVE_RAW, k2, &l2), OFFLOAD_OK);
+  CHECK(memcmp(k1, k2, 32) == 0);
+  CHECK_STATUS(offload_client_get_stats(c, &st), OFFLOAD_OK);
+  CHECK(st.rpcs - before.rpcs == 1);
+  CHECK_STATUS(offload_client_reset(NULL), OFFLOAD_INVALID_ARGUMENT);
+  offload_client_destroy(c);
+
+  /* The verify memo off: every verify is an RPC. */
+  c = NULL;
+  o.flags = OFFLOAD_CLIENT_NO_VERIFY_MEMO;
+  CHECK_STATUS(offload_client_create_with_options(&o, &c), OFFLOAD_OK);
+  if (c == NULL) return;
+  st.struct_size = sizeof(st);
+  CHECK_STATUS(offload_client_get_stats(c, &st), OFFLOAD_OK);
+  CHECK(st.verify_memo.capacity_bytes == 0 && st.derive_memo.capacity_bytes == 0);
+  offload_client_destroy(c);
+}
+
 /* The whole file at `path`, NUL-terminated (free it), or NULL. */
 static char* read_file(const char* path) {
   FILE* f = fopen(path, "rb");
@@ -740,6 +891,7 @@ int main(int argc, char** argv) {
     CHECK(wait_ready(client));
     tour(client);
     offload_client_destroy(client);
+    memo_checks(address);
     stop_server(pid);
   } else {
     /* TLS, mTLS and tokens, with offload_client_create_with_options (offload_c_auth_test.sh). */

@@ -17,6 +17,7 @@ import tempfile
 import threading
 import time
 import unittest
+import urllib.request
 
 sys.path.insert(0, os.environ.get("OFFLOAD_E2E_DIR", os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "e2e")))
@@ -57,10 +58,38 @@ class Options(ctypes.Structure):
         ("tls_key_pem", ctypes.c_char_p),
         ("tls_server_name", ctypes.c_char_p),
         ("bearer_token", ctypes.c_char_p),
+        ("verify_memo_bytes", ctypes.c_size_t),
+        ("derive_memo_bytes", ctypes.c_size_t),
+        ("open_memo_bytes", ctypes.c_size_t),
+        ("derive_memo_max_age_ms", ctypes.c_uint32),
+        ("open_memo_max_age_ms", ctypes.c_uint32),
     ]
 
     def __init__(self, **fields):
         super().__init__(struct_size=ctypes.sizeof(Options), **fields)
+
+
+TLS, NO_VERIFY_MEMO, DERIVE_MEMO, OPEN_MEMO = 1, 2, 4, 8
+
+_MEMO_FIELDS = ["hits", "misses", "inserts", "evictions", "expired", "dropped", "entries",
+                "bytes", "capacity_bytes"]
+
+
+class MemoStats(ctypes.Structure):
+    """offload_memo_stats_t."""
+    _fields_ = [(name, ctypes.c_uint64) for name in _MEMO_FIELDS]
+
+
+class Stats(ctypes.Structure):
+    """offload_client_stats_t: every field a uint64_t."""
+    _fields_ = [(name, ctypes.c_uint64) for name in [
+        "struct_size", "calls", "rpcs", "batch_rpcs", "retries", "failed_calls", "auto_batches",
+        "auto_batched_items", "retry_info_waits", "memo_bytes_not_sent",
+        "memo_bytes_not_received"]] + [
+        ("verify_memo", MemoStats), ("derive_memo", MemoStats), ("open_memo", MemoStats)]
+
+    def __init__(self):
+        super().__init__(struct_size=ctypes.sizeof(Stats))
 
 
 def load():
@@ -75,6 +104,8 @@ def load():
                                                                ctypes.POINTER(ctypes.c_void_p)]),
         "offload_client_set_token": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p]),
         "offload_client_destroy": (None, [ctypes.c_void_p]),
+        "offload_client_get_stats": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(Stats)]),
+        "offload_client_reset": (ctypes.c_int, [ctypes.c_void_p]),
         "offload_key_create": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int,
                                               u8p, szp]),
         "offload_key_import": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int,
@@ -278,6 +309,164 @@ class CtypesTest(harness.ServerTestCase):
         self.assertEqual(LIB.offload_key_delete(self.c, b"py-never"), NOT_FOUND)
 
 
+def stats(handle):
+    st = Stats()
+    check(LIB.offload_client_get_stats(handle, ctypes.byref(st)))
+    return st
+
+
+class MemoCtypesTest(harness.ServerTestCase):
+    """The memos through the .so, every "no request" counted at the server's /metrics."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.server = harness.Server("ctypes-memo")
+        cls.servers = [cls.server]
+        cls.server.start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def requests(self, *methods):
+        """offload_requests_total of `methods` (summed over services and codes)."""
+        url = "http://%s/metrics" % self.server.flag_value("metrics_address")
+        with urllib.request.urlopen(url, timeout=10) as r:
+            text = r.read().decode()
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith("offload_requests_total{") and any(
+                    'method="%s"' % m in line for m in methods):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def client(self, flags, **fields):
+        handle = ctypes.c_void_p()
+        options = Options(endpoints=self.server.address.encode(), timeout_ms=30000, flags=flags,
+                          **fields)
+        check(LIB.offload_client_create_with_options(ctypes.byref(options), ctypes.byref(handle)))
+        self.addCleanup(LIB.offload_client_destroy, handle)
+        return handle
+
+    def test_a_memo_needs_a_maximum_age(self):
+        handle = ctypes.c_void_p()
+        for flag, field in ((DERIVE_MEMO, b"derive_memo_max_age_ms"),
+                            (OPEN_MEMO, b"open_memo_max_age_ms")):
+            options = Options(endpoints=self.server.address.encode(), flags=flag)
+            self.assertEqual(LIB.offload_client_create_with_options(ctypes.byref(options),
+                                                                    ctypes.byref(handle)),
+                             INVALID_ARGUMENT)
+            self.assertIn(field, LIB.offload_last_error())
+            self.assertIsNone(handle.value)
+
+    def test_repeats_make_no_request_at_the_server(self):
+        c = self.client(DERIVE_MEMO | OPEN_MEMO, derive_memo_max_age_ms=600000,
+                        open_memo_max_age_ms=600000, open_memo_bytes=1 << 20)
+        st = stats(c)
+        self.assertEqual((st.verify_memo.capacity_bytes, st.derive_memo.capacity_bytes,
+                          st.open_memo.capacity_bytes), (1 << 20, 1 << 20, 1 << 20))
+        pk = (ctypes.c_uint8 * 32)()
+        n = ctypes.c_size_t(32)
+        check(LIB.offload_key_create(c, b"pm-x", X25519, pk, ctypes.byref(n)))
+        check(LIB.offload_key_create(c, b"pm-aead", XCHACHA, None, None))
+        peer = nacl.public.PrivateKey.generate()
+        peer_pk = bytes(peer.public_key)
+        want = nacl.bindings.crypto_scalarmult(bytes(peer), bytes(pk))
+
+        before = self.requests("Derive", "BatchDerive")
+        for _ in range(10):
+            self.assertEqual(out_call(LIB.offload_derive, c, b"pm-x", peer_pk, 32, RAW), want)
+        # out_call asks for the size first: that first call is the one request, and every other
+        # call (the size queries included) is answered from the memo.
+        self.assertEqual(self.requests("Derive", "BatchDerive") - before, 1)
+        self.assertEqual(stats(c).derive_memo.hits, 19)
+
+        blob = os.urandom(2000)
+        env = out_call(LIB.offload_aead_seal, c, b"pm-aead", blob, len(blob), b"ad", 2)
+        before = self.requests("Open", "BatchOpen")
+        for _ in range(5):
+            self.assertEqual(out_call(LIB.offload_aead_open, c, b"pm-aead", env, len(env),
+                                      b"ad", 2), blob)
+        self.assertEqual(self.requests("Open", "BatchOpen") - before, 0)
+        # A wrong associated data and a tampered envelope: asked every time, never remembered.
+        tampered = env[:-1] + bytes([env[-1] ^ 1])
+        for wrong_env, ad in ((env, b"other"), (tampered, b"ad"), (env, b"other"),
+                              (tampered, b"ad")):
+            with self.assertRaises(OffloadError) as e:
+                out_call(LIB.offload_aead_open, c, b"pm-aead", wrong_env, len(wrong_env), ad,
+                         len(ad))
+            self.assertEqual(e.exception.code, INVALID_ARGUMENT)
+        self.assertEqual(self.requests("Open", "BatchOpen") - before, 4)
+        # Two entries: out_call's size query sealed (and recorded) an envelope too.
+        self.assertEqual(stats(c).open_memo.entries, 2)
+
+        # Another client disables the key: this one still answers from memory until a refusal
+        # about the key reaches it, which drops the key's entries at once.
+        admin = self.client(0)
+        check(LIB.offload_key_disable(admin, b"pm-x"))
+        other = nacl.public.PrivateKey.generate()
+        with self.assertRaises(OffloadError) as e:
+            out_call(LIB.offload_derive, c, b"pm-x", bytes(other.public_key), 32, RAW)
+        self.assertEqual(e.exception.code, FAILED_PRECONDITION)
+        self.assertEqual(stats(c).derive_memo.entries, 0)
+        before = self.requests("Derive", "BatchDerive")
+        with self.assertRaises(OffloadError):
+            out_call(LIB.offload_derive, c, b"pm-x", peer_pk, 32, RAW)
+        self.assertEqual(self.requests("Derive", "BatchDerive") - before, 1)
+
+        # Reset wipes every memo: the next open is a request again.
+        check(LIB.offload_client_reset(c))
+        self.assertEqual(stats(c).open_memo.entries, 0)
+        before = self.requests("Open", "BatchOpen")
+        self.assertEqual(out_call(LIB.offload_aead_open, c, b"pm-aead", env, len(env), b"ad", 2),
+                         blob)
+        self.assertEqual(self.requests("Open", "BatchOpen") - before, 1)
+
+    def test_an_entry_past_its_age_is_not_used(self):
+        c = self.client(OPEN_MEMO, open_memo_max_age_ms=400)
+        check(LIB.offload_key_create(c, b"pa-aead", XCHACHA, None, None))
+        env = out_call(LIB.offload_aead_seal, c, b"pa-aead", b"short-lived", 11, None, 0)
+        time.sleep(0.6)
+        before = self.requests("Open", "BatchOpen")
+        self.assertEqual(out_call(LIB.offload_aead_open, c, b"pa-aead", env, len(env), None, 0),
+                         b"short-lived")
+        self.assertGreaterEqual(self.requests("Open", "BatchOpen") - before, 1)
+        self.assertGreaterEqual(stats(c).open_memo.expired, 1)
+
+    def test_verify_memo_off(self):
+        c = self.client(NO_VERIFY_MEMO)
+        self.assertEqual(stats(c).verify_memo.capacity_bytes, 0)
+        signer = nacl.signing.SigningKey(bytes([3]) * 32)
+        pk = bytes(signer.verify_key)
+        sig = signer.sign(b"m").signature
+        before = self.requests("Verify", "BatchVerify")
+        v = ctypes.c_int(-1)
+        for _ in range(3):
+            check(LIB.offload_verify(c, pk, 32, b"m", 1, sig, 64, ctypes.byref(v)))
+            self.assertEqual(v.value, 1)
+        self.assertEqual(self.requests("Verify", "BatchVerify") - before, 3)
+        on = self.client(0)
+        before = self.requests("Verify", "BatchVerify")
+        for _ in range(3):
+            check(LIB.offload_verify(on, pk, 32, b"m", 1, sig, 64, ctypes.byref(v)))
+        self.assertEqual(self.requests("Verify", "BatchVerify") - before, 1)
+
+    def test_stats_struct_protocol(self):
+        c = self.client(0)
+        short = Stats()
+        short.struct_size = 4
+        self.assertEqual(LIB.offload_client_get_stats(c, ctypes.byref(short)), INVALID_ARGUMENT)
+        # A caller that knows only the first fields gets those, and nothing written past them.
+        class Head(ctypes.Structure):
+            _fields_ = [("struct_size", ctypes.c_uint64), ("calls", ctypes.c_uint64),
+                        ("rpcs", ctypes.c_uint64), ("guard", ctypes.c_uint64)]
+        head = Head(struct_size=24, guard=0xfeed)
+        check(LIB.offload_client_get_stats(c, ctypes.cast(ctypes.byref(head),
+                                                          ctypes.POINTER(Stats))))
+        self.assertEqual(head.struct_size, 24)
+        self.assertEqual(head.guard, 0xfeed)
+
+
 ISSUER, AUDIENCE = "https://id.ctypes-test.example", "crypto-offload"
 
 
@@ -334,12 +523,26 @@ class TokenCtypesTest(harness.ServerTestCase):
             INVALID_ARGUMENT)
         self.assertIn(b"flags", LIB.offload_last_error())
         short = Options(endpoints=b"127.0.0.1:1")
-        short.struct_size = ctypes.sizeof(Options) - ctypes.sizeof(ctypes.c_void_p)
+        short.struct_size = Options.bearer_token.offset  # without the first layout's last field
         self.assertEqual(LIB.offload_client_create_with_options(ctypes.byref(short),
                                                                 ctypes.byref(handle)),
                          INVALID_ARGUMENT)
         self.assertIn(b"struct_size", LIB.offload_last_error())
         self.assertIsNone(handle.value)
+        # The first layout (up to bearer_token) is still accepted, with the default memos; in it
+        # the derive memo's flag is refused, since its maximum age lies beyond the struct.
+        first = Options(endpoints=b"127.0.0.1:1", flags=DERIVE_MEMO, derive_memo_max_age_ms=9)
+        first.struct_size = Options.bearer_token.offset + ctypes.sizeof(ctypes.c_void_p)
+        self.assertEqual(LIB.offload_client_create_with_options(ctypes.byref(first),
+                                                                ctypes.byref(handle)),
+                         INVALID_ARGUMENT)
+        self.assertIn(b"derive_memo_max_age_ms", LIB.offload_last_error())
+        first.flags = 0
+        check(LIB.offload_client_create_with_options(ctypes.byref(first), ctypes.byref(handle)))
+        st = stats(handle)
+        self.assertEqual((st.verify_memo.capacity_bytes, st.derive_memo.capacity_bytes),
+                         (1 << 20, 0))
+        LIB.offload_client_destroy(handle)
 
     def test_no_token_then_set_then_refreshed(self):
         c = self.client()

@@ -3,6 +3,7 @@
 #include <sodium.h>
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -14,6 +15,8 @@
 #include "client/cpp/coalescer.h"
 #include "client/cpp/credentials.h"
 #include "client/cpp/endpoints.h"
+#include "client/cpp/retry_info.h"
+#include "google/protobuf/io/coded_stream.h"
 #include "grpcpp/generic/generic_stub.h"
 
 namespace offload::client {
@@ -148,6 +151,55 @@ absl::StatusOr<int64_t> WaitSeconds(absl::Duration wait) {
 // pathological settings, e.g. endpoint_down_initial = 0, where marks never hold).
 constexpr int kMaxConnectFailovers = 16;
 
+// A refusal about the key itself: it is gone, disabled, pending deletion, retired (the version
+// asked for, or the envelope's, below the minimum), or not ours to use.
+bool IsKeyRefusal(int code) {
+  return code == static_cast<int>(absl::StatusCode::kNotFound) ||
+         code == static_cast<int>(absl::StatusCode::kFailedPrecondition) ||
+         code == static_cast<int>(absl::StatusCode::kPermissionDenied);
+}
+
+// Routing keys that are key ids: key ids never hold ':' (Verify's "ed25519:<hex>" does) and are
+// never empty (ListKeys' route is).
+bool IsKeyIdRoute(absl::string_view route) {
+  return !route.empty() && !absl::StrContains(route, ':');
+}
+
+// The serialized size of a length-delimited field of `n` bytes (tag, length, bytes); 0 when
+// empty, which proto3 does not send.
+size_t FieldSize(size_t n) {
+  if (n == 0) return 0;
+  return 1 + google::protobuf::io::CodedOutputStream::VarintSize64(n) + n;
+}
+
+// The serialized size of a message of `n` bytes inside a repeated field (a batch item).
+size_t ItemSize(size_t n) {
+  return 1 + google::protobuf::io::CodedOutputStream::VarintSize64(n) + n;
+}
+
+// A memo's bound and maximum age, checked when it is on.
+absl::Status CheckMemoOptions(absl::string_view name, size_t bytes, absl::Duration max_age) {
+  if (bytes == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, "_bytes: expected > 0 with ", name, " on, got 0"));
+  }
+  if (max_age <= absl::ZeroDuration() || max_age == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, "_max_age: expected a finite duration > 0 with ", name,
+        " on (the maximum age of an entry is the caller's to give), got ",
+        absl::FormatDuration(max_age)));
+  }
+  return absl::OkStatus();
+}
+
+// A MemoOptions from a ClientOptions' figures.
+MemoOptions MakeMemoOptions(size_t bytes, absl::Duration max_age) {
+  MemoOptions o;
+  o.capacity_bytes = bytes;
+  o.max_age = max_age;
+  return o;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
@@ -179,6 +231,16 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
       std::clamp(options.max_batch_items, 1, options.server_max_batch_items);
   if (options.batch_window < absl::ZeroDuration()) options.batch_window = absl::ZeroDuration();
   if (options.max_batches_in_flight < 0) options.max_batches_in_flight = 0;
+  if (options.derive_memo) {
+    absl::Status s = CheckMemoOptions("derive_memo", options.derive_memo_bytes,
+                                      options.derive_memo_max_age);
+    if (!s.ok()) return s;
+  }
+  if (options.open_memo) {
+    absl::Status s =
+        CheckMemoOptions("open_memo", options.open_memo_bytes, options.open_memo_max_age);
+    if (!s.ok()) return s;
+  }
   std::string token;
   token.swap(options.bearer_token);  // kept only as the Client's authorization value
   absl::Cleanup wipe_token = [&token] {
@@ -223,8 +285,63 @@ std::shared_ptr<const std::string> Client::Authorization() const {
   return authorization_;
 }
 
+absl::Status Client::RefreshToken(const std::shared_ptr<const std::string>& used) {
+  absl::MutexLock lock(&refresh_mu_);
+  if (Authorization() != used) return absl::OkStatus();  // replaced while this call waited
+  {
+    absl::MutexLock stats_lock(&mu_);
+    ++stats_.token_refreshes;
+  }
+  absl::StatusOr<std::string> token = options_.token_provider();
+  if (!token.ok()) {
+    return absl::Status(token.status().code(),
+                        absl::StrCat("token provider: ", token.status().message()));
+  }
+  absl::Status s = SetBearerToken(*token);
+  WipeString(&*token);
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat("token provider: ", s.message()));
+  return absl::OkStatus();
+}
+
+void Client::ResetMemos() {
+  for (Memo* m : {verify_memo_.get(), derive_memo_.get(), open_memo_.get()}) {
+    if (m != nullptr) m->Clear();
+  }
+}
+
+void Client::DropKey(absl::string_view key_id) {
+  if (derive_memo_ != nullptr) derive_memo_->DropOwner(key_id);
+  if (open_memo_ != nullptr) open_memo_->DropOwner(key_id);
+}
+
+void Client::NoteKeyCode(absl::string_view key_id, int code) {
+  if (IsKeyRefusal(code)) DropKey(key_id);
+}
+
+void Client::NoteKeyStatus(absl::string_view key_id, const absl::Status& status) {
+  NoteKeyCode(key_id, static_cast<int>(status.code()));
+}
+
+void Client::CountNotSent(size_t request_bytes, size_t response_bytes) {
+  memo_bytes_not_sent_.fetch_add(static_cast<int64_t>(request_bytes), std::memory_order_relaxed);
+  memo_bytes_not_received_.fetch_add(static_cast<int64_t>(response_bytes),
+                                     std::memory_order_relaxed);
+}
+
 Client::Client(ClientOptions options, std::unique_ptr<EndpointSet> endpoints)
     : options_(std::move(options)), endpoints_(std::move(endpoints)) {
+  if (options_.verify_memo_bytes > 0) {
+    verify_memo_ = std::make_unique<Memo>(
+        MakeMemoOptions(options_.verify_memo_bytes, absl::InfiniteDuration()));
+  }
+  if (options_.derive_memo) {
+    derive_memo_ = std::make_unique<Memo>(
+        MakeMemoOptions(options_.derive_memo_bytes, options_.derive_memo_max_age));
+  }
+  if (options_.open_memo) {
+    open_memo_ = std::make_unique<Memo>(
+        MakeMemoOptions(options_.open_memo_bytes, options_.open_memo_max_age));
+  }
   const absl::Duration window = options_.batch_window;
   const int max = options_.max_batch_items;
 
@@ -328,19 +445,37 @@ absl::Status Client::Invoke(absl::string_view route, absl::string_view preferred
                             absl::Time deadline, bool batch, Rpc rpc) {
   absl::Status last = absl::UnavailableError("no attempt made");
   std::string last_address;
-  int sent = 0;               // RPCs sent: at most max_attempts
+  int sent = 0;               // RPCs sent: at most `budget`
+  int budget = options_.max_attempts;  // one more after a token refreshed on UNAUTHENTICATED
   int backoffs = 0;           // pauses before going back to the same endpoint
   int connect_failovers = 0;  // endpoints left because they had no connection
-  while (sent < options_.max_attempts) {
+  bool token_asked = false;   // token_provider asked for a first token by this call
+  bool token_refreshed = false;  // ... and after a refusal UNAUTHENTICATED
+  bool resend_at_once = false;   // the next attempt goes without a backoff (a fresh token)
+  std::optional<absl::Duration> server_delay;  // RetryInfo of the last refusal
+  while (sent < budget) {
     bool alternative = false;
     auto endpoint = endpoints_->Pick(route, preferred, &alternative);
-    if (!last_address.empty() && (!endpoint.ok() || (*endpoint)->address == last_address)) {
-      // Same endpoint again (or none known): back off first. A failover goes at once.
-      const absl::Duration pause = Backoff(options_, backoffs++);
+    if (!resend_at_once && !last_address.empty() &&
+        (!endpoint.ok() || (*endpoint)->address == last_address)) {
+      // Same endpoint again (or none known): back off first, and at least for as long as the
+      // server asked. A failover goes at once.
+      thread_local absl::BitGen gen;
+      absl::Duration pause = Backoff(options_, backoffs++);
+      if (server_delay.has_value()) {
+        pause = std::max(pause, RetryPause(*server_delay, options_.initial_backoff,
+                                           absl::Uniform(gen, 0.0, 1.0)));
+      }
       if (absl::Now() + pause >= deadline) break;
       absl::SleepFor(pause);
+      if (server_delay.has_value()) {
+        absl::MutexLock lock(&mu_);
+        ++stats_.retry_info_waits;
+      }
       endpoint = endpoints_->Pick(route, preferred, &alternative);
     }
+    resend_at_once = false;
+    server_delay.reset();
     if (!endpoint.ok()) {
       last = endpoint.status();
       last_address = "?";  // back off before asking again
@@ -385,12 +520,17 @@ absl::Status Client::Invoke(absl::string_view route, absl::string_view preferred
       }
     }
 
+    std::shared_ptr<const std::string> auth = Authorization();
+    if (auth == nullptr && options_.token_provider && !token_asked) {
+      token_asked = true;
+      absl::Status t = RefreshToken(nullptr);
+      if (!t.ok()) return t;
+      auth = Authorization();
+    }
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(deadline));
     if (HeaderSafe(route)) ctx.AddMetadata(kRouteHeader, std::string(route));
-    if (std::shared_ptr<const std::string> auth = Authorization()) {
-      ctx.AddMetadata(kAuthorizationHeader, *auth);
-    }
+    if (auth != nullptr) ctx.AddMetadata(kAuthorizationHeader, *auth);
     {
       absl::MutexLock lock(&mu_);
       ++stats_.rpcs;
@@ -400,10 +540,36 @@ absl::Status Client::Invoke(absl::string_view route, absl::string_view preferred
     }
     ++sent;
     const grpc::Status s = rpc(e, &ctx);
+    if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED && options_.token_provider &&
+        !token_refreshed) {
+      // Ask for a fresh token (unless another call already replaced the one refused) and send
+      // this RPC once more with it, at once.
+      endpoints_->ReportSuccess(e.address);
+      token_refreshed = true;
+      absl::Status t = RefreshToken(auth);
+      if (!t.ok()) return t;
+      ++budget;
+      resend_at_once = true;
+      last = ToStatus(s);
+      last_address = e.address;
+      continue;
+    }
+    if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      // Overload. Retried only when the server said when: on the same endpoint (it is alive;
+      // not marked down), after at least that delay. Otherwise, or when the delay would pass
+      // the deadline or the attempts are spent, the refusal is the call's result as it is.
+      endpoints_->ReportSuccess(e.address);
+      last = ToStatus(s);
+      server_delay = RetryDelay(s);
+      if (!server_delay.has_value()) return last;
+      last_address = e.address;
+      continue;
+    }
     if (s.error_code() != grpc::StatusCode::UNAVAILABLE) {
       endpoints_->ReportSuccess(e.address);
       return ToStatus(s);
     }
+    server_delay = RetryDelay(s);  // a draining server may say when to come back
     // Not connected any more: the connection was lost (the server went away); still connected:
     // the server itself said UNAVAILABLE.
     const bool connection =
@@ -423,7 +589,10 @@ absl::StatusOr<Response> Client::InvokeUnary(absl::string_view route, Call call)
                             response.Clear();  // a retry starts from an empty response
                             return call(e, ctx, &response);
                           });
-  if (!s.ok()) return s;
+  if (!s.ok()) {
+    if (IsKeyIdRoute(route)) NoteKeyStatus(route, s);  // a refusal about the key drops its entries
+    return s;
+  }
   return response;
 }
 
@@ -471,6 +640,25 @@ absl::StatusOr<BatchResp> Client::SplitBatch(const BatchReq& request, RouteOf ro
   return out;
 }
 
+template <typename BatchReq, typename BatchResp>
+absl::StatusOr<BatchResp> Client::NoteBatchRefusals(const BatchReq& request,
+                                                    absl::StatusOr<BatchResp> result) {
+  if (derive_memo_ == nullptr && open_memo_ == nullptr) return result;
+  if (!result.ok()) {
+    if (!IsKeyRefusal(static_cast<int>(result.status().code()))) return result;
+    std::vector<absl::string_view> keys;
+    for (const auto& item : request.items()) keys.push_back(item.key_id());
+    std::sort(keys.begin(), keys.end());
+    keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+    for (absl::string_view k : keys) DropKey(k);
+    return result;
+  }
+  for (int i = 0; i < result->results_size() && i < request.items_size(); ++i) {
+    NoteKeyCode(request.items(i).key_id(), result->results(i).status().code());
+  }
+  return result;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Keys
 
@@ -481,10 +669,13 @@ absl::StatusOr<v1::KeyInfo> Client::CreateKey(absl::string_view key_id, v1::KeyT
     req.set_key_id(std::string(key_id));
     req.set_type(type);
     *req.mutable_options() = options;
-    return InvokeUnary<v1::KeyInfo>(key_id, [&](const Endpoint& e, grpc::ClientContext* ctx,
-                                         v1::KeyInfo* resp) {
+    auto r = InvokeUnary<v1::KeyInfo>(key_id, [&](const Endpoint& e, grpc::ClientContext* ctx,
+                                                  v1::KeyInfo* resp) {
       return e.keys->CreateKey(ctx, req, resp);
     });
+    // A new key under the id: whatever was remembered for it came from a key deleted since.
+    if (r.ok()) DropKey(key_id);
+    return r;
   });
 }
 
@@ -505,6 +696,7 @@ absl::StatusOr<v1::KeyInfo> Client::ImportKey(absl::string_view key_id, v1::KeyT
     std::string* copy = req.mutable_secret();
     if (!copy->empty()) sodium_memzero(copy->data(), copy->size());
     if (!s.ok()) return s;
+    DropKey(key_id);  // a new key under the id, as for CreateKey
     return resp;
   });
 }
@@ -549,10 +741,12 @@ absl::StatusOr<v1::DeleteKeyResponse> Client::DeleteKey(absl::string_view key_id
     absl::StatusOr<int64_t> wait_seconds = WaitSeconds(wait);
     if (!wait_seconds.ok()) return wait_seconds.status();
     req.set_wait_seconds(*wait_seconds);
-    return InvokeUnary<v1::DeleteKeyResponse>(
+    auto r = InvokeUnary<v1::DeleteKeyResponse>(
         key_id, [&](const Endpoint& e, grpc::ClientContext* ctx, v1::DeleteKeyResponse* resp) {
           return e.keys->DeleteKey(ctx, req, resp);
         });
+    if (r.ok()) DropKey(key_id);  // the key refuses every call from now on
+    return r;
   });
 }
 
@@ -575,10 +769,12 @@ absl::StatusOr<v1::KeyInfo> Client::DisableKey(absl::string_view key_id) {
   return Run([&]() -> absl::StatusOr<v1::KeyInfo> {
     v1::DisableKeyRequest req;
     req.set_key_id(std::string(key_id));
-    return InvokeUnary<v1::KeyInfo>(key_id, [&](const Endpoint& e, grpc::ClientContext* ctx,
-                                                v1::KeyInfo* resp) {
+    auto r = InvokeUnary<v1::KeyInfo>(key_id, [&](const Endpoint& e, grpc::ClientContext* ctx,
+                                                  v1::KeyInfo* resp) {
       return e.keys->DisableKey(ctx, req, resp);
     });
+    if (r.ok()) DropKey(key_id);  // the key refuses every call from now on
+    return r;
   });
 }
 
@@ -595,7 +791,7 @@ absl::StatusOr<v1::KeyInfo> Client::EnableKey(absl::string_view key_id) {
 
 template <typename Rpc>
 absl::StatusOr<v1::KeyInfo> Client::KeyVersionCall(absl::string_view key_id, uint32_t version,
-                                                   absl::Duration wait, Rpc rpc) {
+                                                   absl::Duration wait, bool refuses, Rpc rpc) {
   return Run([&]() -> absl::StatusOr<v1::KeyInfo> {
     v1::KeyVersionRequest req;
     req.set_key_id(std::string(key_id));
@@ -603,16 +799,18 @@ absl::StatusOr<v1::KeyInfo> Client::KeyVersionCall(absl::string_view key_id, uin
     absl::StatusOr<int64_t> wait_seconds = WaitSeconds(wait);
     if (!wait_seconds.ok()) return wait_seconds.status();
     req.set_wait_seconds(*wait_seconds);
-    return InvokeUnary<v1::KeyInfo>(key_id, [&](const Endpoint& e, grpc::ClientContext* ctx,
-                                                v1::KeyInfo* resp) {
+    auto r = InvokeUnary<v1::KeyInfo>(key_id, [&](const Endpoint& e, grpc::ClientContext* ctx,
+                                                  v1::KeyInfo* resp) {
       return rpc(*e.keys, ctx, req, resp);
     });
+    if (r.ok() && refuses) DropKey(key_id);  // a version the key refuses from now on
+    return r;
   });
 }
 
 absl::StatusOr<v1::KeyInfo> Client::DisableKeyVersion(absl::string_view key_id,
                                                       uint32_t version) {
-  return KeyVersionCall(key_id, version, absl::ZeroDuration(),
+  return KeyVersionCall(key_id, version, absl::ZeroDuration(), /*refuses=*/true,
                         [](v1::KeyService::Stub& s, grpc::ClientContext* ctx,
                            const v1::KeyVersionRequest& req, v1::KeyInfo* resp) {
                           return s.DisableKeyVersion(ctx, req, resp);
@@ -620,7 +818,7 @@ absl::StatusOr<v1::KeyInfo> Client::DisableKeyVersion(absl::string_view key_id,
 }
 
 absl::StatusOr<v1::KeyInfo> Client::EnableKeyVersion(absl::string_view key_id, uint32_t version) {
-  return KeyVersionCall(key_id, version, absl::ZeroDuration(),
+  return KeyVersionCall(key_id, version, absl::ZeroDuration(), /*refuses=*/false,
                         [](v1::KeyService::Stub& s, grpc::ClientContext* ctx,
                            const v1::KeyVersionRequest& req, v1::KeyInfo* resp) {
                           return s.EnableKeyVersion(ctx, req, resp);
@@ -629,7 +827,7 @@ absl::StatusOr<v1::KeyInfo> Client::EnableKeyVersion(absl::string_view key_id, u
 
 absl::StatusOr<v1::KeyInfo> Client::DestroyKeyVersion(absl::string_view key_id, uint32_t version,
                                                       absl::Duration wait) {
-  return KeyVersionCall(key_id, version, wait,
+  return KeyVersionCall(key_id, version, wait, /*refuses=*/true,
                         [](v1::KeyService::Stub& s, grpc::ClientContext* ctx,
                            const v1::KeyVersionRequest& req, v1::KeyInfo* resp) {
                           return s.DestroyKeyVersion(ctx, req, resp);
@@ -638,7 +836,7 @@ absl::StatusOr<v1::KeyInfo> Client::DestroyKeyVersion(absl::string_view key_id, 
 
 absl::StatusOr<v1::KeyInfo> Client::RestoreKeyVersion(absl::string_view key_id,
                                                       uint32_t version) {
-  return KeyVersionCall(key_id, version, absl::ZeroDuration(),
+  return KeyVersionCall(key_id, version, absl::ZeroDuration(), /*refuses=*/false,
                         [](v1::KeyService::Stub& s, grpc::ClientContext* ctx,
                            const v1::KeyVersionRequest& req, v1::KeyInfo* resp) {
                           return s.RestoreKeyVersion(ctx, req, resp);
@@ -651,10 +849,12 @@ absl::StatusOr<v1::KeyInfo> Client::SetMinDecryptionVersion(absl::string_view ke
     v1::SetMinDecryptionVersionRequest req;
     req.set_key_id(std::string(key_id));
     req.set_min_decryption_version(version);
-    return InvokeUnary<v1::KeyInfo>(key_id, [&](const Endpoint& e, grpc::ClientContext* ctx,
-                                                v1::KeyInfo* resp) {
+    auto r = InvokeUnary<v1::KeyInfo>(key_id, [&](const Endpoint& e, grpc::ClientContext* ctx,
+                                                  v1::KeyInfo* resp) {
       return e.keys->SetMinDecryptionVersion(ctx, req, resp);
     });
+    if (r.ok()) DropKey(key_id);  // versions below it are refused from now on
+    return r;
   });
 }
 
@@ -682,6 +882,33 @@ absl::StatusOr<v1::VerifyResponse> Client::Verify(absl::string_view public_key,
                                                   absl::string_view message,
                                                   absl::string_view signature) {
   return Run([&]() -> absl::StatusOr<v1::VerifyResponse> {
+    std::optional<Memo::Digest> digest;
+    uint64_t generation = 0;
+    if (verify_memo_ != nullptr) {
+      digest = digester_.Verify(public_key, signature, message);
+      if (verify_memo_->Lookup(*digest, nullptr, nullptr)) {
+        v1::VerifyResponse hit;
+        hit.set_valid(true);
+        hit.set_memo_hit(true);
+        CountNotSent(FieldSize(public_key.size()) + FieldSize(message.size()) +
+                         FieldSize(signature.size()),
+                     hit.ByteSizeLong());
+        return hit;
+      }
+      generation = verify_memo_->generation();
+    }
+    absl::StatusOr<v1::VerifyResponse> result = SendVerify(public_key, message, signature);
+    if (digest.has_value() && result.ok() && result->valid()) {
+      verify_memo_->Insert(*digest, {}, {}, 0, generation);  // valid answers only
+    }
+    return result;
+  });
+}
+
+absl::StatusOr<v1::VerifyResponse> Client::SendVerify(absl::string_view public_key,
+                                                      absl::string_view message,
+                                                      absl::string_view signature) {
+  {
     Pending<v1::VerifyRequest> p;
     p.route = VerifyRoutingKey(public_key);
     p.request.set_public_key(std::string(public_key));
@@ -697,25 +924,66 @@ absl::StatusOr<v1::VerifyResponse> Client::Verify(absl::string_view public_key,
                                          v1::VerifyResponse* resp) {
       return e.ed25519->Verify(ctx, p.request, resp);
     });
-  });
+  }
 }
 
 absl::StatusOr<v1::BatchSignResponse> Client::BatchSign(const v1::BatchSignRequest& request) {
   return Run([&] {
-    return SplitBatch<v1::BatchSignRequest, v1::BatchSignResponse>(
-        request, [](const v1::SignRequest& r) { return r.key_id(); },
-        [](const Endpoint& e, grpc::ClientContext* ctx, const v1::BatchSignRequest& req,
-           v1::BatchSignResponse* resp) { return e.ed25519->BatchSign(ctx, req, resp); });
+    return NoteBatchRefusals(
+        request,
+        SplitBatch<v1::BatchSignRequest, v1::BatchSignResponse>(
+            request, [](const v1::SignRequest& r) { return r.key_id(); },
+            [](const Endpoint& e, grpc::ClientContext* ctx, const v1::BatchSignRequest& req,
+               v1::BatchSignResponse* resp) { return e.ed25519->BatchSign(ctx, req, resp); }));
   });
+}
+
+absl::StatusOr<v1::BatchVerifyResponse> Client::SendBatchVerify(
+    const v1::BatchVerifyRequest& request) {
+  return SplitBatch<v1::BatchVerifyRequest, v1::BatchVerifyResponse>(
+      request, [](const v1::VerifyRequest& r) { return VerifyRoutingKey(r.public_key()); },
+      [](const Endpoint& e, grpc::ClientContext* ctx, const v1::BatchVerifyRequest& req,
+         v1::BatchVerifyResponse* resp) { return e.ed25519->BatchVerify(ctx, req, resp); });
 }
 
 absl::StatusOr<v1::BatchVerifyResponse> Client::BatchVerify(
     const v1::BatchVerifyRequest& request) {
-  return Run([&] {
-    return SplitBatch<v1::BatchVerifyRequest, v1::BatchVerifyResponse>(
-        request, [](const v1::VerifyRequest& r) { return VerifyRoutingKey(r.public_key()); },
-        [](const Endpoint& e, grpc::ClientContext* ctx, const v1::BatchVerifyRequest& req,
-           v1::BatchVerifyResponse* resp) { return e.ed25519->BatchVerify(ctx, req, resp); });
+  return Run([&]() -> absl::StatusOr<v1::BatchVerifyResponse> {
+    const int n = request.items_size();
+    if (verify_memo_ == nullptr || n == 0) return SendBatchVerify(request);
+    // Memo first: only the items that missed are sent.
+    std::vector<Memo::Digest> digests(n);
+    std::vector<int> missed;
+    v1::BatchVerifyRequest misses;
+    v1::BatchVerifyResponse out;
+    size_t not_sent = 0, not_received = 0;
+    for (int i = 0; i < n; ++i) {
+      const v1::VerifyRequest& item = request.items(i);
+      digests[i] = digester_.Verify(item.public_key(), item.signature(), item.message());
+      v1::BatchVerifyResult* r = out.add_results();
+      if (verify_memo_->Lookup(digests[i], nullptr, nullptr)) {
+        r->set_valid(true);
+        r->set_memo_hit(true);
+        not_sent += ItemSize(item.ByteSizeLong());
+        not_received += ItemSize(r->ByteSizeLong());
+      } else {
+        missed.push_back(i);
+        *misses.add_items() = item;
+      }
+    }
+    CountNotSent(not_sent, not_received);
+    if (missed.empty()) return out;
+    const uint64_t generation = verify_memo_->generation();
+    absl::StatusOr<v1::BatchVerifyResponse> sent = SendBatchVerify(misses);
+    if (!sent.ok()) return sent.status();
+    for (size_t k = 0; k < missed.size(); ++k) {
+      v1::BatchVerifyResult* r = out.mutable_results(missed[k]);
+      r->Swap(sent->mutable_results(static_cast<int>(k)));
+      if (r->status().code() == 0 && r->valid()) {
+        verify_memo_->Insert(digests[missed[k]], {}, {}, 0, generation);
+      }
+    }
+    return out;
   });
 }
 
@@ -726,6 +994,42 @@ absl::StatusOr<v1::DeriveResponse> Client::Derive(absl::string_view key_id,
                                                   absl::string_view peer_public_key,
                                                   v1::DeriveOutput output, uint32_t key_version) {
   return Run([&]() -> absl::StatusOr<v1::DeriveResponse> {
+    std::optional<Memo::Digest> digest;
+    uint64_t generation = 0;
+    if (derive_memo_ != nullptr) {
+      digest = digester_.Derive(key_id, key_version, output, peer_public_key);
+      v1::DeriveResponse hit;
+      uint32_t version = 0;
+      if (derive_memo_->Lookup(*digest, hit.mutable_shared_key(), &version)) {
+        hit.set_key_version(version);
+        hit.set_memo_hit(true);
+        v1::DeriveRequest req;
+        req.set_key_version(key_version);
+        req.set_output(output);
+        CountNotSent(FieldSize(key_id.size()) + FieldSize(peer_public_key.size()) +
+                         req.ByteSizeLong(),
+                     hit.ByteSizeLong());
+        return hit;
+      }
+      generation = derive_memo_->generation();
+    }
+    absl::StatusOr<v1::DeriveResponse> result =
+        SendDerive(key_id, peer_public_key, output, key_version);
+    if (!result.ok()) {
+      NoteKeyStatus(key_id, result.status());
+    } else if (digest.has_value()) {
+      derive_memo_->Insert(*digest, key_id, result->shared_key(), result->key_version(),
+                           generation);
+    }
+    return result;
+  });
+}
+
+absl::StatusOr<v1::DeriveResponse> Client::SendDerive(absl::string_view key_id,
+                                                      absl::string_view peer_public_key,
+                                                      v1::DeriveOutput output,
+                                                      uint32_t key_version) {
+  {
     Pending<v1::DeriveRequest> p;
     p.route = std::string(key_id);
     p.request.set_key_id(std::string(key_id));
@@ -742,16 +1046,59 @@ absl::StatusOr<v1::DeriveResponse> Client::Derive(absl::string_view key_id,
                                          v1::DeriveResponse* resp) {
       return e.x25519->Derive(ctx, p.request, resp);
     });
-  });
+  }
+}
+
+absl::StatusOr<v1::BatchDeriveResponse> Client::SendBatchDerive(
+    const v1::BatchDeriveRequest& request) {
+  return SplitBatch<v1::BatchDeriveRequest, v1::BatchDeriveResponse>(
+      request, [](const v1::DeriveRequest& r) { return r.key_id(); },
+      [](const Endpoint& e, grpc::ClientContext* ctx, const v1::BatchDeriveRequest& req,
+         v1::BatchDeriveResponse* resp) { return e.x25519->BatchDerive(ctx, req, resp); });
 }
 
 absl::StatusOr<v1::BatchDeriveResponse> Client::BatchDerive(
     const v1::BatchDeriveRequest& request) {
-  return Run([&] {
-    return SplitBatch<v1::BatchDeriveRequest, v1::BatchDeriveResponse>(
-        request, [](const v1::DeriveRequest& r) { return r.key_id(); },
-        [](const Endpoint& e, grpc::ClientContext* ctx, const v1::BatchDeriveRequest& req,
-           v1::BatchDeriveResponse* resp) { return e.x25519->BatchDerive(ctx, req, resp); });
+  return Run([&]() -> absl::StatusOr<v1::BatchDeriveResponse> {
+    const int n = request.items_size();
+    if (derive_memo_ == nullptr || n == 0) return NoteBatchRefusals(request, SendBatchDerive(request));
+    std::vector<Memo::Digest> digests(n);
+    std::vector<int> missed;
+    v1::BatchDeriveRequest misses;
+    v1::BatchDeriveResponse out;
+    size_t not_sent = 0, not_received = 0;
+    for (int i = 0; i < n; ++i) {
+      const v1::DeriveRequest& item = request.items(i);
+      digests[i] =
+          digester_.Derive(item.key_id(), item.key_version(), item.output(), item.peer_public_key());
+      v1::BatchDeriveResult* r = out.add_results();
+      uint32_t version = 0;
+      if (derive_memo_->Lookup(digests[i], r->mutable_response()->mutable_shared_key(),
+                               &version)) {
+        r->mutable_response()->set_key_version(version);
+        r->mutable_response()->set_memo_hit(true);
+        not_sent += ItemSize(item.ByteSizeLong());
+        not_received += ItemSize(r->ByteSizeLong());
+      } else {
+        missed.push_back(i);
+        *misses.add_items() = item;
+      }
+    }
+    CountNotSent(not_sent, not_received);
+    if (missed.empty()) return out;
+    const uint64_t generation = derive_memo_->generation();
+    absl::StatusOr<v1::BatchDeriveResponse> sent = SendBatchDerive(misses);
+    if (!sent.ok()) return NoteBatchRefusals(misses, std::move(sent));
+    for (size_t k = 0; k < missed.size(); ++k) {
+      v1::BatchDeriveResult* r = out.mutable_results(missed[k]);
+      r->Swap(sent->mutable_results(static_cast<int>(k)));
+      if (r->status().code() == 0) {
+        derive_memo_->Insert(digests[missed[k]], request.items(missed[k]).key_id(),
+                             r->response().shared_key(), r->response().key_version(),
+                             generation);
+      }
+    }
+    return NoteBatchRefusals(request, absl::StatusOr<v1::BatchDeriveResponse>(std::move(out)));
   });
 }
 
@@ -797,20 +1144,24 @@ absl::StatusOr<v1::BoxOpenResponse> Client::BoxOpen(absl::string_view key_id,
 absl::StatusOr<v1::BatchBoxSealResponse> Client::BatchBoxSeal(
     const v1::BatchBoxSealRequest& request) {
   return Run([&] {
-    return SplitBatch<v1::BatchBoxSealRequest, v1::BatchBoxSealResponse>(
-        request, [](const v1::BoxSealRequest& r) { return r.key_id(); },
-        [](const Endpoint& e, grpc::ClientContext* ctx, const v1::BatchBoxSealRequest& req,
-           v1::BatchBoxSealResponse* resp) { return e.box->BatchSeal(ctx, req, resp); });
+    return NoteBatchRefusals(
+        request,
+        SplitBatch<v1::BatchBoxSealRequest, v1::BatchBoxSealResponse>(
+            request, [](const v1::BoxSealRequest& r) { return r.key_id(); },
+            [](const Endpoint& e, grpc::ClientContext* ctx, const v1::BatchBoxSealRequest& req,
+               v1::BatchBoxSealResponse* resp) { return e.box->BatchSeal(ctx, req, resp); }));
   });
 }
 
 absl::StatusOr<v1::BatchBoxOpenResponse> Client::BatchBoxOpen(
     const v1::BatchBoxOpenRequest& request) {
   return Run([&] {
-    return SplitBatch<v1::BatchBoxOpenRequest, v1::BatchBoxOpenResponse>(
-        request, [](const v1::BoxOpenRequest& r) { return r.key_id(); },
-        [](const Endpoint& e, grpc::ClientContext* ctx, const v1::BatchBoxOpenRequest& req,
-           v1::BatchBoxOpenResponse* resp) { return e.box->BatchOpen(ctx, req, resp); });
+    return NoteBatchRefusals(
+        request,
+        SplitBatch<v1::BatchBoxOpenRequest, v1::BatchBoxOpenResponse>(
+            request, [](const v1::BoxOpenRequest& r) { return r.key_id(); },
+            [](const Endpoint& e, grpc::ClientContext* ctx, const v1::BatchBoxOpenRequest& req,
+               v1::BatchBoxOpenResponse* resp) { return e.box->BatchOpen(ctx, req, resp); }));
   });
 }
 
@@ -825,10 +1176,18 @@ absl::StatusOr<v1::AeadSealResponse> Client::AeadSeal(absl::string_view key_id,
     req.set_key_id(std::string(key_id));
     req.set_plaintext(std::string(plaintext));
     req.set_associated_data(std::string(associated_data));
-    return InvokeUnary<v1::AeadSealResponse>(key_id, [&](const Endpoint& e, grpc::ClientContext* ctx,
+    const uint64_t generation = open_memo_ != nullptr ? open_memo_->generation() : 0;
+    auto r = InvokeUnary<v1::AeadSealResponse>(key_id, [&](const Endpoint& e, grpc::ClientContext* ctx,
                                          v1::AeadSealResponse* resp) {
       return e.aead->Seal(ctx, req, resp);
     });
+    WipeString(req.mutable_plaintext());
+    if (r.ok() && open_memo_ != nullptr) {
+      // An echo of this envelope costs nothing: what an open of it would answer.
+      open_memo_->Insert(digester_.Open(key_id, r->envelope(), associated_data), key_id,
+                         plaintext, r->key_version(), generation);
+    }
+    return r;
   });
 }
 
@@ -836,6 +1195,37 @@ absl::StatusOr<v1::AeadOpenResponse> Client::AeadOpen(absl::string_view key_id,
                                                       absl::string_view envelope,
                                                       absl::string_view associated_data) {
   return Run([&]() -> absl::StatusOr<v1::AeadOpenResponse> {
+    std::optional<Memo::Digest> digest;
+    uint64_t generation = 0;
+    if (open_memo_ != nullptr) {
+      digest = digester_.Open(key_id, envelope, associated_data);
+      v1::AeadOpenResponse hit;
+      uint32_t version = 0;
+      if (open_memo_->Lookup(*digest, hit.mutable_plaintext(), &version)) {
+        hit.set_key_version(version);
+        hit.set_memo_hit(true);
+        CountNotSent(FieldSize(key_id.size()) + FieldSize(envelope.size()) +
+                         FieldSize(associated_data.size()),
+                     hit.ByteSizeLong());
+        return hit;
+      }
+      generation = open_memo_->generation();
+    }
+    absl::StatusOr<v1::AeadOpenResponse> result = SendOpen(key_id, envelope, associated_data);
+    if (!result.ok()) {
+      NoteKeyStatus(key_id, result.status());  // a failed open is never remembered
+    } else if (digest.has_value()) {
+      open_memo_->Insert(*digest, key_id, result->plaintext(), result->key_version(),
+                         generation);
+    }
+    return result;
+  });
+}
+
+absl::StatusOr<v1::AeadOpenResponse> Client::SendOpen(absl::string_view key_id,
+                                                      absl::string_view envelope,
+                                                      absl::string_view associated_data) {
+  {
     Pending<v1::AeadOpenRequest> p;
     p.route = std::string(key_id);
     p.request.set_key_id(std::string(key_id));
@@ -851,26 +1241,78 @@ absl::StatusOr<v1::AeadOpenResponse> Client::AeadOpen(absl::string_view key_id,
                                          v1::AeadOpenResponse* resp) {
       return e.aead->Open(ctx, p.request, resp);
     });
-  });
+  }
 }
 
 absl::StatusOr<v1::BatchAeadSealResponse> Client::BatchAeadSeal(
     const v1::BatchAeadSealRequest& request) {
   return Run([&] {
-    return SplitBatch<v1::BatchAeadSealRequest, v1::BatchAeadSealResponse>(
+    const uint64_t generation = open_memo_ != nullptr ? open_memo_->generation() : 0;
+    auto r = SplitBatch<v1::BatchAeadSealRequest, v1::BatchAeadSealResponse>(
         request, [](const v1::AeadSealRequest& r) { return r.key_id(); },
         [](const Endpoint& e, grpc::ClientContext* ctx, const v1::BatchAeadSealRequest& req,
            v1::BatchAeadSealResponse* resp) { return e.aead->BatchSeal(ctx, req, resp); });
+    if (r.ok() && open_memo_ != nullptr) {
+      for (int i = 0; i < r->results_size() && i < request.items_size(); ++i) {
+        const v1::BatchAeadSealResult& result = r->results(i);
+        if (result.status().code() != 0) continue;
+        const v1::AeadSealRequest& item = request.items(i);
+        open_memo_->Insert(
+            digester_.Open(item.key_id(), result.response().envelope(), item.associated_data()),
+            item.key_id(), item.plaintext(), result.response().key_version(), generation);
+      }
+    }
+    return NoteBatchRefusals(request, std::move(r));
   });
+}
+
+absl::StatusOr<v1::BatchAeadOpenResponse> Client::SendBatchOpen(
+    const v1::BatchAeadOpenRequest& request) {
+  return SplitBatch<v1::BatchAeadOpenRequest, v1::BatchAeadOpenResponse>(
+      request, [](const v1::AeadOpenRequest& r) { return r.key_id(); },
+      [](const Endpoint& e, grpc::ClientContext* ctx, const v1::BatchAeadOpenRequest& req,
+         v1::BatchAeadOpenResponse* resp) { return e.aead->BatchOpen(ctx, req, resp); });
 }
 
 absl::StatusOr<v1::BatchAeadOpenResponse> Client::BatchAeadOpen(
     const v1::BatchAeadOpenRequest& request) {
-  return Run([&] {
-    return SplitBatch<v1::BatchAeadOpenRequest, v1::BatchAeadOpenResponse>(
-        request, [](const v1::AeadOpenRequest& r) { return r.key_id(); },
-        [](const Endpoint& e, grpc::ClientContext* ctx, const v1::BatchAeadOpenRequest& req,
-           v1::BatchAeadOpenResponse* resp) { return e.aead->BatchOpen(ctx, req, resp); });
+  return Run([&]() -> absl::StatusOr<v1::BatchAeadOpenResponse> {
+    const int n = request.items_size();
+    if (open_memo_ == nullptr || n == 0) return NoteBatchRefusals(request, SendBatchOpen(request));
+    std::vector<Memo::Digest> digests(n);
+    std::vector<int> missed;
+    v1::BatchAeadOpenRequest misses;
+    v1::BatchAeadOpenResponse out;
+    size_t not_sent = 0, not_received = 0;
+    for (int i = 0; i < n; ++i) {
+      const v1::AeadOpenRequest& item = request.items(i);
+      digests[i] = digester_.Open(item.key_id(), item.envelope(), item.associated_data());
+      v1::BatchAeadOpenResult* r = out.add_results();
+      uint32_t version = 0;
+      if (open_memo_->Lookup(digests[i], r->mutable_response()->mutable_plaintext(), &version)) {
+        r->mutable_response()->set_key_version(version);
+        r->mutable_response()->set_memo_hit(true);
+        not_sent += ItemSize(item.ByteSizeLong());
+        not_received += ItemSize(r->ByteSizeLong());
+      } else {
+        missed.push_back(i);
+        *misses.add_items() = item;
+      }
+    }
+    CountNotSent(not_sent, not_received);
+    if (missed.empty()) return out;
+    const uint64_t generation = open_memo_->generation();
+    absl::StatusOr<v1::BatchAeadOpenResponse> sent = SendBatchOpen(misses);
+    if (!sent.ok()) return NoteBatchRefusals(misses, std::move(sent));
+    for (size_t k = 0; k < missed.size(); ++k) {
+      v1::BatchAeadOpenResult* r = out.mutable_results(missed[k]);
+      r->Swap(sent->mutable_results(static_cast<int>(k)));
+      if (r->status().code() == 0) {  // failed opens are never remembered
+        open_memo_->Insert(digests[missed[k]], request.items(missed[k]).key_id(),
+                           r->response().plaintext(), r->response().key_version(), generation);
+      }
+    }
+    return NoteBatchRefusals(request, absl::StatusOr<v1::BatchAeadOpenResponse>(std::move(out)));
   });
 }
 
@@ -892,10 +1334,14 @@ absl::StatusOr<v1::AeadRewrapResponse> Client::AeadRewrap(absl::string_view key_
 absl::StatusOr<v1::BatchAeadRewrapResponse> Client::BatchAeadRewrap(
     const v1::BatchAeadRewrapRequest& request) {
   return Run([&] {
-    return SplitBatch<v1::BatchAeadRewrapRequest, v1::BatchAeadRewrapResponse>(
-        request, [](const v1::AeadRewrapRequest& r) { return r.key_id(); },
-        [](const Endpoint& e, grpc::ClientContext* ctx, const v1::BatchAeadRewrapRequest& req,
-           v1::BatchAeadRewrapResponse* resp) { return e.aead->BatchRewrap(ctx, req, resp); });
+    return NoteBatchRefusals(
+        request,
+        SplitBatch<v1::BatchAeadRewrapRequest, v1::BatchAeadRewrapResponse>(
+            request, [](const v1::AeadRewrapRequest& r) { return r.key_id(); },
+            [](const Endpoint& e, grpc::ClientContext* ctx, const v1::BatchAeadRewrapRequest& req,
+               v1::BatchAeadRewrapResponse* resp) {
+              return e.aead->BatchRewrap(ctx, req, resp);
+            }));
   });
 }
 
@@ -927,6 +1373,11 @@ ClientStats Client::Stats() const {
     s.auto_batched_items += c.items;
   }
   s.endpoints_marked_down = endpoints_->marked_down();
+  if (verify_memo_ != nullptr) s.verify_memo = verify_memo_->Stats();
+  if (derive_memo_ != nullptr) s.derive_memo = derive_memo_->Stats();
+  if (open_memo_ != nullptr) s.open_memo = open_memo_->Stats();
+  s.memo_bytes_not_sent = memo_bytes_not_sent_.load(std::memory_order_relaxed);
+  s.memo_bytes_not_received = memo_bytes_not_received_.load(std::memory_order_relaxed);
   return s;
 }
 

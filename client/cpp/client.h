@@ -43,12 +43,37 @@
 //   at most `server_max_batch_items`, sent one after the other (each to the endpoint it was
 //   split for), and answered in request order. If any chunk fails as a whole, the call fails
 //   with that status.
+// - Retries on RESOURCE_EXHAUSTED (and UNAVAILABLE) when the server says when to come back: a
+//   refusal carrying a google.rpc.RetryInfo (retry_info.h) is retried on the same endpoint after
+//   at least its delay (plus up to a fifth more of jitter, and never less than the backoff above),
+//   within `max_attempts` and the call's deadline; a delay that would pass the deadline returns
+//   the refusal as is, and so does a RESOURCE_EXHAUSTED without a RetryInfo. Such a refusal does
+//   not mark the endpoint down.
 // - Identity: TLS or mTLS through `credentials` (credentials.h makes them from PEM files), and a
 //   bearer token sent as "authorization: Bearer <token>" metadata with every RPC, replaceable
-//   while the client runs (SetBearerToken). A server certificate that TLS refuses (not signed by
-//   our CAs, or without the expected name) is not waited out: the call fails over, or returns
+//   while the client runs (SetBearerToken), or fetched by `token_provider`: asked before the first
+//   RPC that has no token, and once more when an RPC is refused UNAUTHENTICATED, after which that
+//   RPC is sent once more with the new token. A server certificate that TLS refuses (not signed
+//   by our CAs, or without the expected name) is not waited out: the call fails over, or returns
 //   UNAVAILABLE at once with gRPC's reason. (A server that refuses our certificate closes the
 //   connection after the handshake under TLS 1.3: that looks like any lost connection.)
+// - Memos (memo.h; client/cpp/README.md, "Memos"): a repeated Verify, and with `derive_memo` /
+//   `open_memo` a repeated Derive / AeadOpen, is answered from memory with no RPC, `memo_hit`
+//   set as when the service's own memo answers. Only successful results are remembered (a valid
+//   signature, a derived key, an opened or sealed envelope); never an invalid signature or a
+//   failed open. Entries are named by a keyed digest under a random per-client key, least
+//   recently used by bytes within each memo's bound, and secrets are wiped when dropped. The
+//   derive and open memos are off unless asked for, and then require a maximum age (the caller's
+//   to give, as the AWS Encryption SDK's cache does): an older entry is never used. A refusal
+//   about a key (NOT_FOUND, FAILED_PRECONDITION, PERMISSION_DENIED, as a call's status or a batch
+//   item's error, from any call naming the key) drops that key's entries at once, and so do this
+//   client's own DisableKey, DeleteKey, DisableKeyVersion, DestroyKeyVersion and
+//   SetMinDecryptionVersion, and its CreateKey and ImportKey (a new key under an id whose old key
+//   was deleted elsewhere); an item error about one input (INVALID_ARGUMENT) does not. Otherwise
+//   a disabled, deleted or retired key's remembered results stop being used within the maximum
+//   age. Auto-batched and explicit Batch* calls look in the memo first and send only what missed
+//   (a batch whose items all hit sends nothing). One set of memos per Client, shared by all its
+//   endpoints and threads.
 //
 // Thread-safe: one Client is meant to be shared by every thread of a process. Destroying it
 // waits for calls in progress (REQUIRES: no new call starts once destruction has begun).
@@ -57,6 +82,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -68,6 +94,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "client/cpp/memo.h"
 #include "grpcpp/grpcpp.h"
 #include "offload/v1/aead.pb.h"
 #include "offload/v1/box.pb.h"
@@ -117,6 +144,33 @@ struct ClientOptions {
   // anywhere else, a bearer token is as good as a password). Replace it while the client runs
   // with SetBearerToken. Visible ASCII only (CheckBearerToken).
   std::string bearer_token;
+  // Optional: returns a fresh bearer token. Asked (with no other call of it running) before an
+  // RPC that would go without a token, and once more when an RPC is refused UNAUTHENTICATED (the
+  // RPC is then sent once more, not counted in `max_attempts`); what it returns replaces the
+  // token as SetBearerToken would. An error from it is the call's result, prefixed
+  // "token provider: ". It runs on the calling thread and may block (within reason: calls
+  // refused meanwhile wait for it); REQUIRES: it does not call this Client.
+  std::function<absl::StatusOr<std::string>()> token_provider;
+
+  // --- Memos (README "Memos"). Bounds are in charged bytes (Memo::EntryCost: value + key id +
+  // a fixed overhead per entry).
+  // Valid Verify answers. 0 turns the verify memo off. No maximum age: the answer depends on
+  // nothing but its inputs.
+  size_t verify_memo_bytes = 1 << 20;
+  // Derive answers (shared keys, wiped when dropped), keyed by (key id, key version asked, output
+  // kind, peer public key). Off unless `derive_memo`; then `derive_memo_max_age` is required (a
+  // finite duration > 0: Create refuses INVALID_ARGUMENT otherwise) and `derive_memo_bytes` must
+  // be > 0. An entry asked as the current version (0) keeps the version the server used until
+  // its age runs out, through rotations.
+  bool derive_memo = false;
+  size_t derive_memo_bytes = 1 << 20;
+  absl::Duration derive_memo_max_age = absl::ZeroDuration();
+  // AeadOpen answers (plaintexts, wiped when dropped), keyed by (key id, envelope, associated
+  // data); AeadSeal and BatchAeadSeal record the envelopes they produce. Off unless `open_memo`;
+  // then `open_memo_max_age` is required as above.
+  bool open_memo = false;
+  size_t open_memo_bytes = 8 << 20;
+  absl::Duration open_memo_max_age = absl::ZeroDuration();
 };
 
 // Counters since the Client was made (a snapshot).
@@ -131,6 +185,17 @@ struct ClientStats {
   int64_t endpoints_marked_down = 0;
   int64_t connect_failures = 0;  // attempts that found no connection (no RPC sent)
   std::map<std::string, int64_t> rpcs_by_endpoint;
+  int64_t retry_info_waits = 0;  // retries after a pause the server asked for (RetryInfo)
+  int64_t token_refreshes = 0;   // times `token_provider` was asked
+  // The memos (all zero for a memo that is off). A hit is a call, or a batch item, answered with
+  // no RPC (for a batch: not sent).
+  MemoStats verify_memo;
+  MemoStats derive_memo;
+  MemoStats open_memo;
+  // Serialized request (and response) message bytes of the calls and batch items the memos
+  // answered: what did not travel.
+  int64_t memo_bytes_not_sent = 0;
+  int64_t memo_bytes_not_received = 0;
 };
 
 class EndpointSet;
@@ -234,6 +299,10 @@ class Client final {
   // token CheckBearerToken refuses; the message never contains the token.
   absl::Status SetBearerToken(absl::string_view token) ABSL_LOCKS_EXCLUDED(token_mu_);
 
+  // Drops (and wipes) every entry of every memo, e.g. when the process knows that keys changed.
+  // Answers on their way when it is called are not remembered.
+  void ResetMemos();
+
   // --- Introspection (tests, dashboards).
   // The routing key of Verify calls for `public_key`: "ed25519:" + lowercase hex.
   static std::string VerifyRoutingKey(absl::string_view public_key);
@@ -270,16 +339,56 @@ class Client final {
   template <typename BatchReq, typename BatchResp, typename RouteOf, typename Rpc>
   absl::StatusOr<BatchResp> SplitBatch(const BatchReq& request, RouteOf route_of, Rpc rpc);
   // A KeyVersionRequest for `key_id`, `version` and `wait` (DeleteKey's), sent with
-  // `rpc(stub, context, request, response*)`.
+  // `rpc(stub, context, request, response*)`. `refuses`: on success the key refuses something
+  // it did not before, so its memo entries are dropped.
   template <typename Rpc>
   absl::StatusOr<v1::KeyInfo> KeyVersionCall(absl::string_view key_id, uint32_t version,
-                                             absl::Duration wait, Rpc rpc);
+                                             absl::Duration wait, bool refuses, Rpc rpc);
   // Runs one public call: counts it (calls, failed_calls) and keeps the destructor waiting.
   template <typename Fn>
   auto Run(Fn fn) -> decltype(fn());
 
+  // Asks `token_provider` for a token and installs it, unless the token in use is no longer
+  // `used` (another call replaced it meanwhile). One provider call at a time.
+  absl::Status RefreshToken(const std::shared_ptr<const std::string>& used)
+      ABSL_LOCKS_EXCLUDED(refresh_mu_, token_mu_);
+  // After a call naming `key_id` ended with `status`: a refusal about the key (NOT_FOUND,
+  // FAILED_PRECONDITION, PERMISSION_DENIED) drops its entries from the derive and open memos.
+  void NoteKeyStatus(absl::string_view key_id, const absl::Status& status);
+  void NoteKeyCode(absl::string_view key_id, int code);
+  // Drops `key_id`'s entries from the derive and open memos.
+  void DropKey(absl::string_view key_id);
+  // Counts a memo answer's bytes that did not travel.
+  void CountNotSent(size_t request_bytes, size_t response_bytes);
+  // After an explicit batch of key-named items: drops the entries of each key that an item error
+  // (or the whole call's status) refused. Returns `result`.
+  template <typename BatchReq, typename BatchResp>
+  absl::StatusOr<BatchResp> NoteBatchRefusals(const BatchReq& request,
+                                              absl::StatusOr<BatchResp> result);
+  // The single calls as sent (auto-batched or not), after the memo missed.
+  absl::StatusOr<v1::VerifyResponse> SendVerify(absl::string_view public_key,
+                                                absl::string_view message,
+                                                absl::string_view signature);
+  absl::StatusOr<v1::DeriveResponse> SendDerive(absl::string_view key_id,
+                                                absl::string_view peer_public_key,
+                                                v1::DeriveOutput output, uint32_t key_version);
+  absl::StatusOr<v1::AeadOpenResponse> SendOpen(absl::string_view key_id,
+                                                absl::string_view envelope,
+                                                absl::string_view associated_data);
+  // The explicit batches, as sent (after the memo).
+  absl::StatusOr<v1::BatchVerifyResponse> SendBatchVerify(const v1::BatchVerifyRequest& request);
+  absl::StatusOr<v1::BatchDeriveResponse> SendBatchDerive(const v1::BatchDeriveRequest& request);
+  absl::StatusOr<v1::BatchAeadOpenResponse> SendBatchOpen(const v1::BatchAeadOpenRequest& request);
+
   const ClientOptions options_;
   const std::unique_ptr<EndpointSet> endpoints_;
+  // The memos (null when off) and the keyed digests that name their entries.
+  const MemoDigester digester_;
+  std::unique_ptr<Memo> verify_memo_;
+  std::unique_ptr<Memo> derive_memo_;
+  std::unique_ptr<Memo> open_memo_;
+  std::atomic<int64_t> memo_bytes_not_sent_{0};
+  std::atomic<int64_t> memo_bytes_not_received_{0};
   std::unique_ptr<Coalescer<Pending<v1::VerifyRequest>, v1::VerifyResponse>> verify_batcher_;
   std::unique_ptr<Coalescer<Pending<v1::DeriveRequest>, v1::DeriveResponse>> derive_batcher_;
   std::unique_ptr<Coalescer<Pending<v1::AeadOpenRequest>, v1::AeadOpenResponse>> open_batcher_;
@@ -295,6 +404,8 @@ class Client final {
   // Held shared by RPCs while their context takes a copy; wiped when the last holder lets go.
   mutable absl::Mutex token_mu_;
   std::shared_ptr<const std::string> authorization_ ABSL_GUARDED_BY(token_mu_);
+  // Held while `token_provider` runs, so that callers refused together ask it once.
+  absl::Mutex refresh_mu_ ABSL_ACQUIRED_BEFORE(token_mu_);
 };
 
 }  // namespace offload::client

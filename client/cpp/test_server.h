@@ -1,6 +1,7 @@
 // Test helpers: runs real offload_server processes on free loopback ports (started, killed,
 // restarted on the same ports and data) and reads their Prometheus counters; a loopback port
-// that accepts TCP and never answers. For the client's integration tests only (gtest assertions
+// that accepts TCP and never answers; a gRPC peer that refuses calls as an overloaded server
+// does. For the client's integration tests only (gtest assertions
 // inside).
 #ifndef CLIENT_CPP_TEST_SERVER_H_
 #define CLIENT_CPP_TEST_SERVER_H_
@@ -17,8 +18,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <chrono>
 #include <map>
 #include <memory>
+#include <optional>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -37,7 +40,12 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/cpp/client.h"
+#include "google/protobuf/duration.pb.h"
+#include "google/rpc/error_details.pb.h"
+#include "google/rpc/status.pb.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "offload/v1/ed25519.grpc.pb.h"
 
 namespace offload::client::testing {
 
@@ -253,6 +261,81 @@ class FaultyListener {
   int calls_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// A gRPC peer that refuses Ed25519Service.Sign the way an overloaded or draining offload_server
+// does: the first `refusals` calls get `code` ("overloaded") with, when `delay` is given, a
+// google.rpc.Status holding a google.rpc.RetryInfo in grpc-status-details-bin; later calls are
+// answered (a signature of 64 zero bytes: the peer computes nothing). Counts the calls it saw.
+// For the client's retry policy only; a real server's refusals are tested against one.
+class RefusingPeer {
+ public:
+  RefusingPeer(grpc::StatusCode code, int refusals, std::optional<absl::Duration> delay)
+      : service_(code, refusals, delay) {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&service_);
+    server_ = builder.BuildAndStart();
+    if (server_ == nullptr || port == 0) {
+      ADD_FAILURE() << "RefusingPeer: cannot listen on 127.0.0.1";
+      return;
+    }
+    address_ = absl::StrCat("127.0.0.1:", port);
+  }
+  ~RefusingPeer() {
+    if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now());
+  }
+  RefusingPeer(const RefusingPeer&) = delete;
+  RefusingPeer& operator=(const RefusingPeer&) = delete;
+
+  const std::string& address() const { return address_; }
+  int calls() { return service_.calls(); }
+
+ private:
+  class Service final : public v1::Ed25519Service::Service {
+   public:
+    Service(grpc::StatusCode code, int refusals, std::optional<absl::Duration> delay)
+        : code_(code), refusals_(refusals) {
+      if (delay.has_value()) {
+        google::rpc::Status status;
+        status.set_code(static_cast<int>(code));
+        status.set_message("overloaded");
+        google::rpc::RetryInfo info;
+        info.mutable_retry_delay()->set_seconds(absl::ToInt64Seconds(*delay));
+        info.mutable_retry_delay()->set_nanos(static_cast<int32_t>(
+            absl::ToInt64Nanoseconds(*delay - absl::Seconds(absl::ToInt64Seconds(*delay)))));
+        status.add_details()->PackFrom(info);
+        details_ = status.SerializeAsString();
+      }
+    }
+    grpc::Status Sign(grpc::ServerContext*, const v1::SignRequest*,
+                      v1::SignResponse* response) override {
+      absl::MutexLock lock(&mu_);
+      ++calls_;
+      if (refusals_ > 0) {
+        --refusals_;
+        return grpc::Status(code_, "overloaded", details_);
+      }
+      response->set_signature(std::string(64, '\0'));
+      return grpc::Status::OK;
+    }
+    int calls() {
+      absl::MutexLock lock(&mu_);
+      return calls_;
+    }
+
+   private:
+    const grpc::StatusCode code_;
+    std::string details_;
+    absl::Mutex mu_;
+    int refusals_ ABSL_GUARDED_BY(mu_);
+    int calls_ ABSL_GUARDED_BY(mu_) = 0;
+  };
+
+  Service service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+};
+
 class ServerProcess {
  public:
   explicit ServerProcess(std::string name) : name_(std::move(name)) {}
@@ -401,7 +484,8 @@ class ServerProcess {
     }
   }
 
-  // OK once this process has logged "server_started" and a ListKeys answers (the log line first:
+  // OK once this process has logged "server_started" and a ListKeys answers, or is refused for
+  // want of an identity (the log line first:
   // on a port taken by another test's server, that one would answer the probe);
   // FailedPrecondition if the process exited first (it is reaped); DeadlineExceeded after 60 s.
   absl::Status WaitServing() {
@@ -420,7 +504,14 @@ class ServerProcess {
         return absl::FailedPreconditionError("exited before it answered");
       }
       if (!started) started = LoggedSinceLaunch("\"event\":\"server_started\"");
-      if (started && (*probe)->ListKeys().ok()) return absl::OkStatus();
+      if (started) {
+        // An answer, even a refusal of the anonymous probe (--require_identity), is serving.
+        const absl::StatusCode code = (*probe)->ListKeys().status().code();
+        if (code == absl::StatusCode::kOk || code == absl::StatusCode::kUnauthenticated ||
+            code == absl::StatusCode::kPermissionDenied) {
+          return absl::OkStatus();
+        }
+      }
       absl::SleepFor(absl::Milliseconds(50));
     }
     return absl::DeadlineExceededError("not answering after 60s");

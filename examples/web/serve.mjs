@@ -14,10 +14,16 @@ const types = {
   ".png": "image/png",
 };
 
-// Serves `root` on 127.0.0.1:`port` (0: a free port). Resolves to { url, close() }.
-export function serveStatic(root, port = 0) {
+// Serves `root` on 127.0.0.1:`port` (0: a free port). Resolves to { url, close() }. `routes`
+// maps a path to a handler (url, res) for GETs that are not files: a test's token endpoint.
+export function serveStatic(root, port = 0, { routes = {} } = {}) {
   const base = resolve(root);
   const server = createServer(async (req, res) => {
+    const route = req.method === "GET" && routes[new URL(req.url, "http://x").pathname];
+    if (route) {
+      route(new URL(req.url, "http://x"), res);
+      return;
+    }
     if (req.method !== "GET" && req.method !== "HEAD") {
       res.writeHead(405, { Allow: "GET, HEAD" }).end();
       return;

@@ -20,8 +20,17 @@
 // is re-opened, and a new, empty file starts with an "audit_file_reopened" line.
 // The chain: a re-opened regular file continues from its own last line (the same file: the chain
 // goes on unbroken across a gap), a new file starts a new chain whose first line names the
-// previous file's last mac (`previous_file_mac`). Lines are written without fsync: "written"
-// means the kernel took them (write(2) returned their full length).
+// previous file's last mac (`previous_file_mac`) - the "audit_file_reopened" line, or, when that
+// write failed, the "audit_log_recovered" line that is the new file's first. Lines are written
+// without fsync: "written" means the kernel took them (write(2) returned their full length).
+//
+// Checkpoints (with a chain key): an "audit_checkpoint" line - the path, the mac of the file's
+// first line (which names the file to `offloadctl audit verify --checkpoints`), its lines so
+// far, its last mac - goes to the main log and, when `checkpoint_file` is set, is appended
+// there: every `checkpoint_interval` when lines were written since the last one, before the
+// sink moves to another file, and when it stops. Lines cut from the file's end up to the last
+// checkpoint are then found (VerifyAuditTrail). A regular file's lines are counted when it is
+// opened (one read of the file at start).
 //
 // Thread-safety: every method may be called from any thread. The destructor writes what is
 // queued, then stops the thread.
@@ -39,11 +48,14 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "service/auth/audit_chain.h"
+#include "service/common/secure_memory.h"
 
 namespace offload::auth {
 
@@ -51,7 +63,11 @@ class AuditSink final {
  public:
   struct Options {
     std::string path;
-    std::string chain_key;  // at least 32 bytes, or empty: plain lines
+    KeyBytes chain_key;  // at least 32 bytes, or empty: plain lines; moved into the chain
+    // Checkpoints (see above; only with a chain key): zero interval: only on a change of file
+    // and at the stop. `checkpoint_file`: empty: the main log only.
+    absl::Duration checkpoint_interval = absl::ZeroDuration();
+    std::string checkpoint_file;
     // Lines waiting for the writer, at most; beyond, Append fails the line at once.
     size_t max_queued_lines = 65536;
     // How often the path is checked (re-opened when it changed) and, while broken, probed.
@@ -67,7 +83,7 @@ class AuditSink final {
   // the sink is stopping): whether the line is in the file.
   using Done = std::function<void(bool written)>;
 
-  // Unavailable if `path` cannot be opened for appending.
+  // Unavailable if `path` (or `checkpoint_file`) cannot be opened for appending.
   static absl::StatusOr<std::unique_ptr<AuditSink>> Open(Options options);
   ~AuditSink();
   AuditSink(const AuditSink&) = delete;
@@ -86,7 +102,7 @@ class AuditSink final {
     std::string json;
     Done done;
   };
-  explicit AuditSink(Options options);
+  AuditSink(Options options, KeyBytes key);
   void Run();
   // Writer thread only, below.
   bool OpenPath();  // fd_ on the path; the chain resumed from a regular file's last line
@@ -96,6 +112,13 @@ class AuditSink final {
   void Check();  // the periodic look at the path; the probe while broken
   void MarkBroken(absl::string_view what, int error);
   std::string Sealed(std::string json);
+  // Writes one sealed line that Check makes (reopened, recovered): counted in the file.
+  bool WriteOwnLine(nlohmann::ordered_json line);
+  // Counts `n` lines written into the current file; `first_mac`: the first one's mac.
+  void Counted(uint64_t n, const std::string& first_mac);
+  // An audit_checkpoint of the current file, unless nothing was written since the last one
+  // (`always`: at the stop, whenever the file has lines).
+  void WriteCheckpoint(bool always);
 
   const Options options_;
   absl::Mutex mu_;
@@ -114,6 +137,14 @@ class AuditSink final {
   bool regular_ = false;
   off_t good_size_ = 0;  // the file's size after the last whole batch (regular files)
   std::unique_ptr<AuditChain> chain_;
+  // The previous file's last mac, for the first line of a new file that starts a new chain
+  // (cleared once a line carrying it is written).
+  std::string link_previous_;
+  uint64_t file_lines_ = 0;       // lines in the current file (counted at open, then written)
+  std::string file_first_mac_;    // the current file's first line's mac ("" if none yet)
+  uint64_t checkpointed_lines_ = 0;  // file_lines_ at the last checkpoint of this file
+  int checkpoint_fd_ = -1;
+  bool checkpoint_failed_ = false;  // logged once per failure streak
   absl::Time broken_since_ = absl::InfinitePast();
   uint64_t lost_at_break_ = 0;
   std::string last_error_;

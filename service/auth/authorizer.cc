@@ -235,6 +235,9 @@ absl::StatusOr<std::unique_ptr<Authorizer>> Authorizer::Create(Options options) 
         "policy_file: needs a source of identities (tls_client_ca_file, jwks_file or "
         "forwarded_identity_header), else callers have none");
   }
+  // The chain key goes to the audit sink alone (see Options::audit_chain_key).
+  KeyBytes chain_key = std::move(options.audit_chain_key);
+  options.audit_chain_key.clear();
   std::unique_ptr<Authorizer> a(new Authorizer(std::move(options)));
   if (!a->options_.policy_file.empty()) {
     const int64_t stamp = FileFingerprint(a->options_.policy_file);
@@ -245,8 +248,14 @@ absl::StatusOr<std::unique_ptr<Authorizer>> Authorizer::Create(Options options) 
     a->policy_stamp_ = stamp;
     a->policy_look_ = absl::Now();
   }
-  if (!a->options_.audit_chain_key.empty() && a->options_.audit_file.empty()) {
+  if (!chain_key.empty() && a->options_.audit_file.empty()) {
     return absl::InvalidArgumentError("audit_chain_key_file: needs audit_log_file");
+  }
+  if (!a->options_.audit_checkpoint_file.empty() && chain_key.empty()) {
+    return absl::InvalidArgumentError("audit_checkpoint_file: needs audit_chain_key_file");
+  }
+  if (a->options_.audit_checkpoint_interval < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("audit_checkpoint_interval: expected 0 or more");
   }
   if (a->options_.audit_fail_closed && a->options_.audit_file.empty()) {
     return absl::InvalidArgumentError("audit_fail_closed: needs audit_log_file");
@@ -259,7 +268,9 @@ absl::StatusOr<std::unique_ptr<Authorizer>> Authorizer::Create(Options options) 
     // A chain goes on from the file's last line (AuditSink).
     AuditSink::Options sink;
     sink.path = a->options_.audit_file;
-    sink.chain_key = a->options_.audit_chain_key;
+    sink.chain_key = std::move(chain_key);
+    sink.checkpoint_interval = a->options_.audit_checkpoint_interval;
+    sink.checkpoint_file = a->options_.audit_checkpoint_file;
     OFFLOAD_ASSIGN_OR_RETURN(a->sink_, AuditSink::Open(std::move(sink)));
   }
   return a;
@@ -384,10 +395,22 @@ void Authorizer::AuditOrdered(nlohmann::ordered_json line, AuditSink::Done done)
 }
 
 absl::Status Authorizer::Authorize(const Peer& peer, absl::string_view path,
-                                   const Message& request, absl::string_view transport) {
+                                   const Message& request, absl::string_view transport,
+                                   RefusalDone refusal_done) {
   if (!enforcing()) return absl::OkStatus();
+  // The refusal's line goes with `done`, which hands the refusal on.
+  const auto done_for = [&refusal_done](const absl::Status& refusal) -> AuditSink::Done {
+    if (!refusal_done) return nullptr;
+    return [refusal_done = std::move(refusal_done), refusal](bool written) {
+      refusal_done(refusal, written);
+    };
+  };
   absl::StatusOr<Operation> op = OperationOf(options_.operations, path);
-  if (!op.ok()) return absl::UnimplementedError(absl::StrCat("unknown method ", path));
+  if (!op.ok()) {
+    const absl::Status status = absl::UnimplementedError(absl::StrCat("unknown method ", path));
+    if (refusal_done) refusal_done(status, true);  // no line to wait for
+    return status;
+  }
   std::shared_ptr<const Policy> policy = CurrentPolicy();
   if (peer.identity.empty()) {
     // Tokens alone make an identity optional; mTLS, a policy or require_identity need one.
@@ -398,7 +421,7 @@ absl::Status Authorizer::Authorize(const Peer& peer, absl::string_view path,
     if (options_.forwarded && wanted.empty()) wanted = "an identity forwarded by a trusted proxy";
     if (wanted.empty()) wanted = "an identity";
     const absl::Status status = absl::UnauthenticatedError(absl::StrCat(wanted, " is required"));
-    AuditUnauthenticated(peer, path, status, transport);
+    AuditUnauthenticated(peer, path, status, transport, done_for(status));
     return status;
   }
   std::vector<std::string> key_ids;
@@ -421,18 +444,21 @@ absl::Status Authorizer::Authorize(const Peer& peer, absl::string_view path,
                                 {"method", std::string(path)},
                                 {"operation", op->name},
                                 {"key_ids", key_ids},
-                                {"reason", std::string(status.message())}});
+                                {"reason", std::string(status.message())}},
+          done_for(status));
   }
   return status;
 }
 
 void Authorizer::AuditUnauthenticated(const Peer& peer, absl::string_view path,
-                                      const absl::Status& status, absl::string_view transport) {
+                                      const absl::Status& status, absl::string_view transport,
+                                      AuditSink::Done done) {
   unauthenticated_.fetch_add(1, std::memory_order_relaxed);
   Audit("unauthenticated", {{"transport", std::string(transport)},
                             {"peer", peer.address},
                             {"method", std::string(path)},
-                            {"reason", std::string(status.message())}});
+                            {"reason", std::string(status.message())}},
+        std::move(done));
 }
 
 void Authorizer::AuditKeyCall(const Peer& peer, absl::string_view path, const Message& request,
@@ -444,9 +470,11 @@ void Authorizer::AuditKeyCall(const Peer& peer, absl::string_view path, const Me
     return;
   }
   const std::vector<std::string> key_ids = KeyIdsOf(request);
+  // An anonymous caller is named as data-plane lines name it, never with empty fields.
+  const bool anonymous = peer.identity.empty();
   nlohmann::json fields = {{"transport", std::string(transport)},
-                           {"identity", peer.identity},
-                           {"identity_source", peer.identity_source},
+                           {"identity", anonymous ? std::string("anonymous") : peer.identity},
+                           {"identity_source", anonymous ? "none" : peer.identity_source},
                            {"peer", peer.address},
                            {"operation", op->name},
                            {"key_id", key_ids.empty() ? std::string() : key_ids.front()},

@@ -35,6 +35,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,6 +52,7 @@
 #include "service/auth/audit_chain.h"
 #include "service/auth/audit_sink.h"
 #include "service/auth/policy.h"
+#include "service/common/secure_memory.h"
 
 namespace offload::auth {
 
@@ -105,8 +107,13 @@ class Authorizer {
     bool forwarded = false;         // identities forwarded by trusted proxies
     bool require_identity = false;  // no anonymous calls; key lifecycle for admins only
     // With audit_file: each line carries an HMAC chaining it to the one before (AuditChain),
-    // under this key (at least 32 bytes); empty: plain lines.
-    std::string audit_chain_key;
+    // under this key (at least 32 bytes); empty: plain lines. Create moves it into the chain:
+    // no copy stays in the options it keeps.
+    KeyBytes audit_chain_key;
+    // With a chain key: audit_checkpoint lines (AuditSink) every this long (zero: only when the
+    // file changes and at the stop), also appended to this file when set.
+    absl::Duration audit_checkpoint_interval = absl::ZeroDuration();
+    std::string audit_checkpoint_file;
     // The fraction of data-plane calls audited: 0 none, 1 every one.
     double audit_data_plane = 0;
     // Refuse calls that must be audited while the audit file is unwritable (needs audit_file).
@@ -125,15 +132,22 @@ class Authorizer {
   };
 
   // InvalidArgument if the policy file cannot be read or parsed, or is given without a source of
-  // identities, or audit_fail_closed / audit_chain_key without audit_file;
+  // identities, or audit_fail_closed / audit_chain_key without audit_file, or
+  // audit_checkpoint_file without audit_chain_key;
   // Unavailable if the audit file cannot be opened for appending.
   static absl::StatusOr<std::unique_ptr<Authorizer>> Create(Options options);
   ~Authorizer();
 
+  // Called once for a refused call: the refusal, and whether its audit line was written (as
+  // AuditSink::Done: on the audit writer's thread, or at once).
+  using RefusalDone = std::function<void(absl::Status refusal, bool written)>;
   // OK, Unauthenticated (no identity where one is required) or PermissionDenied; refusals are
-  // audited and counted. `path` is "/offload.v1.AeadService/Open".
+  // audited and counted. `path` is "/offload.v1.AeadService/Open". `refusal_done`, when given, is
+  // called once if and only if the call is refused (maybe before Authorize returns), so that a
+  // fail-closed transport holds the refusal until its line is written.
   absl::Status Authorize(const Peer& peer, absl::string_view path,
-                         const google::protobuf::Message& request, absl::string_view transport);
+                         const google::protobuf::Message& request, absl::string_view transport,
+                         RefusalDone refusal_done = nullptr);
 
   // Audits a finished key-management call (create, import, rotate, delete), successful or not.
   // Other methods are ignored. `version` is the key's current version after the call, 0 if none.
@@ -165,9 +179,10 @@ class Authorizer {
   AuditStats audit_stats() const;
 
   // Audits and counts a call refused before Authorize for who it claims to be (a bad token, an
-  // unreadable forwarded identity): `status` is the refusal, its message the reason.
+  // unreadable forwarded identity): `status` is the refusal, its message the reason. `done` as
+  // for AuditKeyCall.
   void AuditUnauthenticated(const Peer& peer, absl::string_view path, const absl::Status& status,
-                            absl::string_view transport);
+                            absl::string_view transport, AuditSink::Done done = nullptr);
 
   // Audits a request the HTTP engine refused before anyone read who sent it (headers over the
   // bound): `reason` says why. Not counted here (the engine counts it as abuse).
@@ -183,6 +198,10 @@ class Authorizer {
                              absl::string_view reason);
 
   bool mtls() const { return options_.mtls; }
+  // Whether Authorize refuses a call without an identity (require_identity, mTLS or a policy).
+  bool RequiresIdentity() const {
+    return options_.require_identity || options_.mtls || !options_.policy_file.empty();
+  }
   // Whether Authorize has anything to do (else every call is allowed unread).
   bool enforcing() const {
     return options_.mtls || options_.tokens || options_.forwarded || options_.require_identity;

@@ -104,6 +104,51 @@ TEST(AuthorizerTest, RefusesAuditsAndCountsAndReloadsThePolicy) {
   EXPECT_TRUE((*a)->Authorize({"app-a", "x"}, "/offload.v1.AeadService/Open", open, "grpc").ok());
 }
 
+// Issue 33: a lifecycle line names an anonymous caller as a data-plane line does; a refusal's
+// `refusal_done` hears the refusal and whether its line was written, and is not called for an
+// allowed call.
+TEST(AuthorizerTest, AnonymousLifecycleLinesAndHeldRefusals) {
+  const std::string dir = TempDir();
+  const std::string audit = dir + "/audit.jsonl";
+  Authorizer::Options options;
+  options.operations = api::PolicyOperations();
+  options.audit_file = audit;
+  options.forwarded = true;
+  options.require_identity = true;
+  options.audit_fail_closed = true;
+  absl::StatusOr<std::unique_ptr<Authorizer>> a = Authorizer::Create(options);
+  ASSERT_TRUE(a.ok()) << a.status();
+  v1::CreateKeyRequest create;
+  create.set_key_id("k");
+  (*a)->AuditKeyCall({"", "ipv4:127.0.0.1:7"}, "/offload.v1.KeyService/CreateKey", create,
+                     absl::OkStatus(), 1, "grpc");
+  int calls = 0;
+  absl::Status heard;
+  bool written = false;
+  const auto done = [&](absl::Status refusal, bool w) {
+    ++calls;
+    heard = refusal;
+    written = w;
+  };
+  const absl::Status refused =
+      (*a)->Authorize({"", "ipv4:127.0.0.1:8"}, "/offload.v1.KeyService/CreateKey", create,
+                      "grpc", done);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnauthenticated);
+  v1::VerifyRequest verify;
+  EXPECT_TRUE((*a)->Authorize({"someone", "x"}, "/offload.v1.Ed25519Service/Verify", verify,
+                              "grpc", done)
+                  .ok());
+  (*a)->FlushAudit();
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(heard, refused);
+  EXPECT_TRUE(written);
+  const std::string log = ReadAll(audit);
+  EXPECT_NE(log.find(R"("identity":"anonymous")"), std::string::npos) << log;
+  EXPECT_NE(log.find(R"("identity_source":"none")"), std::string::npos) << log;
+  EXPECT_EQ(log.find(R"("identity":"")"), std::string::npos) << log;
+  EXPECT_NE(log.find(R"("event":"unauthenticated")"), std::string::npos) << log;
+}
+
 TEST(AuthorizerTest, WithoutMtlsEverythingPassesAndAPolicyIsRefused) {
   absl::StatusOr<std::unique_ptr<Authorizer>> open = Authorizer::Create(Opts(false, "", ""));
   ASSERT_TRUE(open.ok());

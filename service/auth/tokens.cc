@@ -96,12 +96,21 @@ std::string StringMember(const Json& j, const char* name) {
   return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
 }
 
-// One entry of the JWKS's "keys"; nullopt (and a warning) for a key this service cannot use or
-// that is meant for something else (use != sig). Private or symmetric material is an error: a
-// JWKS for token checks lists public keys only, and one that does not may be a leaked secret.
-absl::StatusOr<std::optional<Key>> ParseKey(const Json& j, size_t index) {
+// One entry of the JWKS's "keys"; nullopt (a warning, and `*skipped` counts it) for a key this
+// service cannot use - another type or curve, malformed or short coordinates, an RSA key under
+// 2,048 bits - or that is meant for something else (use != sig): the file's other keys still
+// load. Private or symmetric material is an error: a JWKS for token checks lists public keys
+// only, and one that does not may be a leaked secret.
+absl::StatusOr<std::optional<Key>> ParseKey(const Json& j, size_t index, size_t* skipped) {
   const std::string where = absl::StrCat("jwks_file: keys[", index, "]");
-  if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(where, ": expected an object"));
+  Key key;
+  const auto skip = [&](absl::string_view why) -> std::optional<Key> {
+    ++*skipped;
+    Log(LogLevel::kWarning, "jwks_key_skipped",
+        {{"key", absl::StrCat("keys[", index, "]")}, {"kid", key.kid}, {"reason", std::string(why)}});
+    return std::nullopt;
+  };
+  if (!j.is_object()) return skip("expected an object");
   for (const char* private_member : {"d", "p", "q", "dp", "dq", "qi", "k"}) {
     if (j.contains(private_member)) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -109,18 +118,10 @@ absl::StatusOr<std::optional<Key>> ParseKey(const Json& j, size_t index) {
           "\"): a JWKS for token checks lists public keys only"));
     }
   }
-  Key key;
   if (j.contains("kid")) {
-    if (!j["kid"].is_string()) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": kid: expected a string"));
-    }
+    if (!j["kid"].is_string()) return skip("kid: expected a string");
     key.kid = j["kid"].get<std::string>();
   }
-  const auto skip = [&](absl::string_view why) -> std::optional<Key> {
-    Log(LogLevel::kWarning, "jwks_key_skipped",
-        {{"key", absl::StrCat("keys[", index, "]")}, {"kid", key.kid}, {"reason", std::string(why)}});
-    return std::nullopt;
-  };
   if (j.contains("use") && StringMember(j, "use") != "sig") return skip("use is not sig");
   const std::string kty = StringMember(j, "kty");
   const std::string crv = StringMember(j, "crv");
@@ -128,8 +129,7 @@ absl::StatusOr<std::optional<Key>> ParseKey(const Json& j, size_t index) {
     key.kind = Key::Kind::kEd25519;
     std::optional<std::string> x = Base64UrlDecode(StringMember(j, "x"));
     if (!x.has_value() || x->size() != key.ed25519.size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": x: expected 32 bytes of Ed25519 public key in base64url"));
+      return skip("x: expected 32 bytes of Ed25519 public key in base64url");
     }
     std::copy(x->begin(), x->end(), key.ed25519.begin());
   } else if (kty == "EC" && crv == "P-256") {
@@ -149,19 +149,20 @@ absl::StatusOr<std::optional<Key>> ParseKey(const Json& j, size_t index) {
     cjose_err err{};
     key.jwk.reset(cjose_jwk_import(text.data(), text.size(), &err));
     if (key.jwk == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": not a usable ", kty, " key (", CjoseError(err), ")"));
+      // E.g. an EC coordinate without its leading zero byte (31 bytes: PyJWT 2.6 writes 1 key
+      // in 128 so; RFC 7518 6.2.1.2 wants the full 32).
+      return skip(absl::StrCat("not a usable ", kty, " key (", CjoseError(err), ")"));
     }
     if (key.kind == Key::Kind::kRsa && cjose_jwk_get_keysize(key.jwk.get(), &err) < 2048) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": an RSA key of ", cjose_jwk_get_keysize(key.jwk.get(), &err),
-                       " bits; expected 2048 or more"));
+      return skip(absl::StrCat("an RSA key of ", cjose_jwk_get_keysize(key.jwk.get(), &err),
+                               " bits; expected 2048 or more"));
     }
   }
   return key;
 }
 
-absl::StatusOr<std::shared_ptr<const KeySet>> ReadKeysOrThrow(const std::string& path) {
+absl::StatusOr<std::shared_ptr<const KeySet>> ReadKeysOrThrow(const std::string& path,
+                                                              size_t* skipped) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::InvalidArgumentError(absl::StrCat("jwks_file: cannot read ", path));
   std::string text(kMaxJwksBytes + 1, '\0');
@@ -179,7 +180,7 @@ absl::StatusOr<std::shared_ptr<const KeySet>> ReadKeysOrThrow(const std::string&
   auto set = std::make_shared<KeySet>();
   const Json& keys = (*root)["keys"];
   for (size_t i = 0; i < keys.size(); ++i) {
-    absl::StatusOr<std::optional<Key>> key = ParseKey(keys[i], i);
+    absl::StatusOr<std::optional<Key>> key = ParseKey(keys[i], i, skipped);
     if (!key.ok()) return key.status();
     if (!key->has_value()) continue;
     if (set->Find((*key)->kid) != nullptr) {
@@ -195,9 +196,10 @@ absl::StatusOr<std::shared_ptr<const KeySet>> ReadKeysOrThrow(const std::string&
   return set;
 }
 
-absl::StatusOr<std::shared_ptr<const KeySet>> ReadKeys(const std::string& path) {
+// The keys of the JWKS at `path`; `*skipped` counts the keys passed over (ParseKey).
+absl::StatusOr<std::shared_ptr<const KeySet>> ReadKeys(const std::string& path, size_t* skipped) {
   try {
-    return ReadKeysOrThrow(path);
+    return ReadKeysOrThrow(path, skipped);
   } catch (const std::exception& e) {  // nlohmann's type errors: no exception leaves this file
     return absl::InvalidArgumentError(absl::StrCat("jwks_file: ", path, ": ", e.what()));
   }
@@ -248,9 +250,11 @@ absl::StatusOr<std::unique_ptr<TokenVerifier>> TokenVerifier::Create(Options opt
     return absl::InvalidArgumentError("max_token_bytes: expected 256 or more");
   }
   const int64_t stamp = FileFingerprint(options.jwks_file);
-  absl::StatusOr<std::shared_ptr<const KeySet>> keys = ReadKeys(options.jwks_file);
+  size_t skipped = 0;
+  absl::StatusOr<std::shared_ptr<const KeySet>> keys = ReadKeys(options.jwks_file, &skipped);
   if (!keys.ok()) return keys.status();
   std::unique_ptr<TokenVerifier> v(new TokenVerifier(std::move(options)));
+  v->keys_skipped_.fetch_add(skipped, std::memory_order_relaxed);
   {
     absl::MutexLock lock(&v->keys_mu_);
     v->keys_ = *std::move(keys);
@@ -306,7 +310,9 @@ void TokenVerifier::CheckFile() {
     absl::MutexLock lock(&keys_mu_);
     if (stamp == keys_stamp_) return;
     keys_stamp_ = stamp;
-    absl::StatusOr<std::shared_ptr<const KeySet>> read = ReadKeys(options_.jwks_file);
+    size_t skipped = 0;
+    absl::StatusOr<std::shared_ptr<const KeySet>> read = ReadKeys(options_.jwks_file, &skipped);
+    keys_skipped_.fetch_add(skipped, std::memory_order_relaxed);
     if (!read.ok()) {
       Log(LogLevel::kError, "jwks_reload_failed",
           {{"error", std::string(read.status().message())}, {"kept", "previous keys"}});
@@ -319,7 +325,8 @@ void TokenVerifier::CheckFile() {
     keys_ = std::move(fresh);
     // From here a remembered token of an older generation is not taken (Remembered).
     keys_generation_.store(generation, std::memory_order_release);
-    Log(LogLevel::kInfo, "jwks_reloaded", {{"jwks_file", options_.jwks_file}, {"kids", kids}});
+    Log(LogLevel::kInfo, "jwks_reloaded",
+        {{"jwks_file", options_.jwks_file}, {"kids", kids}, {"keys_skipped", skipped}});
   }
   // Tokens checked against the previous keys are checked again.
   absl::MutexLock lock(&memo_mu_);
@@ -504,6 +511,7 @@ TokenVerifier::Counts TokenVerifier::counts() const {
   c.remembered = remembered_.load(std::memory_order_relaxed);
   c.signature_checks = signature_checks_.load(std::memory_order_relaxed);
   for (int i = 0; i < kRefusals; ++i) c.refused[i] = refused_[i].load(std::memory_order_relaxed);
+  c.jwks_keys_skipped = keys_skipped_.load(std::memory_order_relaxed);
   return c;
 }
 

@@ -23,9 +23,12 @@
 // plus its identity; least recently used first out): a repeated token costs a hash and a lookup.
 // A thread of its own looks at the JWKS file every `watch_interval`; when it changed, the keys
 // are read again and everything remembered is forgotten, so a token whose key was removed is
-// refused within about a second. A key the service cannot use (another curve, PS256, ...) is
-// skipped with a warning; a file with private or symmetric key material, or with no usable key,
-// is refused (at start: an error; later: the previous keys stay).
+// refused within about a second. A key the service cannot use (another curve, PS256, an RSA key
+// under 2,048 bits, a malformed or short coordinate such as an EC x or y without its leading zero
+// byte, ...) is skipped with a `jwks_key_skipped` warning and counted (Counts::jwks_keys_skipped)
+// while the file's other keys load; a file with private or symmetric key material, with a kid
+// listed twice, or with no usable key, is refused (at start: an error; later: the previous keys
+// stay).
 // Refusals are Unauthenticated("token <reason>: <detail>") and never quote the token.
 // Thread-safety: every method may be called from any thread.
 #ifndef SERVICE_AUTH_TOKENS_H_
@@ -93,11 +96,12 @@ class TokenVerifier final {
     uint64_t remembered = 0;        // tokens answered from memory
     uint64_t signature_checks = 0;  // signatures checked (valid or not)
     std::array<uint64_t, kRefusals> refused{};
+    uint64_t jwks_keys_skipped = 0;  // JWKS keys passed over as unusable, summed over every read
   };
 
   // InvalidArgument naming the flag or the JWKS entry that cannot be used: a missing issuer or
-  // audience, an unreadable file, a key that is private, symmetric, of an unknown curve, or an
-  // RSA key under 2,048 bits.
+  // audience, an unreadable file, a key that is private or symmetric, a kid listed twice, or no
+  // usable key at all (unusable keys alone are skipped).
   static absl::StatusOr<std::unique_ptr<TokenVerifier>> Create(Options options);
   ~TokenVerifier();
 
@@ -166,6 +170,7 @@ class TokenVerifier final {
   std::atomic<uint64_t> remembered_{0};
   std::atomic<uint64_t> signature_checks_{0};
   std::array<std::atomic<uint64_t>, kRefusals> refused_{};
+  std::atomic<uint64_t> keys_skipped_{0};
 };
 
 }  // namespace offload::auth

@@ -164,24 +164,50 @@ void Call::VerifyTokenOnWorker(const std::string& token) {
 
 void Call::AuthorizeAndRun(bool on_worker) {
   if (auth::Authorizer* authorizer = context_->authorizer; authorizer != nullptr) {
-    if (absl::Status s = authorizer->Authorize(peer_, method_->path, *request_, Transport());
+    // [issue 33] Fail-closed, a refusal waits for its audit line as every audited answer does.
+    const bool hold = authorizer->audit_fail_closed();
+    auth::Authorizer::RefusalDone held;
+    if (hold) {
+      held = [self = shared_from_this()](absl::Status refusal, bool written) {
+        self->HeldRefusal(std::move(refusal), Challenge::kNone)(written);
+      };
+    }
+    if (absl::Status s = authorizer->Authorize(peer_, method_->path, *request_, Transport(),
+                                               std::move(held));
         !s.ok()) {
+      if (hold) return;  // finished by `held`, once the refusal's line is written
       return Finish(s);
     }
   }
   Run(on_worker);
 }
 
+// [issue 33] The `done` of a refusal's audit line under --audit_fail_closed: the refusal once
+// its line is written, UNAVAILABLE in its place when it could not be.
+auth::AuditSink::Done Call::HeldRefusal(absl::Status status, Challenge challenge) {
+  return [self = shared_from_this(), status = std::move(status), challenge](bool written) mutable {
+    if (!written) {
+      self->context_->authorizer->CountAuditRefusal();
+      return self->Finish(absl::UnavailableError(kAuditUnwritable));
+    }
+    self->Finish(std::move(status), challenge);
+  };
+}
+
 // A refusal for who the caller claims to be: audited and counted as unauthenticated. With
 // tokens on, the answer says how to authenticate (RFC 6750's WWW-Authenticate).
 void Call::Refuse(absl::Status status) {
-  if (context_->authorizer != nullptr) {
-    context_->authorizer->AuditUnauthenticated(peer_, method_->path, status, Transport());
-  }
   Challenge challenge = Challenge::kNone;
   if (context_->tokens != nullptr) {
     challenge = Metadata("authorization").has_value() ? Challenge::kInvalidToken
                                                       : Challenge::kBearer;
+  }
+  if (auth::Authorizer* authorizer = context_->authorizer; authorizer != nullptr) {
+    if (authorizer->audit_fail_closed()) {
+      return authorizer->AuditUnauthenticated(peer_, method_->path, status, Transport(),
+                                              HeldRefusal(status, challenge));
+    }
+    authorizer->AuditUnauthenticated(peer_, method_->path, status, Transport());
   }
   Finish(std::move(status), challenge);
 }
@@ -341,7 +367,12 @@ void Call::RunOnWorker(api::Method::Probe probe) {
   }
 }
 
-bool Call::Identified() const { return context_->mtls; }
+// [issue 33] A call that carried or needed an identity (mTLS, a token or any authorization, a
+// forwarded identity, a server that requires one): its answer is for that caller only.
+bool Call::Identified() const {
+  return context_->mtls || !peer_.identity.empty() || Metadata("authorization").has_value() ||
+         (context_->authorizer != nullptr && context_->authorizer->RequiresIdentity());
+}
 
 // Ends the call with `status` (and the response message when OK): the answer encoded, audit,
 // metrics, the answer sent. Any thread, once.
@@ -359,7 +390,6 @@ void Call::Finish(absl::Status status, Challenge challenge) {
     counts = method_->batch ? CountBatch(*response_) : CountOne(absl::StatusCode::kOk,
                                                                  response_.get());
     Reply reply;
-    reply.identified = Identified();
     SharedMessage shared;
     if (shared_open_.plaintext != nullptr) {
       shared = SharedOpenMessage(shared_open_);
@@ -375,7 +405,6 @@ void Call::Finish(absl::Status status, Challenge challenge) {
     Reply reply;
     reply.status = status;
     reply.challenge = challenge;
-    reply.identified = Identified();
     Encode(reply).IgnoreError();
   }
   auth::Authorizer* authorizer = context_->authorizer;
@@ -426,7 +455,6 @@ void Call::Deliver(bool written, absl::Status status, metrics::ItemCounts counts
     counts = method_->batch ? metrics::ItemCounts{} : CountOne(status.code(), nullptr);
     Reply reply;
     reply.status = status;
-    reply.identified = Identified();
     Encode(reply).IgnoreError();
   }
   Record(status, counts);

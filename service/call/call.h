@@ -95,8 +95,6 @@ struct Reply {
   const google::protobuf::Message* response = nullptr;
   SharedMessage* shared = nullptr;  // the protocol side may move from it
   Challenge challenge = Challenge::kNone;
-  // The call carried or needed an identity: its answer is for that caller only.
-  bool identified = false;
 };
 
 class Call : public std::enable_shared_from_this<Call> {
@@ -140,12 +138,18 @@ class Call : public std::enable_shared_from_this<Call> {
   // Adds the transport's own fields to the sampled request log line.
   virtual void AddLogFields(nlohmann::json& line) const {}
 
+  // Whether the call carried or needed an identity (a certificate required, a token or any
+  // authorization metadata, a forwarded identity, a server that requires one): its answer is for
+  // that caller only (a cache must not give it to another). For Encode.
+  bool Identified() const;
+
  private:
   using Clock = std::chrono::steady_clock;
 
   void VerifyTokenOnWorker(const std::string& token);
   void AuthorizeAndRun(bool on_worker);
   void Refuse(absl::Status status);
+  auth::AuditSink::Done HeldRefusal(absl::Status status, Challenge challenge);
   absl::StatusOr<absl::string_view> BearerToken() const;
   void SetTokenIdentity(std::string identity);
   absl::Status ForwardedIdentity();
@@ -159,7 +163,6 @@ class Call : public std::enable_shared_from_this<Call> {
   void AuditCall(const absl::Status& status, auth::AuditSink::Done done);
   void Deliver(bool written, absl::Status status, metrics::ItemCounts counts);
   void Record(const absl::Status& status, const metrics::ItemCounts& counts);
-  bool Identified() const;
 
   const std::shared_ptr<const Context> context_;
   const api::Method* const method_;

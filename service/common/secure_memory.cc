@@ -12,19 +12,20 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 
 namespace offload::secure {
 namespace {
 
 // Size classes, all multiples of 16 from 32 on (so every slot is 16-byte aligned): a slot wastes
-// at most a third of itself.
-constexpr size_t kClassSizes[] = {16,   32,   48,   64,    96,    128,   192,   256,
-                                  384,  512,  768,  1024,  1536,  2048,  3072,  4096,
-                                  6144, 8192, 12288, 16384, 24576, 32768};
+// at most a third of itself, and less than a page (4 KiB steps from 8 KiB on), so that no
+// allocation takes a page or more beyond its bytes (issue 33).
+constexpr size_t kClassSizes[] = {16,   32,   48,    64,    96,    128,   192,   256,
+                                  384,  512,  768,   1024,  1536,  2048,  3072,  4096,
+                                  6144, 8192, 12288, 16384, 20480, 24576, 28672, 32768};
 constexpr int kClassCount = sizeof(kClassSizes) / sizeof(kClassSizes[0]);
 constexpr size_t kSlabHeader = 64;  // a Slab, then the slots
-constexpr size_t kLargeHeader = 16;  // a Large, then the bytes
 
 size_t PageSize() {
   static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
@@ -33,17 +34,10 @@ size_t PageSize() {
 
 size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
-// Bytes mapped for a large allocation of `n`: its pages rounded up to 2^k or 3 * 2^(k-1) pages
-// (at most a third more), so that freed mappings fit later allocations of a similar size.
-size_t LargeMapping(size_t n) {
-  const size_t pages = RoundUp(n + 16, PageSize()) / PageSize();
-  size_t c = 1;
-  while (c < pages) {
-    if (c >= 2 && c / 2 * 3 >= pages) return c / 2 * 3 * PageSize();
-    c <<= 1;
-  }
-  return c * PageSize();
-}
+// Bytes mapped for a large allocation of `n`: its own pages, no header (less than a page beyond
+// its bytes). A freed mapping kept for reuse serves a later allocation of as many pages or, cut
+// to size, fewer (Arena::AllocateLarge).
+size_t LargeMapping(size_t n) { return RoundUp(n, PageSize()); }
 
 // Process-wide page accounting. Never destroyed: memory may be freed during exit.
 struct Pages {
@@ -143,12 +137,6 @@ struct Slab {
 };
 static_assert(sizeof(Slab) <= kSlabHeader, "slab header");
 
-struct Large {
-  size_t mapped;
-  size_t locked;
-};
-static_assert(sizeof(Large) <= kLargeHeader, "large header");
-
 class Arena {
  public:
   Arena(bool lock, size_t slab_bytes, size_t large_cache_bytes)
@@ -160,7 +148,7 @@ class Arena {
 
   size_t AllocationSize(size_t n) const {
     if (n <= max_small()) return kClassSizes[ClassOf(n)];
-    return LargeMapping(n + kLargeHeader);
+    return LargeMapping(n);
   }
 
   void* Allocate(size_t n) {
@@ -220,7 +208,7 @@ class Arena {
   }
 
   size_t InUse() {
-    size_t total = 0;
+    size_t total = large_in_use_.load(std::memory_order_relaxed);
     for (Class& cls : classes_) {
       absl::MutexLock lock(&cls.mu);
       total += cls.in_use;
@@ -261,40 +249,67 @@ class Arena {
     s->listed = false;
   }
 
+  // A mapping of LargeMapping(n) bytes: a kept one of that size, else the smallest larger kept
+  // one with its tail pages unmapped, else a fresh one. Either way it takes exactly
+  // LargeMapping(n) bytes while in use (what AllocationSize says and the memo charges).
   void* AllocateLarge(size_t n) {
-    const size_t mapped = LargeMapping(n + kLargeHeader);
+    const size_t mapped = LargeMapping(n);
+    void* reused = nullptr;
+    size_t reused_size = 0;
     {
       absl::MutexLock lock(&large_mu_);
-      auto it = large_cache_.find(mapped);
-      if (it != large_cache_.end() && !it->second.empty()) {
-        void* p = it->second.back();
+      auto it = large_cache_.lower_bound(mapped);
+      if (it != large_cache_.end()) {
+        reused = it->second.back();
+        reused_size = it->first;
         it->second.pop_back();
-        large_cached_ -= mapped;
-        return static_cast<char*>(p) + kLargeHeader;  // wiped when freed
+        if (it->second.empty()) large_cache_.erase(it);
+        large_cached_ -= reused_size;
       }
+    }
+    if (reused != nullptr) {
+      if (reused_size > mapped) {
+        // Page-aligned, wiped when freed: the tail goes back to the system.
+        UnmapPages(static_cast<char*>(reused) + mapped, reused_size - mapped, lock_,
+                   IsLockedLarge(reused));
+      }
+      large_in_use_.fetch_add(mapped, std::memory_order_relaxed);
+      return reused;
     }
     bool locked = false;
     void* p = MapPages(mapped, PageSize(), lock_, /*populate=*/true, &locked);
     if (p == nullptr) throw std::bad_alloc();
-    new (p) Large{mapped, locked ? size_t{1} : size_t{0}};
-    return static_cast<char*>(p) + kLargeHeader;
+    if (locked) {
+      absl::MutexLock lock(&large_mu_);
+      locked_large_.insert(p);
+    }
+    large_in_use_.fetch_add(mapped, std::memory_order_relaxed);
+    return p;
   }
 
   void FreeLarge(void* p, size_t n) {
-    sodium_memzero(p, n);
-    void* base = static_cast<char*>(p) - kLargeHeader;
-    const Large header = *static_cast<Large*>(base);
+    const size_t mapped = LargeMapping(n);
+    sodium_memzero(p, mapped);  // the whole mapping: a reuse may hand out all of it
+    large_in_use_.fetch_sub(mapped, std::memory_order_relaxed);
+    bool locked = false;
     {
-      // Kept for the next allocation of this mapping size, within a bound: a request path that
-      // opens 55 KB envelopes must not pay an mmap and its page faults each time.
+      // Kept for the next allocation of this many pages (or fewer), within a bound: a request
+      // path that opens 55 KB envelopes must not pay an mmap and its page faults each time.
       absl::MutexLock lock(&large_mu_);
-      if (large_cached_ + header.mapped <= large_cache_bytes_) {
-        large_cache_[header.mapped].push_back(base);
-        large_cached_ += header.mapped;
+      if (large_cached_ + mapped <= large_cache_bytes_) {
+        large_cache_[mapped].push_back(p);
+        large_cached_ += mapped;
         return;
       }
+      locked = locked_large_.erase(p) > 0;
     }
-    UnmapPages(base, header.mapped, lock_, header.locked != 0);
+    UnmapPages(p, mapped, lock_, locked);
+  }
+
+  bool IsLockedLarge(void* p) {
+    if (!lock_) return false;
+    absl::MutexLock lock(&large_mu_);
+    return locked_large_.contains(p);
   }
 
   const bool lock_;
@@ -306,6 +321,9 @@ class Arena {
   // Freed large mappings (wiped) by mapping size, at most large_cache_bytes_ in all.
   std::map<size_t, std::vector<void*>> large_cache_ ABSL_GUARDED_BY(large_mu_);
   size_t large_cached_ ABSL_GUARDED_BY(large_mu_) = 0;
+  // Large mappings that were mlock'ed (the locked region's; none in the no-dump region).
+  absl::flat_hash_set<void*> locked_large_ ABSL_GUARDED_BY(large_mu_);
+  std::atomic<size_t> large_in_use_{0};  // bytes of large mappings handed out
 };
 
 // Key material is small and few: 8 KiB slabs keep the locked minimum low (RLIMIT_MEMLOCK is

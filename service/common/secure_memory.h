@@ -14,7 +14,11 @@
 // Small sizes come from slabs (one mmap per 8 KiB locked / 256 KiB no-dump slab, one size class
 // per slab, a free list per slab, one mutex per class), so an allocation is a lock and a pop,
 // never a system call; an empty slab is unmapped unless it is its class's last. Larger sizes get
-// their own mapping (MAP_POPULATE: the pages are faulted in by one call).
+// pages of their own, no header (MAP_POPULATE: the pages are faulted in by one call). No
+// allocation takes a page or more beyond its bytes: size classes step by at most 4 KiB, and a
+// large allocation is its bytes rounded up to pages. Freed large no-dump mappings (up to 32 MiB)
+// are kept, wiped, for the next allocation of as many pages or fewer (the unused tail pages of
+// a larger one are unmapped then).
 //
 //   void* p = secure::Allocate(secure::Region::kNoDump, n);
 //   ...
@@ -42,7 +46,8 @@ void* Allocate(Region region, size_t size);
 // Wipes `size` bytes at `p` and returns them. REQUIRES: `p` came from Allocate(region, size)
 // with the same `region` and `size`. `p == nullptr` is a no-op.
 void Free(Region region, void* p, size_t size) noexcept;
-// Bytes Allocate(region, size) really takes: its size class, or its pages. For byte bounds.
+// Bytes Allocate(region, size) really takes while in use: its size class, or its pages (less
+// than a page beyond `size`, whether the pages are fresh or reused). For byte bounds.
 size_t AllocationSize(Region region, size_t size);
 
 // The most bytes of kLocked pages to mlock (the rest fall back, see above). Called at start-up
@@ -56,8 +61,10 @@ struct Stats {
   size_t fallback_bytes = 0;    // kLocked pages DONTDUMP but not locked (budget or limit reached)
   uint64_t lock_failures = 0;   // mlock refusals (RLIMIT_MEMLOCK) since start
   size_t nodump_bytes = 0;      // kNoDump pages mapped now
-  size_t locked_region_in_use_bytes = 0;  // kLocked bytes handed out now (size classes)
-  size_t nodump_in_use_bytes = 0;         // kNoDump bytes handed out now (size classes)
+  // Bytes handed out now: the sum of AllocationSize over live allocations (size classes and
+  // large mappings).
+  size_t locked_region_in_use_bytes = 0;
+  size_t nodump_in_use_bytes = 0;
 };
 Stats GetStats();
 

@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -67,6 +68,40 @@ TEST(SecureMemoryTest, NoDumpSmallAndLargeAreDontDumpAndUnlocked) {
     EXPECT_GE(AllocationSize(Region::kNoDump, n), std::max<size_t>(n, 16));
     Free(Region::kNoDump, p, n);
   }
+}
+
+// Issue 33: no allocation takes a page or more beyond its bytes (size classes and large
+// mappings), and what is in use is exactly the sum of AllocationSize, whether a large allocation
+// got fresh pages, a kept mapping of its size, or a larger kept one cut to size.
+TEST(SecureMemoryTest, AtMostOnePageBeyondItsBytesAndInUseIsAllocationSize) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  for (size_t n = 1; n <= (2u << 20); n += (n < 70000 ? 1 : 977)) {
+    const size_t got = AllocationSize(Region::kNoDump, n);
+    ASSERT_GE(got, n);
+    ASSERT_LT(got - n, page) << n;
+  }
+  // 55 KB, as a cached plaintext of the phone's 27 blobs: 14 pages.
+  EXPECT_EQ(AllocationSize(Region::kNoDump, 55000), 14 * page);
+
+  const auto in_use = [] { return GetStats().nodump_in_use_bytes; };
+  const size_t base = in_use();
+  // A 40-page allocation, freed (kept for reuse), then a 30-page one: served from the kept
+  // mapping cut to 30 pages, or from a kept one of 30 pages; in use either way: 30 pages.
+  const size_t big = 40 * page - 100, small = 30 * page - 100;
+  auto* a = static_cast<uint8_t*>(Allocate(Region::kNoDump, big));
+  EXPECT_EQ(in_use(), base + 40 * page);
+  std::memset(a, 0x5A, big);
+  Free(Region::kNoDump, a, big);
+  EXPECT_EQ(in_use(), base);
+  const size_t mapped_before = GetStats().nodump_bytes;
+  auto* b = static_cast<uint8_t*>(Allocate(Region::kNoDump, small));
+  EXPECT_EQ(in_use(), base + 30 * page);
+  EXPECT_LE(GetStats().nodump_bytes, mapped_before) << "a kept mapping was reused, not a new one";
+  EXPECT_TRUE(AllZero(b, small)) << "reused memory reads as zeros";
+  std::memset(b, 0xA5, small);  // all of it is ours (a cut mapping's head)
+  EXPECT_TRUE(HasFlag(VmFlagsOf(b), "dd"));
+  Free(Region::kNoDump, b, small);
+  EXPECT_EQ(in_use(), base);
 }
 
 TEST(SecureMemoryTest, LockedWithinBudgetIsLockedAndDontDump) {

@@ -52,7 +52,7 @@ TEST(ConnectAnswers, SuccessPostAndGetCaching) {
   EXPECT_EQ(Get(a.headers, "content-type"), "application/json");
   EXPECT_EQ(Get(a.headers, "content-encoding"), "gzip");
   EXPECT_EQ(Get(a.headers, "cache-control"), "public, max-age=31536000, immutable");
-  EXPECT_EQ(Get(a.headers, "vary"), "Accept-Encoding");
+  EXPECT_EQ(Get(a.headers, "vary"), "Accept-Encoding, Authorization");
 
   // An identified caller's answer is private; keys change.
   EXPECT_EQ(ConnectCacheControl({true, true}), "private, max-age=31536000, immutable");

@@ -7,8 +7,9 @@
 namespace offload::http {
 
 std::string ConnectCacheControl(const CacheHint& hint) {
-  // A verify answer depends only on its request; keys change. An answer for an identified
-  // caller only must never be given to another by a shared cache (RFC 9111 3.5).
+  // A verify answer depends only on its request; keys change. [issue 33] An answer to a call
+  // that carried or needed an identity is for that caller only: `public` would let a shared
+  // cache give it to anyone (RFC 9111 3.5).
   if (!hint.immutable) return "private, no-cache";
   return absl::StrCat(hint.identified ? "private" : "public", ", max-age=31536000, immutable");
 }
@@ -20,7 +21,9 @@ Answer ConnectSuccess(Codec codec, std::string message, bool gzip,
   if (gzip) out.headers.emplace_back("content-encoding", "gzip");
   if (get.has_value()) {
     out.headers.emplace_back("cache-control", ConnectCacheControl(*get));
-    out.headers.emplace_back("vary", "Accept-Encoding");
+    // Vary names Authorization, so that a cached anonymous answer is never reused for a caller
+    // that sends a token.
+    out.headers.emplace_back("vary", "Accept-Encoding, Authorization");
   }
   out.body = std::move(message);
   return out;

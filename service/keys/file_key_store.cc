@@ -197,13 +197,15 @@ absl::Status FileKeyStore::Update(absl::string_view key_id, const UpdateFn& upda
   return WriteLocked(records);
 }
 
-absl::StatusOr<size_t> FileKeyStore::RewrapAll() {
+absl::StatusOr<RewrapReport> FileKeyStore::RewrapAll() {
   absl::MutexLock lock(&mu_);
   std::string kek_name;
   OFFLOAD_ASSIGN_OR_RETURN(std::vector<KeyRecord> records, ReadLocked(&kek_name));
-  if (kek_name == keks_->Current()->name()) return 0;
+  RewrapReport report;
+  if (kek_name == keks_->Current()->name()) return report;
   OFFLOAD_RETURN_IF_ERROR(WriteLocked(records));
-  return records.size();
+  report.rewrapped = records.size();
+  return report;
 }
 
 std::string FileKeyStore::Describe() const { return absl::StrCat("file:", path_); }

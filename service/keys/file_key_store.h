@@ -49,9 +49,10 @@ class FileKeyStore final : public KeyStore {
                                                             std::shared_ptr<KekRing> keks);
 
   // KEK rotation: rewrites keys.db under the ring's current KEK if it is wrapped under another
-  // one (atomically, as every write). Returns the number of records re-wrapped (0 when keys.db
-  // was already under the current KEK).
-  absl::StatusOr<size_t> RewrapAll();
+  // one (atomically, as every write). The report's `rewrapped`: the records re-wrapped (0 when
+  // keys.db was already under the current KEK). keys.db is one blob: an unreadable one is an
+  // error, never a partial re-wrap.
+  absl::StatusOr<RewrapReport> RewrapAll();
 
   absl::StatusOr<std::vector<KeyRecord>> LoadAll() override;
   absl::Status Put(const KeyRecord& record) override;

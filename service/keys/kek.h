@@ -17,6 +17,7 @@
 #ifndef SERVICE_KEYS_KEK_H_
 #define SERVICE_KEYS_KEK_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -109,6 +110,17 @@ class KekResolver {
   virtual absl::StatusOr<std::shared_ptr<const Kek>> Resolve(absl::string_view name) = 0;
   // For logs: e.g. "pkcs11 token offload (serial 1234), label offload-kek". Never a PIN.
   virtual std::string Describe() const = 0;
+};
+
+// What a store's RewrapAll did: records moved under the ring's current KEK, and those it could not
+// read (wrapped under a KEK this process does not hold, or damaged), which stay as they are and
+// are reported; the other records are re-wrapped all the same.
+struct RewrapReport {
+  static constexpr size_t kMaxNamed = 20;
+  size_t rewrapped = 0;
+  size_t unreadable = 0;
+  std::vector<std::string> unreadable_keys;  // key ids of the first kMaxNamed unreadable ones
+  std::string first_error;                   // why the first one could not be read
 };
 
 // The KEKs one process holds: the current one, which wraps every new envelope, and the others it

@@ -178,10 +178,11 @@ TEST(FileKeyStoreRotationTest, RewrapsAFormatOneStoreUnderANewKek) {
     EXPECT_EQ(all->size(), 2u);
     auto rewrapped = (*store)->RewrapAll();
     ASSERT_TRUE(rewrapped.ok()) << rewrapped.status();
-    EXPECT_EQ(*rewrapped, 2u);
+    EXPECT_EQ(rewrapped->rewrapped, 2u);
+    EXPECT_EQ(rewrapped->unreadable, 0u);
     auto again = (*store)->RewrapAll();
     ASSERT_TRUE(again.ok());
-    EXPECT_EQ(*again, 0u);
+    EXPECT_EQ(again->rewrapped, 0u);
   }
   auto name = EnvelopeKekName(testing::ReadBytes(dir.Sub("keys.db")));
   ASSERT_TRUE(name.ok());

@@ -81,13 +81,20 @@ void KekRotator::Run() {
     if (rewrap_due) {
       const std::string target = ring_->Current()->name();
       const absl::Time start = absl::Now();
-      absl::StatusOr<size_t> rewrapped = rewrap_();
+      absl::StatusOr<RewrapReport> rewrapped = rewrap_();
       if (rewrapped.ok()) {
         rewrap_due = false;
-        if (*rewrapped > 0) {
+        if (rewrapped->rewrapped > 0 || rewrapped->unreadable > 0) {
           Log(LogLevel::kInfo, "kek_rewrapped",
-              {{"kek", target}, {"records", *rewrapped},
+              {{"kek", target}, {"records", rewrapped->rewrapped},
+               {"unreadable", rewrapped->unreadable},
                {"seconds", absl::ToDoubleSeconds(absl::Now() - start)}});
+        }
+        if (rewrapped->unreadable > 0) {
+          Log(LogLevel::kWarning, "kek_rewrap_unreadable",
+              {{"kek", target}, {"records", rewrapped->unreadable},
+               {"key_ids", rewrapped->unreadable_keys}, {"error", rewrapped->first_error},
+               {"effect", "left under the KEK they name; the others were re-wrapped"}});
         }
       } else {
         Log(LogLevel::kWarning, "kek_rewrap_failed",

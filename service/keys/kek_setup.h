@@ -44,10 +44,12 @@ absl::StatusOr<std::string> CreatePkcs11Kek(const Pkcs11KekOptions& options);
 // (KekRing::Refresh) and, when it changed or a re-wrap is still due, calls `rewrap` (a store's
 // RewrapAll). Failures are logged and retried at the next tick; calls keep being served
 // meanwhile (every record stays readable under the KEK it names). Logs kek_rotated and
-// kek_rewrapped. Thread-safety: Start and the destructor from one thread.
+// kek_rewrapped; records the pass could not read are logged (kek_rewrap_unreadable: how many,
+// their key ids, why) and tried again at the next rotation or start. Thread-safety: Start and
+// the destructor from one thread.
 class KekRotator {
  public:
-  using Rewrap = std::function<absl::StatusOr<size_t>()>;
+  using Rewrap = std::function<absl::StatusOr<RewrapReport>()>;
   static std::unique_ptr<KekRotator> Start(std::shared_ptr<KekRing> ring, Rewrap rewrap,
                                            absl::Duration interval);
   // Stops the thread (waits for a running re-wrap).

@@ -272,6 +272,25 @@ TEST_F(KeyLifecycleTest, MinDecryptionVersion) {
   EXPECT_EQ(m_->GetKey("a")->min_decryption_version(), 2u);
 }
 
+TEST_F(KeyLifecycleTest, MinDecryptionVersionRefusesAKeyPendingDeletion) {
+  ASSERT_TRUE(m_->CreateKey(CreateReq("a", v1::KEY_TYPE_XCHACHA20_POLY1305)).ok());
+  ASSERT_TRUE(m_->RotateKey("a").ok());
+  const v1::KeyInfo before = *m_->GetKey("a");
+  v1::DeleteKeyRequest del;
+  del.set_key_id("a");
+  ASSERT_TRUE(m_->DeleteKey(del).ok());
+  v1::SetMinDecryptionVersionRequest req;
+  req.set_key_id("a");
+  req.set_min_decryption_version(2);
+  const absl::Status refused = m_->SetMinDecryptionVersion(req).status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused)) << refused;
+  EXPECT_THAT(Msg(refused), HasSubstr("scheduled for deletion"));
+  auto back = m_->CancelKeyDeletion("a");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->SerializeAsString(), before.SerializeAsString()) << "back as it was";
+  EXPECT_TRUE(m_->Find("a")->UsableVersion(1, KeyUse::kConsume).ok());
+}
+
 TEST_F(KeyLifecycleTest, EveryChangeNotifiesWithNewInstances) {
   std::vector<std::string> notified;
   m_->AddChangeListener([&](absl::string_view id) { notified.emplace_back(id); });

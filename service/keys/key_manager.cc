@@ -769,6 +769,10 @@ absl::StatusOr<v1::KeyInfo> KeyManager::SetMinDecryptionVersion(
     const v1::SetMinDecryptionVersionRequest& request) {
   const std::string& key_id = request.key_id();
   return MutateKey(key_id, "key_min_decryption_version_set", false, [&](KeyRecord* stored) {
+    // As every other changing call: CancelKeyDeletion must bring the key back as it was.
+    if (stored->deletion_unix_seconds != 0) {
+      return PendingDeletion(key_id, stored->deletion_unix_seconds);
+    }
     if (stored->type == v1::KEY_TYPE_ED25519) {
       return absl::FailedPreconditionError(absl::StrCat(
           "key \"", key_id, "\" is an Ed25519 key: min_decryption_version is for AEAD and "

@@ -523,7 +523,72 @@ std::shared_ptr<internal::Pkcs11TokenState> MakeState(
   state->session = std::shared_ptr<internal::Pkcs11Session>(std::move(session));
   return state;
 }
+int HexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
 }  // namespace
+
+absl::StatusOr<bool> TakePinValue(char* uri, KeyBytes* pin) {
+  constexpr absl::string_view kAttribute = "pin-value=";
+  bool taken = false;
+  size_t size = std::strlen(uri);
+  for (size_t from = 0;;) {
+    const char* found = std::strstr(uri + from, "pin-value=");
+    if (found == nullptr) return taken;
+    const size_t start = static_cast<size_t>(found - uri);
+    const char before = start > 0 ? uri[start - 1] : '\0';
+    if (before != ':' && before != ';' && before != '?' && before != '&') {
+      from = start + 1;  // inside another attribute's value
+      continue;
+    }
+    const size_t value = start + kAttribute.size();
+    size_t end = value;
+    while (end < size && uri[end] != ';' && uri[end] != '?' && uri[end] != '&') ++end;
+    // The value, percent-decoded (RFC 3986 as RFC 7512 uses it).
+    KeyBytes decoded;
+    decoded.reserve(end - value);
+    bool bad = false;
+    for (size_t i = value; i < end; ++i) {
+      if (uri[i] != '%') {
+        decoded.push_back(static_cast<uint8_t>(uri[i]));
+        continue;
+      }
+      const int hi = i + 2 < end ? HexValue(uri[i + 1]) : -1;
+      const int lo = i + 2 < end ? HexValue(uri[i + 2]) : -1;
+      if (hi < 0 || lo < 0) {
+        bad = true;
+        break;
+      }
+      decoded.push_back(static_cast<uint8_t>(hi * 16 + lo));
+      i += 2;
+    }
+    // What goes: the attribute and the separator before it (";x", "&x"), or, first in its
+    // component, the one after it ("x;" "x&"), or "?x" alone.
+    size_t cut_from = start, cut_to = end;
+    if (before == ';' || before == '&') {
+      cut_from = start - 1;
+    } else if (end < size && (uri[end] == ';' || uri[end] == '&')) {
+      cut_to = end + 1;
+    } else if (before == '?') {
+      cut_from = start - 1;
+    }
+    if (bad) {
+      sodium_memzero(uri + start, size - start);
+      return absl::InvalidArgumentError(
+          "kek_pkcs11: pin-value: a bad percent-encoding (the value is not shown)");
+    }
+    std::memmove(uri + cut_from, uri + cut_to, size - cut_to);
+    sodium_memzero(uri + size - (cut_to - cut_from), cut_to - cut_from);
+    size -= cut_to - cut_from;
+    *pin = std::move(decoded);
+    taken = true;
+    from = cut_from;
+  }
+}
 
 Pkcs11Token::Pkcs11Token(std::unique_ptr<internal::Pkcs11Session> session)
     : state_(MakeState(std::move(session))) {}
@@ -558,9 +623,13 @@ absl::StatusOr<std::shared_ptr<Pkcs11Token>> Pkcs11Token::Open(const Pkcs11KekOp
     s->pinned_id_.emplace(p, p + id->ulValueLen);
   }
 
-  // The PIN: from the URI, else the PIN file, else the environment.
+  // The PIN: from the URI (or taken out of it), else the PIN file, else the environment.
   if (const char* value = p11_kit_uri_get_pin_value(uri.get()); value != nullptr) {
     s->pin_.assign(value, value + std::strlen(value));
+    // p11-kit's copy is freed without a wipe: wipe it here.
+    sodium_memzero(const_cast<char*>(value), std::strlen(value));
+  } else if (!options.pin.empty()) {
+    s->pin_.assign(options.pin.begin(), options.pin.end());
   } else if (const char* source = p11_kit_uri_get_pin_source(uri.get()); source != nullptr) {
     absl::string_view path(source);
     absl::ConsumePrefix(&path, "file://");

@@ -28,6 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "service/common/secure_memory.h"
 #include "service/keys/kek.h"
 
 namespace offload::keys {
@@ -39,7 +40,18 @@ struct Pkcs11KekOptions {
   std::string uri;       // RFC 7512 PKCS#11 URI, see above
   std::string pin_file;  // used when the URI carries no PIN; trailing newline ignored
   std::string pin_env = kDefaultPkcs11PinEnvVar;  // used when neither the URI nor pin_file does
+  // The URI's pin-value, taken out of it (TakePinValue) so that no copy of the URI holds the
+  // PIN: it counts as the URI's pin-value (before pin-source, pin_file and pin_env).
+  KeyBytes pin;
 };
+
+// Takes every `pin-value=` attribute out of the NUL-terminated PKCS#11 URI `uri`, in place: the
+// attribute and one separator are removed, the rest moves left, and the freed tail is wiped
+// (zeros), so a command-line argument (/proc/PID/cmdline, `ps`) or a string no longer shows the
+// PIN. The last value, percent-decoded, goes into `*pin`; `*pin` is untouched when there is none.
+// Returns whether one was taken; InvalidArgument (never quoting the PIN) for a bad
+// percent-encoding, the URI then left wiped from the attribute on.
+absl::StatusOr<bool> TakePinValue(char* uri, KeyBytes* pin);
 
 namespace internal {
 class Pkcs11Session;

@@ -9,6 +9,7 @@
 
 #include <cstdlib>
 #include <memory>
+#include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -188,6 +189,45 @@ TEST_F(Pkcs11KekTest, MissingModuleAndPinAreClear) {
   EXPECT_TRUE(absl::IsFailedPrecondition(token.status())) << token.status();
   EXPECT_THAT(std::string(token.status().message()), HasSubstr("no PIN"));
   EXPECT_TRUE(absl::IsInvalidArgument(Pkcs11Token::Open(Opts("not a uri")).status()));
+}
+
+// Issue 33: a pin-value is taken out of the URI in place (the command line no longer shows it),
+// percent-decoded, and the URI still parses to the same token.
+TEST(TakePinValueTest, TakesThePinOutInPlaceAndWipesTheTail) {
+  struct Case {
+    std::string in, out, pin;
+  };
+  const Case cases[] = {
+      {"pkcs11:token=t?module-path=/m.so&pin-value=12%2534&x=y", "pkcs11:token=t?module-path=/m.so&x=y",
+       "12%34"},
+      {"pkcs11:token=t?pin-value=abc&module-path=/m.so", "pkcs11:token=t?module-path=/m.so", "abc"},
+      {"pkcs11:token=t?pin-value=abc", "pkcs11:token=t", "abc"},
+      {"pkcs11:token=absent;pin-value=hush-4321?module-path=/m.so",
+       "pkcs11:token=absent?module-path=/m.so", "hush-4321"},
+      {"pkcs11:pin-value=p;token=t", "pkcs11:token=t", "p"},
+      {"pkcs11:token=xpin-value=no?module-path=/m.so", "pkcs11:token=xpin-value=no?module-path=/m.so",
+       ""},
+      {"pkcs11:token=t?pin-value=a&pin-value=b", "pkcs11:token=t", "b"},
+  };
+  for (const Case& c : cases) {
+    std::string buffer = c.in;
+    KeyBytes pin;
+    auto taken = TakePinValue(buffer.data(), &pin);
+    ASSERT_TRUE(taken.ok()) << taken.status();
+    EXPECT_EQ(*taken, !c.pin.empty()) << c.in;
+    EXPECT_EQ(std::string(buffer.c_str()), c.out) << c.in;
+    EXPECT_EQ(std::string(pin.begin(), pin.end()), c.pin) << c.in;
+    // Past the new end: zeros only (what was moved or taken is gone).
+    for (size_t i = std::strlen(buffer.c_str()); i < buffer.size(); ++i) {
+      ASSERT_EQ(buffer[i], '\0') << c.in << " at " << i;
+    }
+  }
+  std::string bad = "pkcs11:token=t?pin-value=ab%zz-secret";
+  KeyBytes pin;
+  auto refused = TakePinValue(bad.data(), &pin);
+  EXPECT_TRUE(absl::IsInvalidArgument(refused.status()));
+  EXPECT_THAT(std::string(refused.status().message()), Not(HasSubstr("secret")));
+  EXPECT_EQ(bad.find("secret"), std::string::npos);
 }
 
 }  // namespace

@@ -592,7 +592,7 @@ absl::Status PostgresKeyStore::Update(absl::string_view key_id, const UpdateFn& 
 
 #undef OFFLOAD_NOTIFY_AND_XID
 
-absl::StatusOr<size_t> PostgresKeyStore::RewrapAll() {
+absl::StatusOr<RewrapReport> PostgresKeyStore::RewrapAll() {
   std::vector<std::string> key_ids;
   {
     absl::MutexLock lock(&mu_);
@@ -608,13 +608,15 @@ absl::StatusOr<size_t> PostgresKeyStore::RewrapAll() {
       return absl::OkStatus();
     }));
   }
-  size_t rewrapped = 0;
+  RewrapReport report;
   for (const std::string& key_id : key_ids) {
     // One row at a time, the mutex released in between, so that calls keep flowing.
     absl::MutexLock lock(&mu_);
     bool changed = false;
+    absl::Status unreadable;
     OFFLOAD_RETURN_IF_ERROR(WriteLocked("rewrap", [&](PGconn* conn) -> absl::StatusOr<std::string> {
       changed = false;
+      unreadable = absl::OkStatus();
       OFFLOAD_ASSIGN_OR_RETURN(
           PgResultPtr result,
           Exec(conn,
@@ -631,13 +633,28 @@ absl::StatusOr<size_t> PostgresKeyStore::RewrapAll() {
       // The transaction id arrives as binary text (no terminator to trust): copy by length.
       const absl::Span<const uint8_t> xid_cell = Cell(result.get(), 0, 1);
       std::string xid(reinterpret_cast<const char*>(xid_cell.data()), xid_cell.size());
+      // [issue 33] A row this process cannot read (a KEK it does not hold, a damaged blob) is
+      // left as it is and reported; the transaction commits nothing for it, and the others go on.
+      const auto unreadable_row = [](const absl::Status& s) {
+        return absl::IsFailedPrecondition(s) || absl::IsDataLoss(s) ||
+               absl::IsInvalidArgument(s) || absl::IsNotFound(s) || absl::IsPermissionDenied(s);
+      };
       absl::StatusOr<std::string> name = EnvelopeKekName(blob);
       if (!name.ok()) {
-        return absl::Status(name.status().code(), absl::StrCat(description_, ": key \"", key_id,
-                                                               "\": ", name.status().message()));
+        const absl::Status s(name.status().code(), absl::StrCat(description_, ": key \"", key_id,
+                                                                "\": ", name.status().message()));
+        if (!unreadable_row(s)) return s;
+        unreadable = s;
+        return xid;
       }
       if (*name == keks_->Current()->name()) return xid;
-      OFFLOAD_ASSIGN_OR_RETURN(KeyRecord record, OpenRecord(key_id, blob));
+      absl::StatusOr<KeyRecord> opened = OpenRecord(key_id, blob);
+      if (!opened.ok()) {
+        if (!unreadable_row(opened.status())) return opened.status();
+        unreadable = opened.status();
+        return xid;
+      }
+      KeyRecord record = *std::move(opened);
       result.reset();
       OFFLOAD_ASSIGN_OR_RETURN(std::vector<uint8_t> sealed, SealRecord(record));
       OFFLOAD_RETURN_IF_ERROR(
@@ -648,9 +665,15 @@ absl::StatusOr<size_t> PostgresKeyStore::RewrapAll() {
       changed = true;
       return xid;
     }));
-    if (changed) ++rewrapped;
+    if (changed) ++report.rewrapped;
+    if (!unreadable.ok()) {
+      if (report.unreadable++ == 0) report.first_error = std::string(unreadable.message());
+      if (report.unreadable_keys.size() < RewrapReport::kMaxNamed) {
+        report.unreadable_keys.push_back(key_id);
+      }
+    }
   }
-  return rewrapped;
+  return report;
 }
 
 std::string PostgresKeyStore::Describe() const { return description_; }

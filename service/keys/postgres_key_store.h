@@ -83,8 +83,10 @@ class PostgresKeyStore final : public KeyStore {
   // KEK rotation: re-wraps, one transaction per row (SELECT ... FOR UPDATE, so it is atomic
   // against every writer, other replicas included), each row wrapped under another KEK than the
   // ring's current one. The record inside is unchanged, so no change is notified. Safe to run on
-  // several replicas at once. Returns the number of rows re-wrapped by this call.
-  absl::StatusOr<size_t> RewrapAll();
+  // several replicas at once. A row this process cannot read (a KEK it does not hold, a damaged
+  // blob) is left as it is, counted and named in the report, and the other rows go on; an error
+  // of the database (the connection) stops the pass. Returns what this call did.
+  absl::StatusOr<RewrapReport> RewrapAll();
 
   absl::StatusOr<std::vector<KeyRecord>> LoadAll() override;
   absl::Status Put(const KeyRecord& record) override;

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -261,6 +262,59 @@ TEST_F(PostgresKeyStoreTest, RowsAreEncryptedAndBoundToTheirKeyId) {
   EXPECT_EQ(store->Load("other").status().code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(store->LoadAll().status().code(), absl::StatusCode::kDataLoss);
   EXPECT_TRUE(store->Load("secret-key").ok());
+}
+
+// Issue 33: RewrapAll goes on past a row it cannot read (a KEK this replica does not hold, a
+// damaged blob), counts it and names it; the other rows are re-wrapped.
+TEST_F(PostgresKeyStoreTest, RewrapAllGoesOnPastUnreadableRowsAndReportsThem) {
+  const auto raw = [](SecretBytes key) -> std::shared_ptr<const Kek> {
+    return *RawKek::Create(std::move(key));
+  };
+  const auto ring = [](std::shared_ptr<const Kek> current,
+                       std::vector<std::shared_ptr<const Kek>> previous) {
+    return *KekRing::Create(std::move(current), std::move(previous));
+  };
+  const SecretBytes old_key = RandomKek(), new_key = RandomKek(), foreign_key = RandomKek();
+  {
+    auto store = PostgresKeyStore::Open(dsn_, ring(raw(old_key), {}));
+    ASSERT_TRUE(store.ok()) << store.status();
+    for (const char* id : {"a", "c", "d", "f"}) ASSERT_TRUE((*store)->Put(AeadRecord(id, 1)).ok());
+  }
+  {
+    auto store = PostgresKeyStore::Open(dsn_, ring(raw(foreign_key), {}));
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->Put(AeadRecord("b", 2)).ok());  // under a KEK the rotator lacks
+  }
+  // "e": a damaged blob (a valid envelope header, then nonsense).
+  Sql(dsn_, "INSERT INTO offload_keys (key_id, record, current_version) SELECT 'e', "
+            "substring(record from 1 for 40) || '\\x00ff'::bytea, 1 FROM offload_keys "
+            "WHERE key_id = 'a'");
+  auto store = PostgresKeyStore::Open(dsn_, ring(raw(new_key), {raw(old_key)}));
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto report = (*store)->RewrapAll();
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->rewrapped, 4u);
+  EXPECT_EQ(report->unreadable, 2u);
+  EXPECT_EQ(report->unreadable_keys, (std::vector<std::string>{"b", "e"}));
+  EXPECT_THAT(report->first_error, HasSubstr("\"b\""));
+  // Every readable row now names the new KEK; the unreadable ones are as they were.
+  const std::string new_name = raw(new_key)->name();
+  for (const char* id : {"a", "c", "d", "f"}) {
+    EXPECT_TRUE((*store)->Load(id).ok()) << id;
+    const std::string hex = Sql(dsn_, absl::StrCat("SELECT encode(record, 'hex') FROM "
+                                                   "offload_keys WHERE key_id = '", id, "'"));
+    const std::string blob = absl::HexStringToBytes(hex);
+    auto name = EnvelopeKekName(
+        absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(blob.data()), blob.size()));
+    ASSERT_TRUE(name.ok()) << name.status();
+    EXPECT_EQ(*name, new_name) << id;
+  }
+  EXPECT_EQ((*store)->Load("b").status().code(), absl::StatusCode::kFailedPrecondition);
+  // A second pass: nothing left to move, the same two reported.
+  report = (*store)->RewrapAll();
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->rewrapped, 0u);
+  EXPECT_EQ(report->unreadable, 2u);
 }
 
 TEST(PostgresDsnTest, DescriptionNeverShowsThePassword) {

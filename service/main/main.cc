@@ -3,7 +3,10 @@
 #include <sys/resource.h>
 
 #include <cstdint>
+#include <sodium.h>
+
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -13,7 +16,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/time/time.h"
 #include "service/common/log.h"
+#include "service/common/secure_memory.h"
 #include "service/keys/kek_setup.h"
+#include "service/keys/pkcs11_kek.h"
 #include "service/main/server.h"
 
 ABSL_FLAG(std::string, grpc_address, "127.0.0.1:50051",
@@ -204,6 +209,15 @@ ABSL_FLAG(std::string, audit_chain_key_file, "",
           "A file of at least 32 secret bytes: every --audit_log_file line then carries an HMAC "
           "chaining it to the line before, so an edited, removed or moved line is found by "
           "`offloadctl audit verify`. Keep the key away from the audit file's readers.");
+ABSL_FLAG(absl::Duration, audit_checkpoint_interval, absl::Minutes(1),
+          "With --audit_chain_key_file: how often an audit_checkpoint line (the audit file, the "
+          "mac of its first line, its lines so far, its last mac) is written apart from the "
+          "audit file - to this log and to --audit_checkpoint_file - when lines were written "
+          "since the last one; also on a change of file and at shutdown. `offloadctl audit "
+          "verify --checkpoints` then finds lines cut from the file's end. 0: only then.");
+ABSL_FLAG(std::string, audit_checkpoint_file, "",
+          "With --audit_chain_key_file: a file (kept apart from the audit file's) to which every "
+          "audit_checkpoint line is appended as well; empty: this log only.");
 ABSL_FLAG(std::string, audit_log_file, "",
           "Append-only JSON-lines audit trail (key lifecycle, refusals); empty: the main log.");
 ABSL_FLAG(std::string, audit_data_plane, "off",
@@ -231,6 +245,50 @@ ABSL_FLAG(int, grpc_max_concurrent_streams, 256,
           "HTTP/2 streams (calls) open at once per gRPC connection; a client's further calls wait "
           "in the client. 0 = the HTTP port's --http2_max_concurrent_streams.");
 
+namespace {
+
+// [issue 33] A PIN given as pin-value= in --kek_pkcs11 is taken out of the command line before
+// the flags are parsed (argv is rewritten in place, so /proc/PID/cmdline and `ps` no longer show
+// it, and no flag or URI copy ever holds it), then out of the flag's value (a --flagfile's).
+// The PIN goes to `*pin` (locked memory). False (logged) for a malformed pin-value.
+bool TakeKekPin(int argc, char** argv, offload::KeyBytes* pin) {
+  for (int i = 1; i < argc; ++i) {
+    char* arg = argv[i];
+    if (std::strcmp(arg, "--") == 0) break;
+    char* value = nullptr;
+    for (const char* name : {"--kek_pkcs11=", "-kek_pkcs11="}) {
+      if (std::strncmp(arg, name, std::strlen(name)) == 0) value = arg + std::strlen(name);
+    }
+    if (value == nullptr && i + 1 < argc &&
+        (std::strcmp(arg, "--kek_pkcs11") == 0 || std::strcmp(arg, "-kek_pkcs11") == 0)) {
+      value = argv[++i];
+    }
+    if (value == nullptr) continue;
+    absl::StatusOr<bool> taken = offload::keys::TakePinValue(value, pin);
+    if (!taken.ok()) {
+      offload::Log(offload::LogLevel::kError, "server_failed", {{"error", taken.status().ToString()}});
+      return false;
+    }
+  }
+  return true;
+}
+
+bool TakeKekPinFromFlag(offload::KeyBytes* pin) {
+  std::string uri = absl::GetFlag(FLAGS_kek_pkcs11);
+  if (uri.find("pin-value=") == std::string::npos) return true;
+  absl::StatusOr<bool> taken = offload::keys::TakePinValue(uri.data(), pin);
+  uri.resize(std::strlen(uri.c_str()));
+  absl::SetFlag(&FLAGS_kek_pkcs11, uri);
+  sodium_memzero(uri.data(), uri.size());
+  if (!taken.ok()) {
+    offload::Log(offload::LogLevel::kError, "server_failed", {{"error", taken.status().ToString()}});
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   // glibc's defaults hand freed memory back to the kernel as soon as 128 KB sit free at the top
   // of a heap, and the dynamic mmap threshold moves with the sizes freed. A stream of 55 KB
@@ -246,7 +304,10 @@ int main(int argc, char** argv) {
   }
   offload::BlockStopSignals();
   absl::SetProgramUsageMessage("The crypto-offload gRPC service.\nUsage: offload_server [flags]");
+  offload::KeyBytes kek_pin;  // a pin-value taken out of --kek_pkcs11
+  if (!TakeKekPin(argc, argv, &kek_pin)) return 1;
   absl::ParseCommandLine(argc, argv);
+  if (!TakeKekPinFromFlag(&kek_pin)) return 1;
   if (absl::Status s = offload::HardenProcess(absl::GetFlag(FLAGS_allow_core_dumps)); !s.ok()) {
     offload::Log(offload::LogLevel::kError, "server_failed", {{"error", s.ToString()}});
     return 1;
@@ -255,7 +316,7 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_kek_pkcs11_create)) {
     absl::StatusOr<std::string> created = offload::keys::CreatePkcs11Kek(
         {absl::GetFlag(FLAGS_kek_pkcs11), absl::GetFlag(FLAGS_kek_pkcs11_pin_file),
-         absl::GetFlag(FLAGS_kek_pkcs11_pin_env)});
+         absl::GetFlag(FLAGS_kek_pkcs11_pin_env), std::move(kek_pin)});
     if (!created.ok()) {
       offload::Log(offload::LogLevel::kError, "kek_create_failed",
                    {{"error", created.status().ToString()}});
@@ -272,6 +333,7 @@ int main(int argc, char** argv) {
   config.kek_file = absl::GetFlag(FLAGS_kek_file);
   config.kek_env = absl::GetFlag(FLAGS_kek_env);
   config.kek_pkcs11 = absl::GetFlag(FLAGS_kek_pkcs11);
+  config.kek_pkcs11_pin = std::move(kek_pin);
   config.kek_pkcs11_pin_file = absl::GetFlag(FLAGS_kek_pkcs11_pin_file);
   config.kek_pkcs11_pin_env = absl::GetFlag(FLAGS_kek_pkcs11_pin_env);
   config.kek_previous_files = absl::GetFlag(FLAGS_kek_previous_files);
@@ -341,6 +403,8 @@ int main(int argc, char** argv) {
   config.policy_file = absl::GetFlag(FLAGS_policy_file);
   config.audit_log_file = absl::GetFlag(FLAGS_audit_log_file);
   config.audit_chain_key_file = absl::GetFlag(FLAGS_audit_chain_key_file);
+  config.audit_checkpoint_interval = absl::GetFlag(FLAGS_audit_checkpoint_interval);
+  config.audit_checkpoint_file = absl::GetFlag(FLAGS_audit_checkpoint_file);
   {
     const std::string v = absl::GetFlag(FLAGS_audit_data_plane);
     double rate = 0;

@@ -368,6 +368,10 @@ void RegisterGuardMetrics(metrics::Metrics& m, ops::Admission& admission,
                    [token_counts] { return double(token_counts().remembered); });
   m.AddPullCounter("offload_token_checks_total", checks_help, {{"result", "signature_checked"}},
                    [token_counts] { return double(token_counts().signature_checks); });
+  m.AddPullCounter("offload_token_jwks_keys_skipped_total",
+                   "JWKS keys passed over as unusable (the file's other keys load), summed over "
+                   "every read of --jwks_file",
+                   {}, [token_counts] { return double(token_counts().jwks_keys_skipped); });
   m.AddPullGauge("offload_token_memo_bytes", "Bytes held by the verified-token memo", {},
                  [tokens] { return tokens != nullptr ? double(tokens->remembered_bytes()) : 0.0; });
 }
@@ -468,6 +472,7 @@ absl::Status RunServer(const ServerConfig& config) {
   keys::KekConfig kek_config;
   kek_config.raw = {config.kek_file, config.kek_env, shared_store ? "" : config.data_dir};
   kek_config.pkcs11.uri = config.kek_pkcs11;
+  kek_config.pkcs11.pin = config.kek_pkcs11_pin;
   kek_config.pkcs11.pin_file = config.kek_pkcs11_pin_file;
   kek_config.pkcs11.pin_env = config.kek_pkcs11_pin_env;
   kek_config.previous_files = config.kek_previous_files;
@@ -577,6 +582,8 @@ absl::Status RunServer(const ServerConfig& config) {
   auth_options.audit_data_plane = config.audit_data_plane;
   auth_options.audit_fail_closed = config.audit_fail_closed;
   auth_options.operations = api::PolicyOperations();
+  auth_options.audit_checkpoint_interval = config.audit_checkpoint_interval;
+  auth_options.audit_checkpoint_file = config.audit_checkpoint_file;
   if (!config.audit_chain_key_file.empty()) {
     OFFLOAD_ASSIGN_OR_RETURN(auth_options.audit_chain_key,
                              auth::ReadAuditKey(config.audit_chain_key_file));

@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "service/common/secure_memory.h"
 #include "service/httpd/server.h"
 
 namespace offload {
@@ -29,6 +30,8 @@ struct ServerConfig {
   // A KEK inside a PKCS#11 token (service/keys/pkcs11_kek.h): an RFC 7512 URI; empty: the raw
   // KEK above. The PIN comes from the URI, else kek_pkcs11_pin_file, else kek_pkcs11_pin_env.
   std::string kek_pkcs11;
+  // The URI's pin-value, taken out of the flag (keys::TakePinValue): kek_pkcs11 never holds it.
+  KeyBytes kek_pkcs11_pin;
   std::string kek_pkcs11_pin_file;
   std::string kek_pkcs11_pin_env = "OFFLOAD_KEK_PKCS11_PIN";
   // Raw KEK files still read (records wrapped under them are re-wrapped under the current KEK).
@@ -105,6 +108,10 @@ struct ServerConfig {
   std::string audit_log_file;
   // With audit_log_file: the key (a file of 32+ bytes) of the HMAC chain over its lines.
   std::string audit_chain_key_file;
+  // With the chain: audit_checkpoint lines (file, first mac, lines, last mac) to the main log,
+  // and to this file when set, every interval (0: only on a change of file and at the stop).
+  absl::Duration audit_checkpoint_interval = absl::Minutes(1);
+  std::string audit_checkpoint_file;
   // The fraction of data-plane calls (Sign, Derive, Box, AEAD: api::Method::data_plane) audited
   // one line each: 0 none, 1 all.
   double audit_data_plane = 0;

@@ -197,6 +197,39 @@ bool ReadThrough(Memo& memo, const std::string& key_id, const Blob& blob) {
   return false;
 }
 
+// Issue 33: an open entry costs at most a page (4 KiB) beyond its ciphertext and plaintext (it
+// cost 10,938 bytes more for a 55 KB blob while large no-dump mappings were rounded up to 2^k or
+// 3x2^(k-1) pages), and what the memo charges is what the entry holds in no-dump memory.
+TEST_F(MemoTest, AnOpenEntryCostsAtMostAPageBeyondItsBytes) {
+  // The plaintext's buffer takes less than a page beyond its bytes; the entry's bookkeeping (the
+  // shared entry and buffer, the LRU node, the digest) is a fixed few hundred bytes on top.
+  for (size_t pt : {size_t{1}, size_t{100}, size_t{4000}, size_t{20000}, size_t{32768},
+                    size_t{32769}, size_t{55000}, size_t{65536}, size_t{1} << 20}) {
+    const size_t envelope = pt + 16 + 29;  // XChaCha20-Poly1305: header, nonce, tag
+    EXPECT_LT(WipedBuffer::Footprint(pt) - pt, 4096u) << pt;
+    EXPECT_LE(Memo::OpenEntryCost(envelope, pt), envelope + WipedBuffer::Footprint(pt) + 512)
+        << pt;
+  }
+  EXPECT_LE(Memo::OpenEntryCost(55000 + 45, 55000), (55000 + 45) + 55000 + 4096);
+  // The 27 blobs of 55 KB a phone re-reads on every resume fit a budget of 27 x (ciphertext +
+  // plaintext + 4 KiB), per key and in all; the no-dump memory they take is what is charged.
+  constexpr size_t kBlob = 55000;
+  MemoOptions options;
+  options.open_bytes_per_key = options.open_bytes_total = 27 * ((kBlob + 16) + kBlob + 4096);
+  Memo memo(options);
+  const size_t nodump_before = secure::GetStats().nodump_in_use_bytes;
+  std::vector<Blob> blobs;
+  for (uint64_t i = 0; i < 27; ++i) blobs.push_back(MakeBlob(memo, 7, i, 1, kBlob));
+  for (const Blob& b : blobs) EXPECT_FALSE(ReadThrough(memo, "phone", b));
+  for (const Blob& b : blobs) EXPECT_TRUE(ReadThrough(memo, "phone", b)) << "second pass";
+  const CacheStats s = memo.open_stats();
+  EXPECT_EQ(s.entries, 27u);
+  EXPECT_EQ(s.evictions, 0u);
+  EXPECT_EQ(s.bytes, 27 * Memo::OpenEntryCost(kBlob + 16, kBlob));
+  EXPECT_EQ(secure::GetStats().nodump_in_use_bytes - nodump_before,
+            27 * memo::WipedBuffer::Footprint(kBlob));
+}
+
 // Issue 14: under a spent shared budget, a key idle since the morning kept its 27 blobs and a
 // key in use replaying its own 27 blobs got 0 hits per pass. With one recency order across keys
 // the idle key gives way: from the pass after the active set was last loaded, every read hits.

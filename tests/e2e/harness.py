@@ -178,6 +178,51 @@ def server_flags(binary):
 
 
 # ----------------------------------------------------------------------------------------------
+# A process's memory, seen from outside (needs the process dumpable: --allow_core_dumps).
+
+def memory_hits(pid, needle):
+    """Every place `needle` (bytes) sits in the readable mappings of process `pid`, as
+    [(mapping start, end, perms, path, set(vmflags))], one entry per hit. Reads /proc/PID/smaps
+    and /proc/PID/mem (the kernel's own [vvar]/[vsyscall] are skipped)."""
+    maps = []
+    with open("/proc/%d/smaps" % pid) as f:
+        for line in f:
+            parts = line.split()
+            head = parts[0] if parts else ""
+            if "-" in head and len(parts) >= 5 and all(c in "0123456789abcdef-" for c in head):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                maps.append([lo, hi, parts[1], parts[5] if len(parts) > 5 else "", set()])
+            elif line.startswith("VmFlags:") and maps:
+                maps[-1][4].update(line.split()[1:])
+    hits = []
+    with open("/proc/%d/mem" % pid, "rb", buffering=0) as mem:
+        for lo, hi, perms, path, flags in maps:
+            if "r" not in perms or path in ("[vvar]", "[vsyscall]", "[vvar_vclock]"):
+                continue
+            step, tail = 1 << 20, b""
+            at = lo
+            while at < hi:
+                try:
+                    mem.seek(at)
+                    chunk = mem.read(min(step, hi - at))
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                data = tail + chunk
+                start = 0
+                while True:
+                    i = data.find(needle, start)
+                    if i < 0:
+                        break
+                    hits.append((lo, hi, perms, path, flags))
+                    start = i + 1
+                tail = data[-(len(needle) - 1):] if len(needle) > 1 else b""
+                at += len(chunk)
+    return hits
+
+
+# ----------------------------------------------------------------------------------------------
 # The server process.
 
 class Server:

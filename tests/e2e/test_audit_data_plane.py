@@ -8,6 +8,10 @@
 - --audit_fail_closed: with the audit file unwritable (its path, a symlink, swapped to /dev/full:
   writes fail with ENOSPC, also for root), calls are refused UNAVAILABLE on gRPC and Connect; once
   the path names the file again they succeed, and the chain checks across the gap.
+- Refusals under --audit_fail_closed (issue 33) are held as every audited answer is: an
+  UNAUTHENTICATED answer arrives after its `unauthenticated` line is in the file, and while the
+  file is unwritable the refusal is UNAVAILABLE ("audit log unwritable") instead.
+- Key lifecycle lines name an anonymous caller as data-plane lines do: `anonymous`, source `none`.
 """
 import base64
 import json
@@ -155,6 +159,11 @@ class AuditDataPlaneTest(harness.ServerTestCase):
         self.assertEqual([(l["key_id"], l.get("version"), l["code"]) for l in sign],
                          [("s", 1, "OK"), ("missing", None, "NOT_FOUND")])
         self.assertEqual(sign[0]["identity"], "anonymous")
+        self.assertEqual(sign[0]["identity_source"], "none")
+        created = [l for l in read_lines(audit) if l.get("event") == "key_create"]
+        self.assertEqual(len(created), 4)
+        self.assertEqual({(l["identity"], l["identity_source"]) for l in created},
+                         {("anonymous", "none")})
         self.assertEqual(sign[0]["transport"], "grpc")
         self.assertTrue(sign[0]["peer"].startswith("ipv4:127.0.0.1:"), sign[0])
         (batch,) = by("BatchSign")
@@ -274,6 +283,54 @@ class AuditDataPlaneTest(harness.ServerTestCase):
         self.assertIn("key_create", events[recovered:])
         code, out = verify(real, self.key)
         self.assertEqual(code, 0, out)  # the chain goes on across the gap
+
+    def test_fail_closed_holds_refusals_until_their_line_is_written(self):
+        if not os.access("/dev/full", os.W_OK):
+            self.skipTest("no writable /dev/full")
+        real = os.path.join(self.work, "refusals.jsonl")
+        open(real, "w").close()
+        link = os.path.join(self.work, "refusals-link.jsonl")
+        repoint(link, real)
+        # --require_identity, identities only from a proxy at 127.0.0.2: every call from here
+        # (127.0.0.1) is anonymous and refused.
+        server = self.start("dp-refusals", link, "--audit_fail_closed", "--require_identity",
+                            "--forwarded_identity_header=x-ssl-client-s-dn",
+                            "--trusted_proxies=127.0.0.2/32")
+        sign = lambda: server.ed.Sign(pb.ed.SignRequest(key_id="s", message=b"m"), timeout=10)
+        connect_sign = lambda: connect(server, "Ed25519Service", "Sign",
+                                       pb.ed.SignRequest(key_id="s", message=b"m"),
+                                       pb.ed.SignResponse)
+        refused_lines = lambda: [l for l in read_lines(real) if l["event"] == "unauthenticated"]
+        # Each refusal is answered only once its line is in the file: read at once, no waiting.
+        for i in range(20):
+            self.assertRpcError(grpc.StatusCode.UNAUTHENTICATED, sign)
+            self.assertEqual(len(refused_lines()), 2 * i + 1)
+            status, error = connect_sign()
+            self.assertEqual((status, error["code"]), (401, "unauthenticated"), error)
+            self.assertEqual(len(refused_lines()), 2 * i + 2)
+
+        repoint(link, "/dev/full")
+
+        def unavailable():
+            try:
+                sign()
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.UNAVAILABLE:
+                    return e.details()
+                self.assertEqual(e.code(), grpc.StatusCode.UNAUTHENTICATED, e.details())
+            return False
+        self.assertIn("audit log unwritable", wait_for(unavailable, what="held refusal"))
+        status, error = connect_sign()
+        self.assertEqual((status, error["code"]), (503, "unavailable"), error)
+        self.assertGreaterEqual(metric(server, "offload_audit_refused_total"), 2)
+
+        repoint(link, real)
+        wait_for(lambda: not unavailable(), what="refusals answered again")
+        before = len(refused_lines())
+        self.assertRpcError(grpc.StatusCode.UNAUTHENTICATED, sign)
+        self.assertEqual(len(refused_lines()), before + 1)
+        server.stop()
+        self.assertEqual(verify(real, self.key)[0], 0)
 
 
 if __name__ == "__main__":

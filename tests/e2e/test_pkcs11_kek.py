@@ -12,6 +12,9 @@ here) and its AES-256 KEK is generated inside it by `offload_server --kek_pkcs11
                naming the problem (never the PIN)
   postgres     two replicas on one PostgreSQL (tests/integration/pg_support.py) and one token:
                a rotation while both serve fails no call; every row ends up naming the new KEK
+  pin-value    a PIN given in the URI (pin-value=) serves, and is gone from the command line
+               (/proc/PID/cmdline, what `ps` shows), from the log, and from the process's memory
+               as part of the URI (issue 33)
 
 Run: OFFLOAD_SERVER=build/bin/offload_server /usr/bin/python3 -m unittest -v test_pkcs11_kek.py
 """
@@ -206,6 +209,33 @@ class Pkcs11KekFileStoreTest(harness.ServerTestCase):
         for key_id in caller.created:
             server.keys.GetKey(K.GetKeyRequest(key_id=key_id), timeout=10)
         server.stop()
+
+    def test_a_pin_value_is_scrubbed_from_the_command_line_and_memory(self):
+        token = Token()
+        token.create_kek()
+        uri = "pkcs11:token=%s;object=offload-kek?pin-value=%s&module-path=%s" % (
+            token.label, PIN, MODULE)
+        server = harness.Server("p11-pin-value", args=[
+            "--kek_pkcs11=" + uri, "--allow_core_dumps"])  # /proc/PID/mem readable here
+        self.servers = [server]
+        server.start()
+        try:
+            K = pb.keys
+            server.keys.CreateKey(K.CreateKeyRequest(key_id="ed", type=K.KEY_TYPE_ED25519),
+                                  timeout=10)
+            server.ed.Sign(pb.ed.SignRequest(key_id="ed", message=b"m"), timeout=10)
+            with open("/proc/%d/cmdline" % server.proc.pid, "rb") as f:
+                cmdline = f.read()
+            self.assertIn(b"--kek_pkcs11=pkcs11:token=", cmdline)
+            self.assertIn(b"module-path=" + MODULE.encode(), cmdline)
+            self.assertNotIn(PIN.encode(), cmdline)
+            # The server's own lines (the first is the harness's note of the command it ran).
+            self.assertNotIn(PIN, "\n".join(server.log_lines()[1:]))
+            if not harness.SANITIZED:  # a sanitizer's shadow memory is terabytes to read
+                self.assertEqual(
+                    harness.memory_hits(server.proc.pid, b"pin-value=" + PIN.encode()), [])
+        finally:
+            server.stop()
 
     def test_wrong_pin_and_missing_token_stop_the_start(self):
         token = Token()

@@ -5,6 +5,13 @@ server through /proc: key material sits in locked memory (VmLck > 0; mappings wh
 (core limit 0; its `process_hardened` log line). `--locked_memory_bytes=0` is the control: nothing
 locked, key material counted as fallback, and the service works the same.
 
+The audit chain's key (issue 33) is kept by the chain alone, in locked memory: read through
+/proc/PID/mem of a server started with --allow_core_dumps, its bytes sit only in mappings marked
+`dd`, never in the ordinary heap (an options copy, a stdio buffer).
+
+Secret memory costs the open memo at most a page per entry (issue 33): 27 blobs of 55 KB stay in
+an open memo bounded by 27 x (ciphertext + plaintext + 4 KiB), all 27 hit on a second pass.
+
 That SIGABRT leaves no core file by default is test_process_hardening.py's."""
 import json
 import os
@@ -13,6 +20,7 @@ import secrets
 import unittest
 import urllib.request
 
+import harness
 from harness import Server, ServerTestCase, pb
 
 T = 30
@@ -156,6 +164,70 @@ class SecretMemoryTest(ServerTestCase):
             self.assertIsNone(logged(server, "locked_memory_exhausted"))
             self.assertEqual(logged(server, "locked_memory")["budget_bytes"], 0)
             self.assertTrue([r for r in regions if "dd" in r[3] and r[1] - r[0] >= BIG])
+        finally:
+            server.stop()
+
+    @unittest.skipIf(harness.SANITIZED, "a sanitizer's allocator and shadow memory: the Release "
+                     "build's memory is what is checked")
+    def test_the_audit_chain_key_lives_only_in_secret_memory(self):
+        work = os.path.join(harness._WORK, "chain-key")
+        os.makedirs(work, exist_ok=True)
+        key = secrets.token_bytes(32)
+        key_file = os.path.join(work, "key")
+        with open(key_file, "wb") as f:
+            f.write(key)
+        server = Server("chain-key", args=[
+            "--allow_core_dumps",  # /proc/PID/mem readable by this test (the same user)
+            "--audit_log_file=" + os.path.join(work, "audit.jsonl"),
+            "--audit_chain_key_file=" + key_file])
+        self.servers = [server]
+        server.start()
+        try:
+            for i in range(3):  # lines sealed under the key
+                server.keys.CreateKey(pb.keys.CreateKeyRequest(
+                    key_id="k%d" % i, type=pb.keys.KEY_TYPE_ED25519), timeout=T)
+            hits = harness.memory_hits(server.proc.pid, key)
+            self.assertTrue(hits, "the key is nowhere: the scan does not work")
+            outside = [(hex(lo), perms, path) for lo, hi, perms, path, flags in hits
+                       if "dd" not in flags]
+            self.assertEqual(outside, [], "the chain key outside secret memory")
+        finally:
+            server.stop()
+
+    def test_27_blobs_of_55_kb_fit_their_bytes_plus_a_page_each(self):
+        blob = 55000
+        plaintexts = [secrets.token_bytes(blob) for _ in range(27)]
+        # The envelope a client stores and sends back (aead.proto): 5 + nonce (24) + n + tag.
+        envelope = 5 + 24 + blob + 16
+        budget = 27 * (envelope + blob + 4096)
+        server = Server("memo-27", args=["--memo_open_bytes_per_key=%d" % budget,
+                                         "--memo_open_bytes_total=%d" % budget])
+        self.servers = [server]
+        server.start()
+        try:
+            server.keys.CreateKey(pb.keys.CreateKeyRequest(
+                key_id="blobs", type=pb.keys.KEY_TYPE_XCHACHA20_POLY1305), timeout=T)
+            envs = [server.aead.Seal(pb.aead.AeadSealRequest(key_id="blobs", plaintext=p),
+                                     timeout=T).envelope for p in plaintexts]
+            self.assertEqual({len(e) for e in envs}, {envelope})
+            # A rotation drops the key's entries (Seal recorded them): the first pass opens and
+            # records each envelope as a phone's resume does, the second must hit all 27.
+            server.keys.RotateKey(pb.keys.RotateKeyRequest(key_id="blobs"), timeout=T)
+            for n, (env, p) in enumerate(zip(envs, plaintexts)):
+                got = server.aead.Open(pb.aead.AeadOpenRequest(key_id="blobs", envelope=env),
+                                       timeout=T)
+                self.assertEqual(got.plaintext, p)
+                self.assertFalse(got.memo_hit, n)
+            hits = 0
+            for env, p in zip(envs, plaintexts):
+                got = server.aead.Open(pb.aead.AeadOpenRequest(key_id="blobs", envelope=env),
+                                       timeout=T)
+                self.assertEqual(got.plaintext, p)
+                hits += got.memo_hit
+            self.assertEqual(hits, 27, "budget %d bytes for 27 envelopes of %d bytes"
+                             % (budget, envelope))
+            self.assertEqual(metric(server, 'offload_memo_entries{cache="open"}'), 27)
+            self.assertLessEqual(metric(server, 'offload_memo_bytes{cache="open"}'), budget)
         finally:
             server.stop()
 

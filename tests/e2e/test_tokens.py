@@ -10,7 +10,14 @@ python3-cryptography): EdDSA, ES256 and RS256 tokens against a server started wi
             a 1 MiB token, no token, another scheme: UNAUTHENTICATED / 401, audited with the
             reason, never with the token
   memo      a repeated token costs one signature check (offload_token_checks_total)
+  GET       a Connect GET of Verify made with a token (or on a server that needs an identity)
+            is answered `Cache-Control: private`, never `public`; an anonymous caller's, where
+            anonymous calls are served, stays `public, max-age=31536000, immutable`; Vary names
+            Authorization
   reload    a token whose JWKS key is removed from the file is refused, without a restart
+  skipped   a JWKS with one unusable key (PyJWT 2.6's own EC key whose coordinate lost its
+            leading zero byte, 1 key in 128) loads the others: their tokens verify, the broken
+            key's tokens are refused unknown_kid, the key is counted and logged as skipped
 """
 import base64
 import hashlib
@@ -68,6 +75,24 @@ class Keys:
     def jwks(self, names=("ed", "ec", "rsa")):
         return {"keys": [self.jwk(n) for n in names]}
 
+    def add_short_ec(self):
+        """A P-256 key "ec-short" whose x or y is under 2^248, so that PyJWT 2.6's to_jwk writes
+        that coordinate in 31 bytes (RFC 7518 wants 32): about 1 key in 128."""
+        while True:
+            key = ec.generate_private_key(ec.SECP256R1())
+            nums = key.public_key().public_numbers()
+            if nums.x < 2 ** 248 or nums.y < 2 ** 248:
+                break
+        self.private["ec-short"] = key
+        self.alg["ec-short"] = "ES256"
+        self.to_jwk["ec-short"] = ECAlgorithm.to_jwk
+        j = self.jwk("ec-short")
+        short = [c for c in ("x", "y") if len(base64.urlsafe_b64decode(j[c] + "==")) < 32]
+        if not short:  # a PyJWT that pads: strip the zero byte as 2.6 does
+            c = "x" if nums.x < 2 ** 248 else "y"
+            j[c] = b64(base64.urlsafe_b64decode(j[c] + "==")[1:])
+        return j
+
     def public_pem(self, name):
         return self.private[name].public_key().public_bytes(
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
@@ -107,6 +132,31 @@ def curl(url, body, headers, http2):
 
 class TokenServer(harness.Server):
     pass
+
+
+def verify_get(port, token):
+    """A Connect GET of Ed25519Service/Verify (a real signature) with curl, HTTP/1.1; (status,
+    headers, body)."""
+    key = ed25519.Ed25519PrivateKey.generate()
+    pk = key.public_key().public_bytes(serialization.Encoding.Raw,
+                                       serialization.PublicFormat.Raw)
+    msg = b"cache me?"
+    req = pb.ed.VerifyRequest(public_key=pk, signature=key.sign(msg), message=msg)
+    url = ("http://127.0.0.1:%d/offload.v1.Ed25519Service/Verify?connect=v1&encoding=proto"
+           "&base64=1&message=%s" % (port, b64(req.SerializeToString())))
+    cmd = ["curl", "-sS", "--noproxy", "*", "--http1.1", "-o", "-", "-D", "/dev/stderr", url]
+    if token is not None:
+        cmd += ["-H", "authorization: Bearer " + token]
+    r = subprocess.run(cmd, capture_output=True, timeout=30)
+    head = r.stderr.decode(errors="replace")
+    if r.returncode != 0:
+        raise RuntimeError("curl failed (%d): %s" % (r.returncode, head[-300:]))
+    fields = {}
+    for line in head.splitlines():
+        if ":" in line:
+            k, v = line.split(":", 1)
+            fields[k.strip().lower()] = v.strip()
+    return int(re.findall(r"^HTTP/[\d.]+ (\d+)", head, re.M)[-1]), fields, r.stdout
 
 
 class TokensTest(harness.ServerTestCase):
@@ -356,6 +406,53 @@ class TokensTest(harness.ServerTestCase):
         self.assertGreaterEqual(self.metric("offload_token_checks_total", result="remembered"),
                                 remembered + 19)
 
+    def test_z_a_jwks_with_one_broken_key_loads_the_others(self):
+        broken = self.keys.add_short_ec()
+        skipped = self.metric("offload_token_jwks_keys_skipped_total")
+        try:
+            tmp = self.jwks + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump({"keys": [broken] + self.keys.jwks(("ed", "ec", "rsa"))["keys"]}, f)
+            os.replace(tmp, self.jwks)
+            # The reload is seen by its count (the watcher looks once a second).
+            deadline = time.monotonic() + 15
+            while (self.metric("offload_token_jwks_keys_skipped_total") == skipped
+                   and time.monotonic() < deadline):
+                time.sleep(0.1)
+            self.assertEqual(self.metric("offload_token_jwks_keys_skipped_total"), skipped + 1)
+            # The file's other keys verify; tokens never seen before, so each is checked by
+            # signature against the reloaded keys.
+            for name in ("ed", "ec", "rsa"):
+                token = self.keys.token(name, sub="app-a", jti="skip-%s" % name)
+                self.assertEqual(self.grpc_sign(self.ports["grpc"], token), grpc.StatusCode.OK,
+                                 name)
+                self.assertEqual(self.connect_sign(self.ports["http"], token), (200, None), name)
+            # The broken key's own tokens are refused (its key was skipped, not half-loaded).
+            refused = self.metric("offload_token_refused_total", reason="unknown_kid")
+            token = self.keys.token("ec-short", sub="app-a")
+            self.assertEqual(self.grpc_sign(self.ports["grpc"], token),
+                             grpc.StatusCode.UNAUTHENTICATED)
+            self.assertEqual(self.metric("offload_token_refused_total", reason="unknown_kid"),
+                             refused + 1)
+            log = self.server._read_log().decode(errors="replace")
+            warnings = [json.loads(l) for l in log.splitlines()
+                        if '"jwks_key_skipped"' in l and l.startswith("{")]
+            self.assertTrue([w for w in warnings if w.get("kid") == "ec-short"], warnings)
+            self.assertNotIn("jwks_reload_failed", log)
+        finally:
+            self.write_jwks(("ed", "ec", "rsa"))
+
+    def test_a_token_get_is_private(self):
+        # --require_identity: the token's answer is for its caller only; no token: 401, no-store.
+        status, fields, body = verify_get(self.ports["http"], self.keys.token("ed"))
+        self.assertEqual(status, 200, body)
+        self.assertTrue(pb.ed.VerifyResponse.FromString(body).valid)
+        self.assertEqual(fields.get("cache-control"), "private, max-age=31536000, immutable")
+        self.assertIn("Authorization", fields.get("vary", ""))
+        status, fields, _ = verify_get(self.ports["http"], None)
+        self.assertEqual(status, 401)
+        self.assertEqual(fields.get("cache-control"), "no-store")
+
     def test_zz_a_removed_key_is_refused_without_restart(self):
         token = self.keys.token("rsa", sub="app-a", jti="reload")
         self.assertEqual(self.grpc_sign(self.ports["grpc"], token), grpc.StatusCode.OK)
@@ -375,6 +472,38 @@ class TokensTest(harness.ServerTestCase):
             self.assertIn(b"jwks_reloaded", self.server._read_log())
         finally:
             self.write_jwks(("ed", "ec", "rsa"))
+
+
+class OptionalTokenGetTest(harness.ServerTestCase):
+    """Tokens without --require_identity or a policy: anonymous calls are served."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.keys = Keys()
+        cls.dir = tempfile.mkdtemp(prefix="tokens-get-", dir=harness._WORK)
+        jwks = os.path.join(cls.dir, "jwks.json")
+        with open(jwks, "w") as f:
+            json.dump(cls.keys.jwks(("ed",)), f)
+        cls.server = TokenServer("tokens-get", args=[
+            "--jwks_file=" + jwks, "--token_issuer=" + ISSUER, "--token_audience=" + AUDIENCE])
+        cls.servers = [cls.server]
+        cls.server.start()
+        cls.port = int(cls.server.flag_value("http_address").rsplit(":", 1)[1])
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def test_anonymous_get_is_public_token_get_is_private(self):
+        status, fields, body = verify_get(self.port, None)
+        self.assertEqual(status, 200, body)
+        self.assertEqual(fields.get("cache-control"), "public, max-age=31536000, immutable")
+        self.assertIn("Authorization", fields.get("vary", ""))
+        status, fields, body = verify_get(self.port, self.keys.token("ed"))
+        self.assertEqual(status, 200, body)
+        self.assertTrue(pb.ed.VerifyResponse.FromString(body).valid)
+        self.assertEqual(fields.get("cache-control"), "private, max-age=31536000, immutable")
+        self.assertIn("Authorization", fields.get("vary", ""))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ checked on replica 1 (which learns it by the store's change notification). The s
                  after the wait; RestoreKeyVersion undoes a scheduled destruction
   min_version    min_decryption_version refuses older AEAD envelopes and X25519 versions;
                  Rewrap moves an envelope to the current version, same plaintext, and refuses a
-                 retired one; BatchRewrap item by item
+                 retired one; BatchRewrap item by item; SetMinDecryptionVersion on a key pending
+                 deletion is refused, so a cancel brings back a key whose old envelopes open
   connect        the lifecycle RPCs over Connect (HTTP/1.1 JSON) as well
 
 Run: from tests/integration, with OFFLOAD_SERVER and OFFLOAD_PROTO_DIR set (ctest sets them):
@@ -306,6 +307,29 @@ class LifecycleScenarios:
             nonce=bytes(24), ciphertext=bytes(32)), timeout=T)
         self.assert_code_on(self.other, FP, derive_v1, "retired derive")
         self.assert_code_on(self.other, FP, box_open_v1, "retired box open")
+
+    def test_min_decryption_version_refused_while_pending_deletion(self):
+        # Issue 33's recipe: create, seal, rotate, delete (2 min), min-decryption-version 2 is
+        # refused, cancel: the key is as it was and the version-1 envelope still opens.
+        key_id = "minpend-a"
+        self.create(key_id, K.KEY_TYPE_XCHACHA20_POLY1305)
+        env = eventually(lambda: self._seal_at(self.other, key_id, 1), "seal v1")
+        self.admin.keys.RotateKey(K.RotateKeyRequest(key_id=key_id), timeout=T)
+        before = self.key_state(self.admin, key_id)
+        self.admin.keys.DeleteKey(K.DeleteKeyRequest(key_id=key_id, wait_seconds=120), timeout=T)
+        self.assertRpcError(FP, self.admin.keys.SetMinDecryptionVersion,
+                            K.SetMinDecryptionVersionRequest(key_id=key_id,
+                                                             min_decryption_version=2),
+                            timeout=T, contains=("scheduled for deletion",))
+        back = self.admin.keys.CancelKeyDeletion(K.CancelKeyDeletionRequest(key_id=key_id),
+                                                 timeout=T)
+        self.assertEqual(back.SerializeToString(), before.SerializeToString())
+        self.assertEqual(back.min_decryption_version, 0)
+        got = eventually(lambda: self.open(self.other, key_id, env), "open v1 after cancel")
+        self.assertEqual(got.plaintext, b"v1")
+        refused = [l for l in self.audit_lines() if l.get("key_id") == key_id
+                   and l.get("method") == "SetMinDecryptionVersion"]
+        self.assertEqual([l.get("code") for l in refused], ["FAILED_PRECONDITION"])
 
     def _checked_rewrap(self, rewrap, envelope):
         r = rewrap(self.other, envelope)

@@ -121,10 +121,16 @@ const std::vector<CommandSpec>& Commands() {
        "--envelopes_file: one hex envelope per line, rewrapped in one BatchRewrap, one line "
        "out per line in (the new envelope, or the error); exit 2 if any failed.",
        "offloadctl rewrap vault --aad='user:42' --envelope_hex=$ENV"},
-      {"audit verify", {"FILE"}, {"key_file"},
-       "Check an audit file written with --audit_chain_key_file (no server needed): every line's "
-       "mac against the key (--key_file); exit 0 if all check, 1 naming the first broken line.",
-       "offloadctl audit verify --key_file=/etc/offload/audit.key /var/log/offload/audit.jsonl"},
+      {"audit verify", {"FILE..."}, {"key_file", "checkpoints"},
+       "Check audit files written with --audit_chain_key_file (no server needed), oldest first: "
+       "every line's mac against the key (--key_file), and that a file naming the previous "
+       "file's last mac follows it. --checkpoints=FILE (the server's --audit_checkpoint_file, or "
+       "its log): every audit_checkpoint of these files finds its mac at its line, and the last "
+       "one names one of them, so lines cut from the end are found up to the last checkpoint. "
+       "Exit 0 if all checks, 1 naming what is broken.",
+       "offloadctl audit verify --key_file=/etc/offload/audit.key "
+       "--checkpoints=/var/log/offload/checkpoints.jsonl /var/log/offload/audit.jsonl.1 "
+       "/var/log/offload/audit.jsonl"},
       {"help", {}, {}, "Print this text.", "offloadctl help"},
   };
   return *kCommands;
@@ -240,7 +246,8 @@ absl::StatusOr<const CommandSpec*> FindCommand(absl::Span<const std::string> pos
     if (spec.name == one || spec.name == two) return &spec;
   }
   if (one == "audit") {
-    return absl::InvalidArgumentError("expected 'audit verify FILE --key_file=KEY'");
+    return absl::InvalidArgumentError(
+        "expected 'audit verify FILE... --key_file=KEY [--checkpoints=FILE]'");
   }
   if (one == "keys") {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -257,7 +264,9 @@ absl::Status CheckCommand(const CommandSpec& spec, absl::Span<const std::string>
                           const Options& options) {
   const size_t words = absl::StrContains(spec.name, ' ') ? 2 : 1;
   const size_t got = positional.size() >= words ? positional.size() - words : 0;
-  if (got != spec.args.size()) {
+  // A last argument named "X..." takes one or more.
+  const bool variadic = !spec.args.empty() && absl::EndsWith(spec.args.back(), "...");
+  if (variadic ? got < spec.args.size() : got != spec.args.size()) {
     std::string expected =
         spec.args.empty() ? "no arguments" : absl::StrCat(absl::StrJoin(spec.args, " "));
     return absl::InvalidArgumentError(absl::StrCat("'", spec.name, "' expects ", expected,
@@ -274,8 +283,9 @@ absl::Status CheckCommand(const CommandSpec& spec, absl::Span<const std::string>
   }
   for (size_t i = words; i < positional.size(); ++i) {
     if (positional[i].empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("'", spec.name, "': ", spec.args[i - words], " is empty"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "'", spec.name, "': ", spec.args[std::min(i - words, spec.args.size() - 1)],
+          " is empty"));
     }
   }
   return absl::OkStatus();

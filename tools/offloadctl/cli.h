@@ -74,6 +74,7 @@ struct Options {
   std::optional<std::string> envelope_file;
 
   std::optional<std::string> key_file;  // audit verify: the chain's key
+  std::optional<std::string> checkpoints;  // audit verify: the audit_checkpoint lines
   std::optional<absl::Duration> wait;   // keys delete / destroy-version: the deletion wait
   std::optional<std::string> envelopes_file;  // rewrap: one hex envelope per line (BatchRewrap)
 

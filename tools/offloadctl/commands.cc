@@ -6,9 +6,11 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
@@ -522,24 +524,35 @@ absl::StatusOr<int> AeadRewrap(Client& c, const Options& o, const std::string& i
   return kExitOk;
 }
 
-// `audit verify FILE`: the file's HMAC chain (service/auth/audit_chain.h) under --key_file.
-absl::StatusOr<int> AuditVerify(const Options& o, const std::string& path) {
+// `audit verify FILE...`: the files' HMAC chains (service/auth/audit_chain.h) under --key_file,
+// their order (previous_file_mac), and with --checkpoints, that no line was cut from their ends up
+// to the last checkpoint.
+absl::StatusOr<int> AuditVerify(const Options& o, absl::Span<const std::string> paths) {
   if (!o.key_file.has_value()) {
     return absl::InvalidArgumentError("audit verify: --key_file is required");
   }
-  OFFLOAD_ASSIGN_OR_RETURN(std::string key, auth::ReadAuditKey(*o.key_file));
-  absl::Cleanup wipe = [&key] { Wipe(&key); };
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat("audit verify: cannot read ", path));
-  std::ostringstream text;
-  text << in.rdbuf();
-  const auth::AuditCheck check = auth::VerifyAuditChain(text.str(), key);
-  if (check.first_broken == 0) {
-    Write(absl::StrCat("ok: ", check.lines, " lines, every mac checks\n"));
-    return kExitOk;
+  OFFLOAD_ASSIGN_OR_RETURN(KeyBytes key, auth::ReadAuditKey(*o.key_file));
+  const auto read = [](const std::string& path) -> absl::StatusOr<std::string> {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return absl::InvalidArgumentError(absl::StrCat("audit verify: cannot read ", path));
+    std::ostringstream text;
+    text << in.rdbuf();
+    return text.str();
+  };
+  std::vector<auth::AuditFileText> files;
+  for (const std::string& path : paths) {
+    OFFLOAD_ASSIGN_OR_RETURN(std::string text, read(path));
+    files.push_back({path, std::move(text)});
   }
-  Write(absl::StrCat("broken: line ", check.first_broken, " of ", path, ": ", check.reason, "\n"));
-  return kExitInvalidSignature;
+  std::optional<std::string> checkpoints;
+  if (o.checkpoints.has_value()) {
+    OFFLOAD_ASSIGN_OR_RETURN(checkpoints, read(*o.checkpoints));
+  }
+  const auth::AuditTrailCheck check = auth::VerifyAuditTrail(
+      files, absl::string_view(reinterpret_cast<const char*>(key.data()), key.size()),
+      checkpoints.has_value() ? std::optional<absl::string_view>(*checkpoints) : std::nullopt);
+  Write(check.message + "\n");
+  return check.ok ? kExitOk : kExitInvalidSignature;
 }
 
 }  // namespace
@@ -550,7 +563,7 @@ absl::StatusOr<int> RunCommand(const CommandSpec& spec, absl::Span<const std::st
     Write(UsageText());
     return kExitOk;
   }
-  if (spec.name == "audit verify") return AuditVerify(options, positional.back());
+  if (spec.name == "audit verify") return AuditVerify(options, positional.subspan(2));
   OFFLOAD_ASSIGN_OR_RETURN(std::unique_ptr<Client> made, Client::Create(options));
   Client& client = *made;
   // The positional arguments after the subcommand's words: ID, then V for the version commands.

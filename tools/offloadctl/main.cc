@@ -55,6 +55,9 @@ ABSL_FLAG(std::string, aad_hex, "", "AEAD associated data as hex");
 ABSL_FLAG(std::string, envelope_hex, "", "AEAD envelope, hex");
 ABSL_FLAG(std::string, envelope_file, "", "file with the raw AEAD envelope");
 ABSL_FLAG(std::string, key_file, "", "audit verify: the file holding the audit chain's key");
+ABSL_FLAG(std::string, checkpoints, "",
+          "audit verify: a file of the server's audit_checkpoint lines (--audit_checkpoint_file, "
+          "or its log)");
 ABSL_FLAG(absl::Duration, wait, absl::ZeroDuration(),
           "keys delete / destroy-version: wait at least this long before the material is wiped "
           "(the server's --key_deletion_wait when longer), e.g. 720h");
@@ -113,6 +116,7 @@ Options OptionsFromFlags(std::set<std::string> specified) {
   Take(FLAGS_envelope_hex, &o.envelope_hex, &o);
   Take(FLAGS_envelope_file, &o.envelope_file, &o);
   Take(FLAGS_key_file, &o.key_file, &o);
+  Take(FLAGS_checkpoints, &o.checkpoints, &o);
   Take(FLAGS_wait, &o.wait, &o);
   Take(FLAGS_envelopes_file, &o.envelopes_file, &o);
   return o;

@@ -1,5 +1,6 @@
 // The crypto-offload web example: a static page that calls the service's HTTP port from the
-// browser with @connectrpc/connect-web, once over the Connect protocol and once over gRPC-Web.
+// browser with the TypeScript client (client/ts, @crypto-offload/client), once over the Connect
+// protocol and once over gRPC-Web.
 //
 // What it does, in order (and shows on the page):
 //   1. makes its inputs with WebCrypto: an Ed25519 signature, an X25519 key pair, a random
@@ -11,37 +12,36 @@
 //      of a step is served from the server's memo (memo_hit true), except for the tampered
 //      signature (invalid results are never remembered);
 //   4. deletes the two keys.
+// Each transport is one OffloadClient (no open memo here, so that every step reaches the server
+// and shows the server's memo at work; ?scenario= shows the client's own memos: client-demo.ts).
 // The query string names the service: ?server=http://127.0.0.1:8080 (the default). The server
 // must allow this page's origin: offload_server --http_cors_origins=<origin>. A server that wants
 // callers to prove who they are (--jwks_file, --require_identity) gets a bearer token on every
 // call: the page takes it from its URL fragment, #token=<JWT> (a fragment is never sent to any
-// server, so the token stays out of request lines and access logs), and an interceptor adds
-// `authorization: Bearer <JWT>` to both transports. A real app gets the token from its identity
-// provider's SDK and refreshes it before it expires (docs/mobile.md).
+// server, so the token stays out of request lines and access logs), and the client's token
+// provider gives it to both transports. A real app gets the token from its identity provider's
+// SDK, and the client asks its provider again when the server refuses a token (docs/mobile.md).
 // Machine-readable outcome: <body data-status="running" | "done" | "error: ...">, and
 // window.offloadResults (the Results below).
-import { Code, ConnectError, createClient, type CallOptions, type Client, type Interceptor, type Transport } from "@connectrpc/connect";
-import { createConnectTransport, createGrpcWebTransport } from "@connectrpc/connect-web";
+import {
+  Code,
+  ConnectError,
+  createOffloadClient,
+  DeriveOutput,
+  KeyType,
+  type CallOptions,
+  type OffloadClient,
+} from "@crypto-offload/client";
 
-import { AeadService } from "./gen/offload/v1/aead_pb.js";
-import { Ed25519Service } from "./gen/offload/v1/ed25519_pb.js";
-import { KeyService, KeyType } from "./gen/offload/v1/keys_pb.js";
-import { DeriveOutput, X25519Service } from "./gen/offload/v1/x25519_pb.js";
+import { runClientDemo } from "./client-demo.js";
 import * as wc from "./webcrypto.js";
 
 type LaneId = "connect" | "grpc-web";
 
-interface Api {
-  keys: Client<typeof KeyService>;
-  ed25519: Client<typeof Ed25519Service>;
-  x25519: Client<typeof X25519Service>;
-  aead: Client<typeof AeadService>;
-}
-
 interface Lane {
   id: LaneId;
   label: string;
-  api: Api;
+  api: OffloadClient;
 }
 
 // What one call returned: `value` is compared across the two transports, `shown` is displayed.
@@ -85,13 +85,20 @@ declare global {
 
 const callOptions: CallOptions = { timeoutMs: 5000 };
 
-function makeApi(transport: Transport): Api {
-  return {
-    keys: createClient(KeyService, transport),
-    ed25519: createClient(Ed25519Service, transport),
-    x25519: createClient(X25519Service, transport),
-    aead: createClient(AeadService, transport),
-  };
+// One client per transport. The verify memo is on (the default) but each step verifies once per
+// client; the open and derive memos are off, so every call reaches the server.
+function makeClient(server: string, protocol: "connect" | "grpc-web", token: string): OffloadClient {
+  return createOffloadClient({
+    baseUrl: server,
+    protocol,
+    // The page has one token (#token=): asked again after a refusal, it has no fresh one.
+    tokenProvider: token
+      ? ({ refresh }) => {
+          if (refresh) throw new Error("the server refused the #token= token: open the page with a fresh one");
+          return token;
+        }
+      : undefined,
+  });
 }
 
 // An error as the page shows it. A fetch that the browser refused (CORS) or could not send
@@ -158,19 +165,14 @@ function renderCell(td: HTMLTableCellElement, step: string, lane: LaneId, cell: 
   td.append(result, memo);
 }
 
-// Adds the bearer token to every call, whichever the transport.
-function bearer(token: string): Interceptor {
-  return (next) => async (req) => {
-    req.header.set("authorization", `Bearer ${token}`);
-    return next(req);
-  };
-}
-
 async function main(): Promise<void> {
   const params = new URLSearchParams(location.search);
   const token = new URLSearchParams(location.hash.slice(1)).get("token") ?? "";
-  const interceptors = token ? [bearer(token)] : [];
   const server = (params.get("server") ?? "http://127.0.0.1:8080").replace(/\/+$/, "");
+  if (params.has("scenario")) {
+    await runClientDemo(server, params.get("scenario")!, params.get("protocol") === "grpc-web" ? "grpc-web" : "connect");
+    return;
+  }
   const results: Results = {
     server,
     origin: location.origin,
@@ -190,12 +192,12 @@ async function main(): Promise<void> {
     {
       id: "connect",
       label: "Connect",
-      api: makeApi(createConnectTransport({ baseUrl: server, useBinaryFormat: true, interceptors })),
+      api: makeClient(server, "connect", token),
     },
     {
       id: "grpc-web",
       label: "gRPC-Web",
-      api: makeApi(createGrpcWebTransport({ baseUrl: server, useBinaryFormat: true, interceptors })),
+      api: makeClient(server, "grpc-web", token),
     },
   ];
   const problems: string[] = [];
@@ -224,14 +226,14 @@ async function main(): Promise<void> {
   let serverX25519Public: Uint8Array | undefined;
   let localShared: Uint8Array | undefined;
   try {
-    const x = await lanes[0].api.keys.createKey({ keyId: x25519KeyId, type: KeyType.X25519 }, callOptions);
+    const x = await lanes[0].api.services.keys.createKey({ keyId: x25519KeyId, type: KeyType.X25519 }, callOptions);
     results.keys.x25519 = x25519KeyId;
     serverX25519Public = x.versions[0]?.publicKey;
     if (!serverX25519Public || serverX25519Public.length !== 32) throw new Error("CreateKey returned no 32-byte public key");
     localShared = await wc.x25519Shared(ownX25519, serverX25519Public);
     results.setup.lines.push(`CreateKey ${x25519KeyId} (X25519): version ${x.currentVersion}, public key ${short(wc.hex(serverX25519Public))}`);
     addLine("setup", results.setup.lines.at(-1)!, "ok");
-    const a = await lanes[0].api.keys.importKey({ keyId: aeadKeyId, type: KeyType.AES256_GCM, secret: aesRaw }, callOptions);
+    const a = await lanes[0].api.services.keys.importKey({ keyId: aeadKeyId, type: KeyType.AES256_GCM, secret: aesRaw }, callOptions);
     results.keys.aead = aeadKeyId;
     if (a.currentVersion !== 1) throw new Error(`ImportKey: expected version 1, got ${a.currentVersion}`);
     results.setup.lines.push(`ImportKey ${aeadKeyId} (AES-256-GCM, the key above): version ${a.currentVersion}`);
@@ -250,7 +252,7 @@ async function main(): Promise<void> {
       title: "Ed25519Service.Verify of the WebCrypto signature",
       needsKeys: false,
       run: async (lane) => {
-        const r = await lane.api.ed25519.verify(signed, callOptions);
+        const r = await lane.api.verify(signed, callOptions);
         if (!r.valid) throw new Error("the server says the WebCrypto signature is invalid");
         return { value: `valid=${r.valid}`, memoHit: r.memoHit, shown: `valid: ${r.valid}` };
       },
@@ -260,7 +262,7 @@ async function main(): Promise<void> {
       title: "Verify of the tampered signature (invalid answers are never remembered)",
       needsKeys: false,
       run: async (lane) => {
-        const r = await lane.api.ed25519.verify({ ...signed, signature: tampered }, callOptions);
+        const r = await lane.api.verify({ ...signed, signature: tampered }, callOptions);
         if (r.valid) throw new Error("the server accepts a tampered signature");
         return { value: `valid=${r.valid}`, memoHit: r.memoHit, shown: `valid: ${r.valid}` };
       },
@@ -270,7 +272,7 @@ async function main(): Promise<void> {
       title: `X25519Service.Derive: ${x25519KeyId} with the browser's public key`,
       needsKeys: true,
       run: async (lane) => {
-        const r = await lane.api.x25519.derive(
+        const r = await lane.api.derive(
           { keyId: x25519KeyId, peerPublicKey: ownX25519.publicKey, output: DeriveOutput.RAW },
           callOptions,
         );
@@ -284,7 +286,7 @@ async function main(): Promise<void> {
       title: "AeadService.Open of the envelope sealed in the browser",
       needsKeys: true,
       run: async (lane) => {
-        const r = await lane.api.aead.open({ keyId: aeadKeyId, envelope: browserEnvelope, associatedData }, callOptions);
+        const r = await lane.api.open({ keyId: aeadKeyId, envelope: browserEnvelope, associatedData }, callOptions);
         const text = new TextDecoder().decode(r.plaintext);
         if (text !== browserText) throw new Error(`opened to "${text}", expected "${browserText}"`);
         return { value: text, memoHit: r.memoHit, shown: `"${text}" (key version ${r.keyVersion})` };
@@ -295,8 +297,8 @@ async function main(): Promise<void> {
       title: "AeadService.Seal, then Open of that envelope (Seal recorded it: a memo hit) and WebCrypto's open",
       needsKeys: true,
       run: async (lane) => {
-        const s = await lane.api.aead.seal({ keyId: aeadKeyId, plaintext: wc.utf8(serverText), associatedData }, callOptions);
-        const o = await lane.api.aead.open({ keyId: aeadKeyId, envelope: s.envelope, associatedData }, callOptions);
+        const s = await lane.api.seal({ keyId: aeadKeyId, plaintext: wc.utf8(serverText), associatedData }, callOptions);
+        const o = await lane.api.open({ keyId: aeadKeyId, envelope: s.envelope, associatedData }, callOptions);
         const text = new TextDecoder().decode(o.plaintext);
         if (text !== serverText) throw new Error(`opened to "${text}", expected "${serverText}"`);
         const local = await wc.aesOpenEnvelope(aes, s.envelope, associatedData);
@@ -360,7 +362,7 @@ async function main(): Promise<void> {
     if (!keyId) continue;
     try {
       // Deletion is scheduled (the server's --key_deletion_wait); CancelKeyDeletion undoes it.
-      const deleted = await lanes[1].api.keys.deleteKey({ keyId }, callOptions);
+      const deleted = await lanes[1].api.services.keys.deleteKey({ keyId }, callOptions);
       const when = new Date(Number(deleted.deletionUnixSeconds) * 1000).toISOString();
       results.cleanup.lines.push(`DeleteKey ${keyId}: destroyed at ${when}`);
       addLine("cleanup", results.cleanup.lines.at(-1)!, "ok");

@@ -103,7 +103,7 @@ class HttpCall final : public call::Call {
                                                      shared_->max_message_bytes, &message));
         const bool gzip = Compress(&message);
         std::optional<http::CacheHint> get;
-        if (get_) get = http::CacheHint{method().immutable, reply.identified};
+        if (get_) get = http::CacheHint{method().immutable, Identified()};
         answer_ = http::UnarySuccess(type_, std::move(message), gzip, get);
       }
     } else {
