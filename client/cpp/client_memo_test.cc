@@ -19,6 +19,7 @@
 //   overloaded server does: RefusingPeer in test_server.h).
 #include <sodium.h>
 
+#include <atomic>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -27,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -791,6 +793,101 @@ TEST(RetryInfoPeerTest, UnavailableWithARetryDelayWaitsAtLeastThatLong) {
   EXPECT_EQ(peer.calls(), 2);
   EXPECT_EQ(client->Stats().retry_info_waits, 1);
   EXPECT_GE(took, delay);
+}
+
+// A real server sized to refuse (--max_queued_items = --max_batch_items = 16: while a full batch
+// runs, every other call is RESOURCE_EXHAUSTED with a RetryInfo): a client with no retries sees the refusal, a retrying
+// client's calls all succeed, having waited as the server asked at least once.
+TEST(OverloadTest, ARealServersRefusalsAreRetriedAfterItsDelay) {
+  ASSERT_GE(sodium_init(), 0);
+  ServerProcess server("overload");
+  server.AddFlag("--max_batch_items=16");
+  server.AddFlag("--max_queued_items=16");
+  server.Start();
+  ASSERT_TRUE(server.running());
+  ClientOptions plain;
+  plain.endpoints = server.address();
+  plain.timeout = absl::Seconds(30);
+  auto admin = Make(plain);
+  ASSERT_NE(admin, nullptr);
+  ASSERT_TRUE(admin->CreateKey("ol-ed", v1::KEY_TYPE_ED25519).ok());
+  auto sig = admin->Sign("ol-ed", "m");
+  ASSERT_TRUE(sig.ok()) << sig.status();
+
+  // Load: full batches of invalid signatures (never remembered, so always computed) back to back.
+  std::atomic<bool> load{true};
+  ClientOptions loader_options = plain;
+  loader_options.max_attempts = 1;
+  loader_options.verify_memo_bytes = 0;
+  loader_options.server_max_batch_items = 16;
+  auto loader = Make(loader_options);
+  ASSERT_NE(loader, nullptr);
+  v1::BatchVerifyRequest big;
+  for (int i = 0; i < 16; ++i) {
+    auto* item = big.add_items();
+    item->set_public_key(sig->public_key());
+    item->set_message(absl::StrCat("load ", i));
+    item->set_signature(sig->signature());
+  }
+  std::vector<std::thread> loaders;
+  for (int t = 0; t < 2; ++t) {
+    loaders.emplace_back([&] {
+      while (load.load()) loader->BatchVerify(big).IgnoreError();
+    });
+  }
+  auto stop_load = absl::MakeCleanup([&] {
+    load = false;
+    for (auto& t : loaders) t.join();
+  });
+
+  // No retries: the refusal itself.
+  ClientOptions once = plain;
+  once.max_attempts = 1;
+  auto probe = Make(once);
+  ASSERT_NE(probe, nullptr);
+  absl::Status refused;
+  for (absl::Time give_up = absl::Now() + absl::Seconds(60);
+       absl::Now() < give_up && refused.code() != absl::StatusCode::kResourceExhausted;) {
+    refused = probe->Sign("ol-ed", "probe").status();
+  }
+  ASSERT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_EQ(probe->Stats().retry_info_waits, 0);
+
+  // Retries: calls from 4 threads while the load runs, until one was refused and retried; then
+  // the load stops, and every call has succeeded.
+  ClientOptions patient = plain;
+  patient.max_attempts = 100;
+  patient.timeout = absl::Seconds(120);
+  auto client = Make(patient);
+  ASSERT_NE(client, nullptr);
+  std::atomic<bool> stop{false};
+  absl::Mutex mu;
+  std::vector<std::string> errors;
+  int64_t calls = 0;
+  std::vector<std::thread> callers;
+  for (int t = 0; t < 4; ++t) {
+    callers.emplace_back([&, t] {
+      for (int n = 0; !stop.load(); ++n) {
+        const absl::Status s = client->Sign("ol-ed", absl::StrCat(t, ":", n)).status();
+        absl::MutexLock lock(&mu);
+        ++calls;
+        if (!s.ok()) errors.push_back(s.ToString());
+      }
+    });
+  }
+  for (absl::Time give_up = absl::Now() + absl::Seconds(60);
+       absl::Now() < give_up && client->Stats().retry_info_waits == 0;) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  std::move(stop_load).Invoke();
+  stop = true;
+  for (auto& t : callers) t.join();
+  const ClientStats stats = client->Stats();
+  std::printf("overload: %lld calls, %lld retries after a RetryInfo, %zu errors\n",
+              static_cast<long long>(calls), static_cast<long long>(stats.retry_info_waits),
+              errors.size());
+  EXPECT_GE(stats.retry_info_waits, 1);
+  EXPECT_TRUE(errors.empty()) << errors.size() << " errors, first: " << errors.front();
 }
 
 }  // namespace

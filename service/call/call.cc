@@ -9,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "offload/v1/keys.pb.h"
 #include "service/common/log.h"
+#include "service/ops/retry_delay.h"
 
 namespace offload::call {
 namespace {
@@ -82,10 +83,15 @@ int BatchSize(const Message& request) {
 
 thread_local absl::InsecureBitGen bitgen;
 
-// The answer to a call that must be audited while the audit file cannot be written
-// (--audit_fail_closed).
-constexpr absl::string_view kAuditUnwritable =
-    "audit log unwritable: calls that must be audited are refused (--audit_fail_closed)";
+// UNAVAILABLE: a call that must be audited while the audit file cannot be written
+// (--audit_fail_closed); the writer tries the file again every second, so the caller is told
+// to come back in about that (a RetryInfo, ops/retry_delay.h).
+absl::Status AuditUnwritableRefusal() {
+  return ops::WithRetryDelay(
+      absl::UnavailableError(
+          "audit log unwritable: calls that must be audited are refused (--audit_fail_closed)"),
+      ops::JitteredRetryDelay(ops::kDefaultRetryDelay));
+}
 
 // [issue 15] An AEAD Open memo hit as the memo holds it: field 1's tag and length in `head`,
 // then the memo's plaintext buffer and fields 2-3 as shared pieces (no copy), held by `owner`
@@ -188,7 +194,7 @@ auth::AuditSink::Done Call::HeldRefusal(absl::Status status, Challenge challenge
   return [self = shared_from_this(), status = std::move(status), challenge](bool written) mutable {
     if (!written) {
       self->context_->authorizer->CountAuditRefusal();
-      return self->Finish(absl::UnavailableError(kAuditUnwritable));
+      return self->Finish(AuditUnwritableRefusal());
     }
     self->Finish(std::move(status), challenge);
   };
@@ -306,7 +312,7 @@ void Call::Run(bool on_worker) {
       audit_data_ = false;
       audit_skip_ = true;
       authorizer->CountAuditRefusal();
-      return Finish(absl::UnavailableError(kAuditUnwritable));
+      return Finish(AuditUnwritableRefusal());
     }
   }
   if (m->batch) {
@@ -353,6 +359,12 @@ bool Call::DroppedUnrun() {
   if (Gone()) {
     if (context_->admission != nullptr) context_->admission->CountClientGoneDrop();
     Finish(absl::CancelledError("client went away"));
+    return true;
+  }
+  if (absl::Status unread = Unread(); !unread.ok()) {
+    // The caller is not reading the answers it already has: no more are made for it.
+    if (context_->admission != nullptr) context_->admission->CountAnswersUnreadDrop();
+    Finish(std::move(unread));
     return true;
   }
   return false;
@@ -451,7 +463,7 @@ void Call::AuditCall(const absl::Status& status, auth::AuditSink::Done done) {
 // UNAVAILABLE in its place. Any thread.
 void Call::Deliver(bool written, absl::Status status, metrics::ItemCounts counts) {
   if (!written) {
-    status = absl::UnavailableError(kAuditUnwritable);
+    status = AuditUnwritableRefusal();
     counts = method_->batch ? metrics::ItemCounts{} : CountOne(status.code(), nullptr);
     Reply reply;
     reply.status = status;

@@ -15,6 +15,8 @@
 // The call then answers exactly once, through Encode (then Send), from the thread where it
 // finished: the loop thread for a memo hit or a refusal, a worker otherwise, the audit writer's
 // thread for an answer held for its audit line.
+// Refusals a later try may get past carry when to come back (ops/retry_delay.h), which the
+// protocol side sends in its terms.
 // Thread-safety: a call runs one step at a time (it hands itself from thread to thread); the
 // context and method must outlive every call (held by shared_ptr / the method table).
 #ifndef SERVICE_CALL_CALL_H_
@@ -125,6 +127,10 @@ class Call : public std::enable_shared_from_this<Call> {
   // True once nobody waits for the answer (a reset stream, a closed connection): work for it is
   // not done. Any thread.
   virtual bool Gone() const = 0;
+  // Not OK when the caller is not reading the answers it already has (its connection's answer
+  // budget is spent): the refusal to answer with; a call that has not run yet is then dropped
+  // unrun and counted (ops::Admission's answers_unread). Any thread.
+  virtual absl::Status Unread() const { return absl::OkStatus(); }
   // The transport's name in audit lines and logs ("grpc", "grpc-web", "connect").
   virtual absl::string_view Transport() const = 0;
   // Whether an answer may carry the memo's shared bytes (Reply::shared): AEAD Open hits.

@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "service/common/log.h"
+#include "service/gateway/internal/refusals.h"
 #include "service/gateway/internal/shared.h"
 #include "service/http/answer.h"
 
@@ -187,6 +188,10 @@ void Gateway::Handle(std::shared_ptr<httpd::Exchange> exchange) {
   }
 
   if (Streaming(*exchange)) {
+    if (exchange->refusal() != httpd::Exchange::Refusal::kNone) {  // refused unread
+      return respond(http::StreamRefusal(*http::StreamWireOf(exchange->header("content-type")),
+                                         EngineRefusal(exchange->refusal(), 0)));
+    }
     if (path == kHealthWatchPath) return WatchHealth(shared_, std::move(exchange));
     return Reflect(shared_, std::move(exchange));
   }

@@ -19,6 +19,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
+#include "google/rpc/error_details.pb.h"
+#include "google/rpc/status.pb.h"
 #include "gtest/gtest.h"
 #include "offload/v1/aead.pb.h"
 #include "offload/v1/ed25519.pb.h"
@@ -26,6 +28,8 @@
 #include "service/crypto/backend.h"
 #include "service/api/method_table.h"
 #include "service/http/protocol.h"
+#include "service/ops/admission.h"
+#include "service/ops/retry_delay.h"
 #include "service/ops/test_stack.h"
 #include "tests/testing/http_client.h"
 #include "tests/testing/payloads.h"
@@ -197,6 +201,53 @@ TEST_F(GatewayTest, GrpcWebErrorsAreTrailersOnly) {
   EXPECT_EQ(r.header("grpc-status"), "3");
   EXPECT_THAT(r.header("grpc-message"), HasSubstr("truncated"));
   EXPECT_EQ(r.body, "");
+}
+
+TEST_F(GatewayTest, OverloadRefusalsSayWhenToComeBack) {
+  // A queue of one item, held here: every call that needs a worker is refused.
+  ops::Admission admission({/*max_queued_items=*/1, /*max_client_inflight=*/0});
+  absl::StatusOr<ops::Admission::Ticket> held = admission.Admit("someone", 1);
+  ASSERT_TRUE(held.ok());
+  Restart([&](Gateway::Options& o) {
+    o.admission = &admission;
+    o.cors = *CorsPolicy::Parse("https://app.example");
+  });
+  v1::VerifyRequest miss = verify_;
+  miss.set_message("never verified before");  // not in the memo: needs a worker
+  // Connect: 429, Retry-After in whole seconds, the RetryInfo in the error's details.
+  Response r = Post(kVerify, "application/json", R"({"publicKey":")" +
+                    absl::Base64Escape(miss.public_key()) + R"(","message":"bm8=","signature":")" +
+                    absl::Base64Escape(miss.signature()) + R"("})", "Origin: https://app.example");
+  EXPECT_EQ(r.status, 429) << r.body;
+  int64_t after = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(r.header("retry-after"), &after)) << r.header("retry-after");
+  EXPECT_GE(after, 1);
+  EXPECT_LE(after, 10);
+  EXPECT_THAT(r.header("access-control-expose-headers"), HasSubstr("retry-after"));
+  EXPECT_THAT(r.body, HasSubstr(R"("details":[{"type":"google.rpc.RetryInfo","value":")"));
+  // gRPC-Web: Trailers-Only, grpc-status-details-bin a google.rpc.Status holding the RetryInfo.
+  r = Post(kVerify, "application/grpc-web", EncodeFrame(0, miss.SerializeAsString()));
+  EXPECT_EQ(r.header("grpc-status"), "8");
+  std::string bin = r.header("grpc-status-details-bin");
+  while (bin.size() % 4 != 0) bin.push_back('=');
+  std::string bytes;
+  ASSERT_TRUE(absl::Base64Unescape(bin, &bytes)) << bin;
+  google::rpc::Status status;
+  ASSERT_TRUE(status.ParseFromString(bytes));
+  EXPECT_EQ(status.code(), 8);
+  ASSERT_EQ(status.details_size(), 1);
+  google::rpc::RetryInfo info;
+  ASSERT_TRUE(status.details(0).UnpackTo(&info));
+  const absl::Duration delay =
+      absl::Seconds(info.retry_delay().seconds()) + absl::Nanoseconds(info.retry_delay().nanos());
+  EXPECT_GE(delay, ops::kMinRetryDelay);
+  EXPECT_LE(delay, ops::kMaxRetryDelay);
+  // A refusal that no wait would cure says nothing of the kind.
+  r = Post(kVerify, "application/proto", std::string(kMaxMessage + 1, 'x'));
+  EXPECT_EQ(r.status, 429);
+  EXPECT_EQ(r.header("retry-after"), "");
+  EXPECT_THAT(r.body, ::testing::Not(HasSubstr("details")));
+  gateway_.reset();
 }
 
 TEST_F(GatewayTest, ConnectErrors) {

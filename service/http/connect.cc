@@ -43,6 +43,9 @@ Answer ConnectError(const absl::Status& status, int http_status, bool get) {
   Answer out;
   out.status = http_status != 0 ? http_status : ConnectHttpStatus(status.code());
   out.headers = {{"content-type", "application/json"}};
+  if (std::optional<std::string> after = RetryAfterValue(status)) {
+    out.headers.emplace_back("retry-after", *std::move(after));  // a 429 or 503 refusal
+  }
   if (get) out.headers.emplace_back("cache-control", "no-store");
   out.body = ConnectErrorJson(status);
   return out;

@@ -38,8 +38,9 @@ Answer ConnectSuccess(Codec codec, std::string message, bool gzip,
 Answer ConnectSharedSuccess(Codec codec, std::string head, std::vector<absl::string_view> pieces,
                             std::shared_ptr<const void> owner);
 
-// A unary error: the spec's HTTP status for the code (or `http_status` when not 0) and the error
-// JSON. A GET's error is `no-store`.
+// A unary error: the spec's HTTP status for the code (or `http_status` when not 0), the error
+// JSON (with the status's details), Retry-After when the status says when to come back. A GET's
+// error is `no-store`.
 Answer ConnectError(const absl::Status& status, int http_status, bool get);
 
 // The streaming protocol's end-of-stream message flag, and its JSON: {} when OK, else

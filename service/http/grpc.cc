@@ -11,6 +11,7 @@ HeaderList GrpcTrailers(const absl::Status& status) {
   if (!status.message().empty()) {
     trailers.emplace_back("grpc-message", PercentEncode(status.message()));
   }
+  AppendGrpcStatusDetails(status, /*pushback=*/true, &trailers);
   return trailers;
 }
 

@@ -24,8 +24,8 @@ namespace offload::http {
 // What the gRPC answers say we take (grpc-accept-encoding).
 inline constexpr absl::string_view kGrpcAcceptEncoding = "identity,gzip";
 
-// The trailers that end a gRPC stream with `status`: grpc-status, and grpc-message
-// (percent-encoded) when there is one.
+// The trailers that end a gRPC stream with `status`: grpc-status, grpc-message (percent-encoded)
+// when there is one, and the status's details (AppendGrpcStatusDetails: when to come back).
 HeaderList GrpcTrailers(const absl::Status& status);
 
 // An error as Trailers-Only: HTTP 200, `content_type`, the status in the only HEADERS frame.

@@ -17,6 +17,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "google/rpc/error_details.pb.h"
+#include "google/rpc/status.pb.h"
 
 namespace offload::http {
 namespace {
@@ -348,9 +350,70 @@ int ConnectHttpStatus(absl::StatusCode code) {
   }
 }
 
+namespace {
+
+// The name Connect's error details give a payload: its type URL without the host part.
+absl::string_view DetailTypeName(absl::string_view type_url) {
+  const size_t slash = type_url.rfind('/');
+  return slash == absl::string_view::npos ? type_url : type_url.substr(slash + 1);
+}
+
+std::string UnpaddedBase64(absl::string_view bytes) {
+  std::string out = absl::Base64Escape(bytes);
+  while (!out.empty() && out.back() == '=') out.pop_back();
+  return out;
+}
+
+// The delay of the google.rpc.RetryInfo payload `status` carries (as service/ops/retry_delay.h
+// puts it there), or nullopt: none, or one that does not parse.
+std::optional<absl::Duration> RetryInfoDelay(const absl::Status& status) {
+  const auto payload = status.GetPayload("type.googleapis.com/google.rpc.RetryInfo");
+  if (!payload.has_value()) return std::nullopt;
+  google::rpc::RetryInfo info;
+  if (!info.ParseFromString(std::string(*payload))) return std::nullopt;
+  return absl::Seconds(info.retry_delay().seconds()) +
+         absl::Nanoseconds(info.retry_delay().nanos());
+}
+
+}  // namespace
+
+std::string GrpcStatusDetailsBin(const absl::Status& status) {
+  google::rpc::Status details;
+  status.ForEachPayload([&details](absl::string_view type_url, const absl::Cord& payload) {
+    google::protobuf::Any* any = details.add_details();
+    any->set_type_url(std::string(type_url));
+    any->set_value(std::string(payload));
+  });
+  if (details.details_size() == 0) return std::string();
+  details.set_code(static_cast<int32_t>(status.code()));
+  details.set_message(std::string(status.message()));
+  return UnpaddedBase64(details.SerializeAsString());
+}
+
+void AppendGrpcStatusDetails(const absl::Status& status, bool pushback,
+                             std::vector<std::pair<std::string, std::string>>* out) {
+  std::string details = GrpcStatusDetailsBin(status);
+  if (details.empty()) return;
+  out->emplace_back("grpc-status-details-bin", std::move(details));
+  if (!pushback) return;
+  if (const std::optional<absl::Duration> delay = RetryInfoDelay(status)) {
+    out->emplace_back("grpc-retry-pushback-ms", absl::StrCat(absl::ToInt64Milliseconds(*delay)));
+  }
+}
+
+std::optional<std::string> RetryAfterValue(const absl::Status& status) {
+  const std::optional<absl::Duration> delay = RetryInfoDelay(status);
+  if (!delay.has_value()) return std::nullopt;
+  return absl::StrCat(std::max<int64_t>(0, absl::ToInt64Seconds(absl::Ceil(*delay, absl::Seconds(1)))));
+}
+
 std::string ConnectErrorJson(const absl::Status& status) {
   nlohmann::json body = {{"code", std::string(ConnectCodeName(status.code()))}};
   if (!status.message().empty()) body["message"] = std::string(status.message());
+  status.ForEachPayload([&body](absl::string_view type_url, const absl::Cord& payload) {
+    body["details"].push_back({{"type", std::string(DetailTypeName(type_url))},
+                               {"value", UnpaddedBase64(std::string(payload))}});
+  });
   // Replace invalid UTF-8 rather than throw: messages may quote a caller's bytes.
   return body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
@@ -738,6 +801,8 @@ std::string GrpcWebTrailers(const absl::Status& status) {
   if (!status.message().empty()) {
     absl::StrAppend(&out, "grpc-message: ", PercentEncode(status.message()), "\r\n");
   }
+  const std::string details = GrpcStatusDetailsBin(status);
+  if (!details.empty()) absl::StrAppend(&out, "grpc-status-details-bin: ", details, "\r\n");
   return out;
 }
 

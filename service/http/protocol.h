@@ -70,8 +70,25 @@ absl::string_view ConnectCodeName(absl::StatusCode code);
 // The HTTP status Connect uses for an error with `code` (the spec's table: 400, 404, 429, ...).
 int ConnectHttpStatus(absl::StatusCode code);
 
-// The Connect error body: {"code":"<name>","message":"<message>"} (message omitted if empty).
+// The Connect error body: {"code":"<name>","message":"<message>","details":[...]} (message
+// omitted if empty, details when `status` carries payloads: each one
+// {"type":"google.rpc.RetryInfo","value":"<unpadded base64 of the message>"}, its type being the
+// payload's type URL without "type.googleapis.com/", as the Connect protocol asks).
 std::string ConnectErrorJson(const absl::Status& status);
+
+// Error details (absl::Status payloads, e.g. a RetryInfo from ops/retry_delay.h) on each
+// protocol:
+// - grpc-status-details-bin: a google.rpc.Status (code, message, each payload as an Any) in
+//   unpadded base64; empty when `status` has no payload (the header is then left out).
+std::string GrpcStatusDetailsBin(const absl::Status& status);
+// - the gRPC and gRPC-Web headers or trailers that carry them: grpc-status-details-bin, and with
+//   `pushback` (gRPC) grpc-retry-pushback-ms, the RetryInfo delay, which gRPC clients whose retry
+//   policy covers the code wait for before retrying. Nothing for a status without payloads.
+void AppendGrpcStatusDetails(const absl::Status& status, bool pushback,
+                             std::vector<std::pair<std::string, std::string>>* out);
+// - HTTP's Retry-After (RFC 9110 10.2.3) of a Connect 429 or 503: the RetryInfo delay in whole
+//   seconds, rounded up; nullopt when `status` carries none.
+std::optional<std::string> RetryAfterValue(const absl::Status& status);
 
 // Connect-Timeout-Ms: 1 to 10 ASCII digits. Anything else: InvalidArgument.
 absl::StatusOr<absl::Duration> ParseConnectTimeout(absl::string_view value);
@@ -169,7 +186,7 @@ class CorsPolicy {
       "grpc-accept-encoding, grpc-encoding, x-grpc-web, x-user-agent, x-offload-key, authorization";
   static constexpr absl::string_view kExposeHeaders =
       "grpc-status, grpc-message, grpc-status-details-bin, grpc-encoding, content-encoding, "
-      "connect-content-encoding, content-length";
+      "connect-content-encoding, content-length, retry-after";
 
  private:
   explicit CorsPolicy(std::vector<std::string> origins) : origins_(std::move(origins)) {}
@@ -213,7 +230,8 @@ class FrameReader {
 // "%"-encodes a grpc-message value: bytes outside printable ASCII and '%' itself.
 std::string PercentEncode(absl::string_view message);
 
-// The gRPC-Web trailer block "grpc-status: N\r\ngrpc-message: ...\r\n" (message omitted if empty).
+// The gRPC-Web trailer block "grpc-status: N\r\ngrpc-message: ...\r\n" (message omitted if empty),
+// and grpc-status-details-bin when `status` carries details.
 std::string GrpcWebTrailers(const absl::Status& status);
 
 }  // namespace offload::http

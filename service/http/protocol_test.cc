@@ -2,11 +2,18 @@
 
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
+#include "google/rpc/error_details.pb.h"
+#include "google/rpc/status.pb.h"
 #include "gtest/gtest.h"
+#include "service/ops/retry_delay.h"
 #include "tests/testing/payloads.h"
 
 namespace offload::http {
@@ -102,6 +109,75 @@ TEST(ConnectErrorJson, CodeAndEscapedMessage) {
   // Invalid UTF-8 is replaced, never thrown on.
   EXPECT_THAT(ConnectErrorJson(absl::InvalidArgumentError("bad \xff byte")),
               HasSubstr("invalid_argument"));
+}
+
+// A refusal that says when to come back, as admission makes it.
+absl::Status Refused(absl::Duration delay) {
+  return ops::WithRetryDelay(absl::ResourceExhaustedError("server overloaded"), delay);
+}
+
+// Unpadded base64 (as the Connect protocol and gRPC's -bin headers write it) decoded.
+std::string Unbase64(std::string text) {
+  while (text.size() % 4 != 0) text.push_back('=');
+  std::string bytes;
+  EXPECT_TRUE(absl::Base64Unescape(text, &bytes)) << text;
+  return bytes;
+}
+
+TEST(ErrorDetails, ConnectJsonCarriesRetryInfo) {
+  const std::string json = ConnectErrorJson(Refused(absl::Milliseconds(1500)));
+  const nlohmann::json body = nlohmann::json::parse(json);
+  EXPECT_EQ(body["code"], "resource_exhausted");
+  EXPECT_EQ(body["message"], "server overloaded");
+  ASSERT_EQ(body["details"].size(), 1u) << json;
+  EXPECT_EQ(body["details"][0]["type"], "google.rpc.RetryInfo");
+  const std::string value = body["details"][0]["value"];
+  EXPECT_EQ(value.find('='), std::string::npos) << "Connect writes unpadded base64: " << value;
+  google::rpc::RetryInfo info;
+  ASSERT_TRUE(info.ParseFromString(Unbase64(value)));
+  EXPECT_EQ(info.retry_delay().seconds(), 1);
+  EXPECT_EQ(info.retry_delay().nanos(), 500000000);
+  // No details, no key.
+  EXPECT_EQ(ConnectErrorJson(absl::ResourceExhaustedError("too big")),
+            R"({"code":"resource_exhausted","message":"too big"})");
+}
+
+TEST(ErrorDetails, GrpcStatusDetailsBinIsAGoogleRpcStatus) {
+  EXPECT_EQ(GrpcStatusDetailsBin(absl::ResourceExhaustedError("too big")), "");
+  const std::string bin = GrpcStatusDetailsBin(Refused(absl::Milliseconds(250)));
+  EXPECT_EQ(bin.find('='), std::string::npos);
+  google::rpc::Status status;
+  ASSERT_TRUE(status.ParseFromString(Unbase64(bin)));
+  EXPECT_EQ(status.code(), 8);
+  EXPECT_EQ(status.message(), "server overloaded");
+  ASSERT_EQ(status.details_size(), 1);
+  EXPECT_EQ(status.details(0).type_url(), "type.googleapis.com/google.rpc.RetryInfo");
+  google::rpc::RetryInfo info;
+  ASSERT_TRUE(status.details(0).UnpackTo(&info));
+  EXPECT_EQ(info.retry_delay().seconds(), 0);
+  EXPECT_EQ(info.retry_delay().nanos(), 250000000);
+
+  std::vector<std::pair<std::string, std::string>> headers;
+  AppendGrpcStatusDetails(Refused(absl::Milliseconds(250)), /*pushback=*/true, &headers);
+  ASSERT_EQ(headers.size(), 2u);
+  EXPECT_EQ(headers[0].first, "grpc-status-details-bin");
+  EXPECT_EQ(headers[0].second, bin);
+  EXPECT_EQ(headers[1], std::make_pair(std::string("grpc-retry-pushback-ms"), std::string("250")));
+  headers.clear();
+  AppendGrpcStatusDetails(absl::InternalError("x"), /*pushback=*/true, &headers);
+  EXPECT_TRUE(headers.empty());
+
+  EXPECT_EQ(GrpcWebTrailers(Refused(absl::Milliseconds(250))),
+            absl::StrCat("grpc-status: 8\r\ngrpc-message: server overloaded\r\n"
+                         "grpc-status-details-bin: ", bin, "\r\n"));
+}
+
+TEST(ErrorDetails, RetryAfterRoundsUpToWholeSeconds) {
+  EXPECT_EQ(RetryAfterValue(Refused(absl::Milliseconds(100))), "1");
+  EXPECT_EQ(RetryAfterValue(Refused(absl::Milliseconds(1000))), "1");
+  EXPECT_EQ(RetryAfterValue(Refused(absl::Milliseconds(1001))), "2");
+  EXPECT_EQ(RetryAfterValue(absl::UnavailableError("x")), std::nullopt);
+  EXPECT_THAT(std::string(CorsPolicy::kExposeHeaders), HasSubstr("retry-after"));
 }
 
 TEST(Timeouts, ConnectMilliseconds) {

@@ -89,6 +89,7 @@ UnaryPost ReadUnaryPost(std::optional<absl::string_view> content_type, bool http
   int64_t limit = max_message_bytes;
   if (post.type.protocol != Protocol::kConnect) limit += kFrameHeaderBytes;
   if (post.type.text) limit = MaxBody(max_message_bytes);
+  post.body_limit = limit;
   if (body_too_large) {
     // Past what any protocol carries: the HTTP server never read it, the caller gets its
     // protocol's own error (Connect 429 resource_exhausted, gRPC-Web grpc-status 8).

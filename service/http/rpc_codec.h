@@ -69,6 +69,7 @@ struct UnaryPost {
   absl::Status refusal;
   int http_status = 0;  // the refusal's, when the protocol's own does not apply (0: it does)
   HeaderList headers;   // more headers of the refusal's answer
+  int64_t body_limit = 0;  // the largest body of `type` (once the content type is read)
 };
 UnaryPost ReadUnaryPost(std::optional<absl::string_view> content_type, bool http2,
                         HeaderLookup header, size_t body_size, bool body_too_large,

@@ -60,6 +60,13 @@ class Handler2 final : public Handler {
       exchange->Respond({413, {{"content-type", "text/plain"}}, "too large\n"});
       return;
     }
+    if (exchange->refusal() != Exchange::Refusal::kNone) {
+      exchange->Respond({429,
+                         {{"content-type", "text/plain"},
+                          {"x-refusal", absl::StrCat(static_cast<int>(exchange->refusal()))}},
+                         ""});
+      return;
+    }
     if (path == "/unary") {
       Response r(200, {{"content-type", "application/test"}}, std::string(exchange->body()));
       r.trailers = {{"x-end", "done"}, {"x-count", "1"}};
@@ -94,6 +101,8 @@ class Handler2 final : public Handler {
         }).detach();
       });
     } else {
+      // "/deadline": held, with a deadline 20 ms away (as the gateway sets one from a timeout).
+      if (path == "/deadline") exchange->SetDeadline(absl::Now() + absl::Milliseconds(20));
       absl::MutexLock lock(&mu_);
       held_.push_back(exchange);
     }
@@ -449,6 +458,29 @@ TEST_F(Http2Test, DrainSendsTwoGoawaysAndFinishesTheStreamInFlight) {
   ASSERT_TRUE(c.Run([&] { return c.eof; }));  // closed once its last stream is done
 }
 
+// A body still arriving kDrainBodyGrace into the drain: its request is refused to the handler
+// (kDraining), the stream answered and reset, and Stop does not wait out its deadline for it.
+TEST_F(Http2Test, ASlowBodyIsRefusedAtTheDrainsDeadlineForBodies) {
+  Start();
+  H2Client c(server_->port());
+  const int32_t id = c.Submit("/unary", "part of a body", /*end=*/false);
+  c.RunFor(std::chrono::milliseconds(100));
+  const absl::Time started = absl::Now();
+  std::thread stop([&] { server_->Stop(absl::Now() + absl::Seconds(60)); });
+  for (int i = 0; i < 40 && !c.results[id].closed; ++i) {
+    c.Send(id, "x", /*end=*/false);  // progress, never the end
+    c.RunFor(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(c.Run([&] { return c.results[id].closed; }));
+  stop.join();
+  EXPECT_EQ(c.results[id].status, 429);
+  EXPECT_THAT(c.results[id].headers,
+              ::testing::Contains(Pair("x-refusal", absl::StrCat(static_cast<int>(
+                                                        Exchange::Refusal::kDraining)))));
+  EXPECT_LT(absl::Now() - started, absl::Seconds(30));
+  EXPECT_EQ(server_->stats().abuse[static_cast<int>(AbuseReason::kDrainBodyLate)], 1u);
+}
+
 // Several large bodies at once on one connection, past its budget: the oldest request always
 // progresses and the connection's window is never held by the others, so all complete.
 // gRPC's keepalive policy, as grpc-core enforces it: PINGs too close together with nothing sent
@@ -541,6 +573,121 @@ TEST_F(Http2Test, SmallWindowUpdatesOnNewCallsAreProgress) {
   ASSERT_TRUE(c.Run([&] { return !c.goaways.empty(); }));
   EXPECT_EQ(c.goaway_error, static_cast<uint32_t>(NGHTTP2_ENHANCE_YOUR_CALM));
   EXPECT_EQ(server_->stats().abuse[static_cast<int>(AbuseReason::kNoProgress)], 1u);
+}
+
+// gRPC's C core grows the connection's window by the 5 bytes it announces on each new call, so
+// every call sends a 5-byte connection WINDOW_UPDATE too, also when its answer has no DATA (a
+// refusal): one per new request is progress (issue 33: python3-grpcio under overload was cut
+// for it). Tiny connection updates beyond those still drain the bucket.
+TEST_F(Http2Test, ConnectionWindowUpdatesOfNewCallsAreProgress) {
+  Server::Options options;
+  options.http2.no_progress_burst = 10;
+  options.http2.no_progress_rate = 1;
+  Start(options);
+  H2Client c(server_->port());
+  for (int i = 0; i < 40; ++i) {
+    c.Submit("/hold", "call");
+    c.RunFor(std::chrono::milliseconds(1));
+    c.WindowUpdate(5);
+    c.RunFor(std::chrono::milliseconds(1));
+  }
+  c.RunFor(std::chrono::milliseconds(300));
+  EXPECT_TRUE(c.goaways.empty());
+  for (int i = 0; i < 40; ++i) {
+    c.WindowUpdate(5);
+    c.RunFor(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(c.Run([&] { return !c.goaways.empty(); }));
+  EXPECT_EQ(c.goaway_error, static_cast<uint32_t>(NGHTTP2_ENHANCE_YOUR_CALM));
+  EXPECT_EQ(server_->stats().abuse[static_cast<int>(AbuseReason::kNoProgress)], 1u);
+}
+
+// Under overload clients give up on calls they waited for (their deadline): those resets are
+// neither premature nor counted against the reset rate. Resets sent with the requests are.
+TEST_F(Http2Test, ResetsAfterAPatientWaitAreNotAbuse) {
+  Server::Options options;
+  options.http2.premature_reset_streams = 10;
+  options.http2.reset_burst = 5;
+  options.http2.reset_rate = 1;
+  Start(options);
+  const auto submit_and_reset = [](H2Client& c, const std::string& path, int n,
+                                   std::chrono::milliseconds wait) {
+    std::vector<int32_t> ids;
+    for (int i = 0; i < n; ++i) ids.push_back(c.Submit(path, "call"));
+    c.RunFor(wait);
+    for (int32_t id : ids) c.Reset(id);
+    c.RunFor(std::chrono::milliseconds(100));
+  };
+  H2Client patient(server_->port());
+  submit_and_reset(patient, "/hold", 30, std::chrono::milliseconds(250));  // waited 100 ms+
+  EXPECT_TRUE(patient.goaways.empty());
+  H2Client timed(server_->port());
+  submit_and_reset(timed, "/deadline", 30, std::chrono::milliseconds(40));  // past the deadline
+  EXPECT_TRUE(timed.goaways.empty());
+  EXPECT_EQ(server_->stats().abuse[static_cast<int>(AbuseReason::kPrematureResets)], 0u);
+  EXPECT_EQ(server_->stats().abuse[static_cast<int>(AbuseReason::kResetRate)], 0u);
+  // Sent, then reset at once (nghttp2 sends no reset for a request it has not sent yet).
+  H2Client rapid(server_->port());
+  for (int i = 0; i < 30; ++i) {
+    const int32_t id = rapid.Submit("/hold", "call");
+    rapid.RunFor(std::chrono::milliseconds(1));
+    rapid.Reset(id);
+  }
+  ASSERT_TRUE(rapid.Run([&] { return !rapid.goaways.empty(); }));
+  EXPECT_EQ(rapid.goaway_error, static_cast<uint32_t>(NGHTTP2_ENHANCE_YOUR_CALM));
+  const Server::Stats stats = server_->stats();
+  EXPECT_EQ(stats.abuse[static_cast<int>(AbuseReason::kPrematureResets)] +
+                stats.abuse[static_cast<int>(AbuseReason::kResetRate)],
+            1u);
+}
+
+// A client that keeps its window shut: past the connection's answer budget its new requests are
+// refused to the handler (Refusal::kAnswersUnread, never REFUSED_STREAM), a request dispatched
+// before sees answers_over_budget(), and the answer over the budget still completes once read.
+TEST_F(Http2Test, UnreadAnswersPastTheAnswerBudgetRefuseNewRequests) {
+  Server::Options options;
+  options.connection_answer_budget_bytes = 512 << 10;
+  options.connection_budget_bytes = 64 << 10;  // request bytes: apart, and not reached here
+  Start(options);
+  H2Client c(server_->port(), /*window=*/0);
+  const int32_t held = c.Submit("/hold", "");
+  ASSERT_TRUE(c.Run([&] { return handler_.held() != nullptr; }));
+  std::shared_ptr<Exchange> early = handler_.held();
+  EXPECT_FALSE(early->answers_over_budget());
+  const int32_t big = c.Submit("/big", "");  // 1 MiB, unsent: the window is shut
+  c.RunFor(std::chrono::milliseconds(200));
+  ASSERT_TRUE(early->answers_over_budget());
+  std::vector<int32_t> refused;
+  for (int i = 0; i < 3; ++i) refused.push_back(c.Submit("/unary", std::string(1000, 'r')));
+  ASSERT_TRUE(c.Run([&] {
+    for (int32_t id : refused) {
+      if (!c.results[id].closed) return false;
+    }
+    return true;
+  }));
+  for (int32_t id : refused) {
+    EXPECT_EQ(c.results[id].status, 429);
+    EXPECT_EQ(c.results[id].error, 0u) << "refused in the handler's terms, not reset";
+    EXPECT_THAT(c.results[id].headers,
+                ::testing::Contains(Pair("x-refusal", absl::StrCat(static_cast<int>(
+                                                          Exchange::Refusal::kAnswersUnread)))));
+  }
+  EXPECT_EQ(server_->stats().abuse[static_cast<int>(AbuseReason::kAnswersUnread)], 3u);
+  EXPECT_EQ(server_->stats().abuse[static_cast<int>(AbuseReason::kStreamRefused)], 0u);
+  // The client reads: the big answer, over the budget on its own, completes whole.
+  c.WindowUpdate(4 << 20, big);
+  c.WindowUpdate(4 << 20, 0);
+  ASSERT_TRUE(c.Run([&] { return c.results[big].closed; }));
+  EXPECT_EQ(c.results[big].body, std::string(1 << 20, 'b'));
+  EXPECT_FALSE(early->answers_over_budget());
+  const int32_t after = c.Submit("/empty-trailers", "");
+  ASSERT_TRUE(c.Run([&] { return c.results[after].closed; }));
+  EXPECT_EQ(c.results[after].status, 200);
+  handler_.Release();
+  c.WindowUpdate(1 << 20, held);
+  ASSERT_TRUE(c.Run([&] { return c.results[held].closed; }));
+  EXPECT_EQ(c.results[held].body, "late\n");
+  EXPECT_EQ(SettledBufferedBytes(*server_), 0);
 }
 
 TEST_F(Http2Test, ConcurrentUploadsPastTheConnectionBudgetAllComplete) {

@@ -122,16 +122,25 @@ void Exchange::CountAnswered() {
 }
 
 void Exchange::Send(Part part) {
+  // Counted at once, on this thread, as the connection's unsent answer bytes (until
+  // Access::Deliver hands them to the loop's count), so that a handler deciding whether to
+  // compute another answer sees this one (answers_over_budget).
+  const int64_t size = static_cast<int64_t>(part.size());
+  if (answers_ != nullptr) answers_->bytes.fetch_add(size, std::memory_order_relaxed);
   // Parts keep their order: once one went through the mailbox, the rest follow it there.
   if (Loop::Current() == loop_ && in_mail_.load(std::memory_order_acquire) == 0) {
     Access::Deliver(*this, std::move(part));
     return;
   }
   in_mail_.fetch_add(1, std::memory_order_acq_rel);
-  mailbox_->Post([self = shared_from_this(), part = std::move(part)]() mutable {
+  const bool posted = mailbox_->Post([self = shared_from_this(), part = std::move(part)]() mutable {
     self->in_mail_.fetch_sub(1, std::memory_order_acq_rel);
     Access::Deliver(*self, std::move(part));
   });
+  if (!posted) {  // the loop is gone: the part is dropped
+    in_mail_.fetch_sub(1, std::memory_order_acq_rel);
+    if (answers_ != nullptr) answers_->bytes.fetch_sub(size, std::memory_order_relaxed);
+  }
 }
 
 void Exchange::Respond(Response response) {
@@ -300,6 +309,12 @@ void Server::Drain() {
   }
   impl.drained = true;
   impl.draining.store(true);
+  // Bodies still arriving get kDrainBodyGrace (at most the read timeout) to arrive whole; then
+  // their requests are refused unread (Refusal::kDraining), so that a slow sender cannot hold the
+  // drain (Stop may bring the deadline closer).
+  const absl::Duration grace = std::min(kDrainBodyGrace, options_.read_timeout);
+  impl.drain_body_deadline.store(
+      (internal::Clock::now() + absl::ToChronoNanoseconds(grace)).time_since_epoch().count());
   // No new connection from here on: the listener closes on its loop, and Drain returns once it
   // has (a connection attempted after Drain is refused).
   Impl* raw = &impl;
@@ -322,6 +337,13 @@ void Server::Stop(absl::Time deadline) {
   if (!impl.started || impl.stopped || impl.loops.empty()) return;
   impl.stopped = true;
   Drain();
+  // Bodies get at most half of the time left, so that their refusals are answered in it.
+  const int64_t half = (internal::Clock::now() +
+                        absl::ToChronoNanoseconds(std::max(absl::ZeroDuration(),
+                                                           (deadline - absl::Now()) / 2)))
+                           .time_since_epoch()
+                           .count();
+  if (half < impl.drain_body_deadline.load()) impl.drain_body_deadline.store(half);
   // Every request accepted answered - those handed to the handler and those whose body was still
   // arriving at the drain - or the deadline (a shutdown: polling is fine).
   // `receiving` first: a request handed over between the two reads has raised `unanswered`

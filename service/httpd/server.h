@@ -29,21 +29,28 @@
 // a read timeout (HTTP/1.1 request headers whole within it, TLS handshakes within it, and a
 // request body that makes no progress for that long is cut); a send timeout (an answer the client
 // does not take); limits on header bytes (431) and body bytes (the handler answers, see
-// Exchange::body_too_large).
+// Exchange::refusal).
 //
 // Abuse defences (HTTP/2 unless said; each counted in Stats::abuse by reason, see AbuseReason):
-// nghttp2's own limits (stream reset rate, CONTINUATION frames per header block, queued outbound
-// ACKs, SETTINGS entries); premature resets (Envoy's rule: once a connection has closed
-// `premature_reset_streams` streams, GOAWAY if half of them ended before their answer, reset by
-// the client or by us for its error); frames that make no progress (empty DATA, tiny
+// a client reset rate (a token bucket); nghttp2's own limits (CONTINUATION frames per header
+// block, queued outbound ACKs, SETTINGS entries); premature resets (Envoy's rule: once a
+// connection has closed `premature_reset_streams` streams, GOAWAY if half of them ended before
+// their answer, reset by the client or by us for its error). A client reset that comes 100 ms or
+// more after its request was handed to the handler - a client that waited and gave up, as gRPC
+// clients do at their deadline, a server under overload answering late - counts for neither; frames that make no progress (empty DATA, tiny
 // WINDOW_UPDATEs, PRIORITY, SETTINGS and idle PINGs) drain a per-connection token bucket, and an
-// empty bucket is GOAWAY ENHANCE_YOUR_CALM; memory: request bodies held plus answers not yet
-// sent are charged to the connection and to the server. Past `connection_budget_bytes` a
-// connection's new requests are refused (REFUSED_STREAM, 503) and its body bytes are not taken
-// (HTTP/2: their window is not given back), except for one request at a time, so that a request
-// of max_body_bytes still completes. Past `memory_budget_bytes` the same holds for every
-// connection that holds bytes (those are the ones refused; one that holds nothing still gets a
-// request in), and connections holding body bytes are not read.
+// empty bucket is GOAWAY ENHANCE_YOUR_CALM; memory: request bodies held (and header text), and
+// apart from them the answer bytes not yet sent, are charged to the connection, and both to the
+// server. Past `connection_budget_bytes` of request bytes a connection's new requests are refused
+// and its body bytes are not taken (HTTP/2: their window is not given back), except for one
+// request at a time, so that a request of max_body_bytes still completes. Past
+// `connection_answer_budget_bytes` of unsent answers (a client that does not read them) its new
+// requests are refused too; an answer begun below it completes whatever its size. Past
+// `memory_budget_bytes` new requests are refused on every connection that holds bytes (one that
+// holds nothing still gets a request in), and connections holding body bytes are not read. A
+// refused request goes to the handler at once with Exchange::refusal() set, its body unread, so
+// that the caller gets its protocol's RESOURCE_EXHAUSTED (never REFUSED_STREAM, which gRPC
+// clients report as UNAVAILABLE).
 //
 // Thread-safety: Start, Drain and Stop from one thread, in that order; Exchange's response
 // methods and stats() from any thread. The handler must outlive Stop().
@@ -71,6 +78,7 @@ namespace offload::httpd {
 
 namespace internal {
 struct Access;
+struct AnswerGauge;
 class Loop;
 class Mailbox;
 struct Stream;
@@ -104,7 +112,7 @@ struct Response {
 // `offload_http_abuse_total{reason}` metric.
 enum class AbuseReason : int {
   kPrematureResets = 0,  // GOAWAY: most of the connection's streams ended before their answer
-  kResetRate,            // nghttp2's stream reset rate limit (Rapid Reset)
+  kResetRate,            // client resets (not after a patient wait) over their rate (Rapid Reset)
   kContinuations,        // too many CONTINUATION frames in one header block
   kControlFlood,         // the client does not read our PING/SETTINGS ACKs and resets
   kSettings,             // too many entries in a SETTINGS frame
@@ -112,10 +120,12 @@ enum class AbuseReason : int {
   kProtocolError,        // a connection error (bad preface, bad frame, unparseable HTTP/1.1)
   kHeaderTooLarge,       // request headers over the limit (431)
   kBodyTooLarge,         // a request body over the limit (the handler answers it)
-  kStreamRefused,        // memory budget: a new request refused (REFUSED_STREAM, 503)
+  kStreamRefused,        // request memory budget: a new request refused (Refusal::kBusy)
   kReadPaused,           // memory budget: a connection's body bytes held back
   kSendTimeout,          // an answer the client did not take within the send timeout
   kTooManyPings,         // GOAWAY ENHANCE_YOUR_CALM "too_many_pings": gRPC's keepalive policy
+  kAnswersUnread,        // answer budget: a new request refused (Refusal::kAnswersUnread)
+  kDrainBodyLate,        // a body still arriving at the drain's body deadline (Refusal::kDraining)
   kCount
 };
 // The metric label of `reason` ("premature_resets", "reset_rate", ...).
@@ -134,9 +144,26 @@ class Exchange final : public std::enable_shared_from_this<Exchange> {
   // Every request header in order (names lower-case).
   void ForEachHeader(const std::function<void(absl::string_view, absl::string_view)>& fn) const;
   absl::string_view body() const { return body_; }
-  // True when the request body was larger than Options::max_body_bytes: body() is then empty,
-  // and the handler answers in its protocol's terms; the server closes the request afterwards.
-  bool body_too_large() const { return body_too_large_; }
+  // Why the engine refused the request before its body was read (kNone: it did not). The handler
+  // gets a refused request at once, with body() empty, and answers in its protocol's terms; the
+  // rest of the body is never read (HTTP/2: dropped as it comes, the stream reset after the
+  // answer; HTTP/1.1: the connection closes after the answer).
+  enum class Refusal : uint8_t {
+    kNone,
+    kBodyTooLarge,   // the body is over Options::max_body_bytes: no retry will pass
+    kBusy,           // a request memory budget is spent (connection or server): retry later
+    kAnswersUnread,  // the connection's unsent answers are past its answer budget: retry later
+    kDraining,       // the server is stopping and the body was still arriving at the drain's
+                     // body deadline (Server::Stop): retry on another server
+  };
+  Refusal refusal() const { return refusal_; }
+  // True when the request body was larger than Options::max_body_bytes (refusal()).
+  bool body_too_large() const { return refusal_ == Refusal::kBodyTooLarge; }
+  // True when this request's connection holds more unsent answer bytes (written by handlers,
+  // not yet taken by the client) than Options::connection_answer_budget_bytes: a handler about
+  // to compute an answer for it may refuse instead (as the engine refuses new requests then),
+  // so that a client that does not read cannot make answers pile up. From any thread.
+  bool answers_over_budget() const;
   // 0x100 (HTTP/1.0), 0x101 (HTTP/1.1), 0x200 (HTTP/2).
   int http_version() const { return version_; }
   bool tls() const { return tls_; }
@@ -171,6 +198,11 @@ class Exchange final : public std::enable_shared_from_this<Exchange> {
   // From any thread; a producer may wait while it is high.
   int64_t unsent_bytes() const { return unsent_.load(std::memory_order_relaxed); }
 
+  // The deadline the client gave the request (gRPC's grpc-timeout, Connect-Timeout-Ms), for the
+  // abuse defences: a client's reset at its deadline is a timer going off, never a premature
+  // reset. From any thread; later calls win.
+  void SetDeadline(absl::Time deadline);
+
   // A part of the answer as the engine queues it (internal/engine.h).
   struct Part;
 
@@ -203,11 +235,12 @@ class Exchange final : public std::enable_shared_from_this<Exchange> {
   Span method_, path_, query_;
   absl::InlinedVector<HeaderSpan, 12> headers_;
   std::string body_;
-  bool body_too_large_ = false;
+  Refusal refusal_ = Refusal::kNone;
   int version_ = 0;
   bool tls_ = false;
   std::shared_ptr<const std::string> peer_address_;   // the connection's, shared
   std::shared_ptr<const std::string> peer_identity_;
+  std::shared_ptr<internal::AnswerGauge> answers_;     // the connection's unsent answer bytes
   std::function<void(absl::string_view, bool)> reader_;  // loop thread
   std::atomic<bool> started_{false};
   std::atomic<bool> finished_{false};
@@ -216,6 +249,7 @@ class Exchange final : public std::enable_shared_from_this<Exchange> {
   std::atomic<bool> counted_{false};
   std::atomic<bool> receiving_{false};  // headers in, not yet handed over nor gone (Stop waits)
   std::atomic<int64_t> unsent_{0};
+  std::atomic<int64_t> deadline_ns_{0};  // SetDeadline, absl::ToUnixNanos; 0: none
   std::atomic<int> in_mail_{0};  // parts posted to the loop and not yet delivered
 };
 
@@ -254,14 +288,16 @@ class Server final {
     absl::Duration send_timeout = absl::Seconds(60);
     // Request line (or pseudo-headers) and headers, bytes in all: beyond it 431.
     int64_t max_header_bytes = 16 << 10;
-    // Request body: beyond it the handler is called with body_too_large().
+    // Request body: beyond it the handler is called with Refusal::kBodyTooLarge.
     int64_t max_body_bytes = 16 << 20;
     // TCP_NODELAY on accepted connections (false only to measure what Nagle's algorithm costs).
     bool tcp_nodelay = true;
 
-    // Memory: request body bytes held plus answer bytes not yet sent, per connection and over
-    // all connections (see the header comment). 0 = no bound.
+    // Memory (see the header comment), 0 = no bound: request body bytes held (and header text)
+    // per connection; answer bytes written by handlers and not yet sent per connection; both
+    // together over all connections.
     int64_t connection_budget_bytes = 4 << 20;
+    int64_t connection_answer_budget_bytes = 4 << 20;
     int64_t memory_budget_bytes = 256 << 20;
 
     struct Http2 {
@@ -271,8 +307,10 @@ class Server final {
       // WINDOW_SIZE), and the connection's.
       int32_t stream_window_bytes = 256 << 10;
       int32_t connection_window_bytes = 1 << 20;
-      // nghttp2's limits: incoming RST_STREAM token bucket (burst, per second); CONTINUATION
-      // frames per header block; outbound ACK/RST frames queued unread; SETTINGS entries.
+      // Incoming RST_STREAM token bucket (burst, per second): a reset that comes 100 ms or more
+      // after its request was handed to the handler is a client giving up on a slow answer and
+      // takes no token (nor counts as premature). nghttp2's limits: CONTINUATION frames per
+      // header block; outbound ACK/RST frames queued unread; SETTINGS entries.
       uint64_t reset_burst = 1000;
       uint64_t reset_rate = 33;
       size_t max_continuations = 8;
@@ -332,10 +370,14 @@ class Server final {
 
   // Stops accepting, sends HTTP/2 clients GOAWAY (a first one that announces the drain, then the
   // last stream id a moment later), turns keep-alive off and closes connections with no request
-  // under way; requests in flight still get their answers. Idempotent.
+  // under way; requests in flight still get their answers. A request whose body is still
+  // arriving kDrainBodyGrace later (at most the read timeout; at most half the time Stop is
+  // given) goes to the handler refused (Refusal::kDraining), its body unread: a slow sender holds
+  // the drain that long at most. Idempotent.
   void Drain();
-  // Drain(), waits until every request handed to the handler has been answered (or until
-  // `deadline`), then closes every connection and joins the loops. Idempotent.
+  static constexpr absl::Duration kDrainBodyGrace = absl::Seconds(2);
+  // Drain(), waits until every request accepted has been answered (or until `deadline`), then
+  // closes every connection and joins the loops. Idempotent.
   void Stop(absl::Time deadline);
 
   Stats stats() const;

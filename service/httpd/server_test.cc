@@ -49,6 +49,11 @@ class TestHandler final : public Handler {
       exchange->Respond({413, {{"content-type", "text/plain"}}, "too large\n"});
       return;
     }
+    if (exchange->refusal() != Exchange::Refusal::kNone) {  // a budget, the drain
+      exchange->Respond({503, {{"content-type", "text/plain"}},
+                         absl::StrCat("refused ", static_cast<int>(exchange->refusal()), "\n")});
+      return;
+    }
     Response r;
     r.headers = {{"content-type", "text/plain"}, {"x-version", absl::StrCat(exchange->http_version())}};
     r.body = absl::StrCat(exchange->method(), " ", exchange->path(), " ", exchange->query(), " ",
@@ -393,12 +398,36 @@ TEST_F(ServerTest, StopWaitsForABodyStillArriving) {
   absl::SleepFor(absl::Milliseconds(200));  // the head is in before the drain
   server_->Drain();
   std::thread stop([&] { server_->Stop(absl::Now() + absl::Seconds(20)); });
-  absl::SleepFor(absl::Milliseconds(1500));
+  absl::SleepFor(absl::Milliseconds(1200));  // within Server::kDrainBodyGrace (2 s)
   SendAll(fd, "world");
   const HttpResponse r = ReadResponse(fd);
   stop.join();
   EXPECT_EQ(r.status, 200);
   EXPECT_EQ(r.body, absl::StrCat("POST /echo  10 -", TestHandler::kTail));
+  close(fd);
+}
+
+// A body that is still not whole kDrainBodyGrace into the drain does not hold it: its request
+// goes to the handler refused (kDraining), unread, and Stop returns long before its deadline.
+TEST_F(ServerTest, ASlowBodyDoesNotHoldTheDrain) {
+  Start({});
+  const int fd = Connect(server_->port());
+  SendAll(fd, "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nhello");
+  absl::SleepFor(absl::Milliseconds(200));  // the head is in before the drain
+  server_->Drain();
+  const absl::Time started = absl::Now();
+  std::thread stop([&] { server_->Stop(absl::Now() + absl::Seconds(60)); });
+  // A byte now and then: progress within the read timeout, never the whole body.
+  for (int i = 0; i < 4; ++i) {
+    absl::SleepFor(absl::Milliseconds(300));
+    SendAll(fd, "x");
+  }
+  const HttpResponse r = ReadResponse(fd);
+  stop.join();
+  EXPECT_EQ(r.status, 503);
+  EXPECT_EQ(r.body, absl::StrCat("refused ", static_cast<int>(Exchange::Refusal::kDraining), "\n"));
+  EXPECT_LT(absl::Now() - started, absl::Seconds(30));  // not the 60 s Stop was given
+  EXPECT_EQ(server_->stats().abuse[static_cast<int>(AbuseReason::kDrainBodyLate)], 1u);
   close(fd);
 }
 

@@ -1,16 +1,21 @@
 // offload_server: the crypto-offload gRPC service. See README.md for the flags and a tour.
 #include <malloc.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <sodium.h>
 
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
+// WasPresentOnCommandLine: whether a flag was given (on the command line or in a --flagfile);
+// Abseil has no public way to ask.
+#include "absl/flags/internal/parse.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
@@ -19,6 +24,7 @@
 #include "service/common/secure_memory.h"
 #include "service/keys/kek_setup.h"
 #include "service/keys/pkcs11_kek.h"
+#include "service/main/memory_sizing.h"
 #include "service/main/server.h"
 
 ABSL_FLAG(std::string, grpc_address, "127.0.0.1:50051",
@@ -92,19 +98,27 @@ ABSL_FLAG(absl::Duration, http_send_timeout, absl::Seconds(60),
           "An HTTP answer that makes no progress for this long (the client does not read it, or "
           "keeps its HTTP/2 window shut) has its connection cut.");
 ABSL_FLAG(int64_t, http_connection_budget_bytes, 4 << 20,
-          "Request body bytes held plus answer bytes not yet sent, per HTTP connection: past it "
-          "new requests are refused (REFUSED_STREAM, 503) and body windows are not given back "
-          "(a request of up to --max_message_bytes still completes). 0: no bound.");
+          "Request body bytes held (and header text), per connection (gRPC port: at least 4x "
+          "--max_message_bytes): past it new requests are refused RESOURCE_EXHAUSTED (HTTP 429) "
+          "and body windows are not given back (a request of up to --max_message_bytes still "
+          "completes). 0: no bound.");
+ABSL_FLAG(int64_t, http_connection_answer_budget_bytes, 4 << 20,
+          "Answer bytes not yet sent (a client that does not read them, or keeps its HTTP/2 window "
+          "shut), per connection on both ports, apart from request bodies: past it the "
+          "connection's new calls are refused RESOURCE_EXHAUSTED with a retry delay (an answer "
+          "begun below it still completes, whatever its size). 0: no bound.");
 ABSL_FLAG(int64_t, http_memory_budget_bytes, 256 << 20,
-          "The same over all HTTP connections: past it new requests are refused and connections "
-          "holding body bytes are not read. 0: no bound.");
+          "Request bodies and unsent answers over all connections of a port: past it new requests "
+          "are refused and connections holding body bytes are not read. 0: no bound.");
 ABSL_FLAG(int32_t, http2_stream_window_bytes, 256 << 10,
           "HTTP/2 SETTINGS_INITIAL_WINDOW_SIZE: request body bytes a stream may send before the "
           "server takes them.");
 ABSL_FLAG(int32_t, http2_connection_window_bytes, 1 << 20,
           "HTTP/2 connection window: request body bytes of all of a connection's streams.");
 ABSL_FLAG(uint64_t, http2_reset_burst, 1000,
-          "nghttp2's incoming RST_STREAM limit (Rapid Reset): a token bucket of this many...");
+          "Incoming RST_STREAM limit (Rapid Reset): a token bucket of this many (resets after a "
+          "patient wait, of streams just answered, and one per stream that ended well are "
+          "free)...");
 ABSL_FLAG(uint64_t, http2_reset_rate, 33, "...refilled at this many per second; empty: GOAWAY.");
 ABSL_FLAG(uint64_t, http2_max_continuations, 8,
           "CONTINUATION frames per HTTP/2 header block; more ends the connection.");
@@ -241,6 +255,13 @@ ABSL_FLAG(std::string, grpc_transport, "",
 ABSL_FLAG(int64_t, grpc_memory_quota_bytes, -1,
           "Retired with gRPC 1.51's server: when set, the gRPC port's memory budget (as "
           "--http_memory_budget_bytes is the HTTP port's); unset, it has the HTTP port's value.");
+ABSL_FLAG(std::string, memory_limit_file, "/sys/fs/cgroup/memory.max",
+          "The cgroup memory limit (cgroup v2's memory.max: bytes or \"max\"): when it holds "
+          "one, the port budgets and memo bounds not set by flags are sized against it (each "
+          "port's --http_memory_budget_bytes 1/8, --memo_open_bytes_total 1/4, "
+          "--memo_verify_bytes 1/32, --memo_derive_bytes 1/64, each at most its default) and "
+          "logged (memory_sizing); cgroup v1's memory/memory.limit_in_bytes when the default file "
+          "is absent. Empty: no sizing.");
 ABSL_FLAG(int, grpc_max_concurrent_streams, 256,
           "HTTP/2 streams (calls) open at once per gRPC connection; a client's further calls wait "
           "in the client. 0 = the HTTP port's --http2_max_concurrent_streams.");
@@ -359,6 +380,8 @@ int main(int argc, char** argv) {
   config.http_max_header_bytes = absl::GetFlag(FLAGS_http_max_header_bytes);
   config.http_send_timeout = absl::GetFlag(FLAGS_http_send_timeout);
   config.http_connection_budget_bytes = absl::GetFlag(FLAGS_http_connection_budget_bytes);
+  config.http_connection_answer_budget_bytes =
+      absl::GetFlag(FLAGS_http_connection_answer_budget_bytes);
   config.http_memory_budget_bytes = absl::GetFlag(FLAGS_http_memory_budget_bytes);
   config.http2.max_concurrent_streams = absl::GetFlag(FLAGS_http2_max_concurrent_streams);
   config.http2.stream_window_bytes = absl::GetFlag(FLAGS_http2_stream_window_bytes);
@@ -433,6 +456,41 @@ int main(int argc, char** argv) {
                   {"advice", "taken as the gRPC port's memory budget (bytes held for requests "
                              "and unsent answers, all its connections; 0: no bound); the HTTP "
                              "port's is --http_memory_budget_bytes"}});
+  }
+
+  // Bounds sized against the container's memory limit, where there is one.
+  {
+    std::string path = absl::GetFlag(FLAGS_memory_limit_file);
+    // cgroup v1 names it otherwise: read there when the default (v2) file is not present.
+    constexpr char kCgroupV2[] = "/sys/fs/cgroup/memory.max";
+    constexpr char kCgroupV1[] = "/sys/fs/cgroup/memory/memory.limit_in_bytes";
+    if (path == kCgroupV2 && access(kCgroupV2, R_OK) != 0) path = kCgroupV1;
+    absl::StatusOr<std::optional<int64_t>> limit = offload::ReadMemoryLimit(path);
+    if (!limit.ok()) {
+      offload::Log(offload::LogLevel::kError, "server_failed",
+                   {{"error", limit.status().ToString()}});
+      return 1;
+    }
+    if (limit->has_value()) {
+      // A flag given on the command line (or in a --flagfile) keeps its value.
+      const auto given = [](absl::string_view name) {
+        return absl::flags_internal::WasPresentOnCommandLine(name);
+      };
+      offload::MemorySizing::Given g;
+      g.http_memory_budget_bytes = given("http_memory_budget_bytes");
+      g.grpc_memory_budget_bytes = given("grpc_memory_quota_bytes");
+      g.memo_verify_bytes = given("memo_verify_bytes");
+      g.memo_derive_bytes = given("memo_derive_bytes");
+      g.memo_open_bytes_total = given("memo_open_bytes_total");
+      g.memo_open_bytes_per_key = given("memo_open_bytes_per_key");
+      nlohmann::json chosen = offload::SizeToMemoryLimit(**limit, g, &config);
+      chosen["memory_limit_file"] = path;
+      offload::Log(offload::LogLevel::kInfo, "memory_sizing", std::move(chosen));
+    } else {
+      offload::Log(offload::LogLevel::kInfo, "memory_sizing",
+                   {{"memory_limit_file", path}, {"limit_bytes", nullptr},
+                    {"advice", "no memory limit found: the bounds are the flags' values"}});
+    }
   }
 
   absl::Status status = offload::RunServer(config);

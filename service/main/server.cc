@@ -126,6 +126,7 @@ absl::Status CheckConfig(const ServerConfig& config) {
   }
   const httpd::Server::Options::Http2& h2 = config.http2;
   if (config.http_connection_budget_bytes < 0 || config.http_memory_budget_bytes < 0 ||
+      config.http_connection_answer_budget_bytes < 0 ||
       h2.stream_window_bytes < 65535 || h2.connection_window_bytes < 65535 ||
       h2.reset_burst < 1 || h2.reset_rate < 1 || h2.max_continuations < 1 ||
       h2.max_outbound_ack < 1 || h2.max_settings < 1 || h2.premature_reset_streams < 0 ||
@@ -305,12 +306,14 @@ void RegisterGuardMetrics(metrics::Metrics& m, ops::Admission& admission,
       {"queue_full", &ops::Admission::Counts::queue_full},
       {"client_limit", &ops::Admission::Counts::client_limit},
       {"deadline", &ops::Admission::Counts::deadline},
-      {"client_gone", &ops::Admission::Counts::client_gone}};
+      {"client_gone", &ops::Admission::Counts::client_gone},
+      {"answers_unread", &ops::Admission::Counts::answers_unread}};
   for (const auto& [reason, field] : drops) {
     m.AddPullCounter("offload_dropped_total",
                      "Calls refused (queue_full, client_limit: RESOURCE_EXHAUSTED) or dropped "
                      "unrun (deadline: passed while queued; client_gone: the caller's stream or "
-                     "connection ended first)",
+                     "connection ended first; answers_unread: refused RESOURCE_EXHAUSTED before "
+                     "it ran, its connection holding more unread answers than its budget)",
                      {{"reason", reason}},
                      [&admission, field = field] { return double(admission.counts().*field); });
   }
@@ -633,6 +636,7 @@ absl::Status RunServer(const ServerConfig& config) {
     http_options.http.send_timeout = config.http_send_timeout;
     http_options.http.max_header_bytes = config.http_max_header_bytes;
     http_options.http.connection_budget_bytes = config.http_connection_budget_bytes;
+    http_options.http.connection_answer_budget_bytes = config.http_connection_answer_budget_bytes;
     http_options.http.memory_budget_bytes = config.http_memory_budget_bytes;
     http_options.http.http2 = config.http2;
     http_options.http.tcp_nodelay = config.http_tcp_nodelay;

@@ -61,6 +61,7 @@ struct ServerConfig {
   bool http_tcp_nodelay = true;
   // The HTTP engine's memory budgets and HTTP/2 limits (service/httpd/server.h; README's flags).
   int64_t http_connection_budget_bytes = 4 << 20;
+  int64_t http_connection_answer_budget_bytes = 4 << 20;
   int64_t http_memory_budget_bytes = 256 << 20;
   httpd::Server::Options::Http2 http2;
   // Peers (CIDRs) whose X-Forwarded-For names the client that admission counts.

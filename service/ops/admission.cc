@@ -4,6 +4,8 @@
 
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "service/ops/retry_delay.h"
 
 namespace offload::ops {
 
@@ -32,8 +34,10 @@ absl::StatusOr<Admission::Ticket> Admission::Admit(absl::string_view client, int
     do {
       if (queued > 0 && queued + items > max) {
         queue_full_.fetch_add(1, std::memory_order_relaxed);
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "server overloaded: ", queued, " items queued, limit ", max, "; retry later"));
+        return WithRetryDelay(absl::ResourceExhaustedError(absl::StrCat(
+                                  "server overloaded: ", queued, " items queued, limit ", max,
+                                  "; retry later")),
+                              RetryDelay());
       }
     } while (!queued_items_.compare_exchange_weak(queued, queued + items,
                                                   std::memory_order_relaxed));
@@ -45,24 +49,56 @@ absl::StatusOr<Admission::Ticket> Admission::Admit(absl::string_view client, int
   ticket.items_ = items;
   if (options_.max_client_inflight > 0) {
     const uint64_t key = absl::HashOf(client);
-    absl::MutexLock lock(&mu_);
-    int& inflight = inflight_[key];
-    if (inflight >= options_.max_client_inflight) {
+    bool over = false;
+    {
+      absl::MutexLock lock(&mu_);
+      int& inflight = inflight_[key];
+      over = inflight >= options_.max_client_inflight;
+      if (!over) ++inflight;
+    }
+    if (over) {
       ticket.owner_ = nullptr;
       queued_items_.fetch_sub(items, std::memory_order_relaxed);
       client_limit_.fetch_add(1, std::memory_order_relaxed);
-      return absl::ResourceExhaustedError(
-          absl::StrCat("client over its concurrency limit: ", options_.max_client_inflight,
-                       " calls in flight; retry later"));
+      return WithRetryDelay(absl::ResourceExhaustedError(absl::StrCat(
+                                "client over its concurrency limit: ",
+                                options_.max_client_inflight, " calls in flight; retry later")),
+                            RetryDelay());
     }
-    ++inflight;
     ticket.client_ = key;
   }
   return ticket;
 }
 
+absl::Duration Admission::RetryDelay() {
+  constexpr absl::Duration kMinSample = absl::Milliseconds(250);
+  constexpr absl::Duration kStaleSample = absl::Seconds(1);
+  const absl::Time now = absl::Now();
+  double rate;
+  {
+    absl::MutexLock lock(&rate_mu_);
+    const absl::Duration since = now - rate_sampled_;
+    if (since >= kMinSample) {
+      const int64_t finished = finished_items_.load(std::memory_order_relaxed);
+      // A sample over more than a second says little of the pace now (an idle hour averages
+      // low): start again, the rate unknown until the next one.
+      rate_ = since > kStaleSample
+                  ? 0
+                  : static_cast<double>(finished - rate_finished_) / absl::ToDoubleSeconds(since);
+      rate_sampled_ = now;
+      rate_finished_ = finished;
+    }
+    rate = rate_;
+  }
+  const int64_t queued = queued_items_.load(std::memory_order_relaxed);
+  const absl::Duration base = rate > 0 ? absl::Seconds(static_cast<double>(queued) / rate)
+                                       : kDefaultRetryDelay;
+  return JitteredRetryDelay(base);
+}
+
 void Admission::Return(uint64_t client, int64_t items) {
   queued_items_.fetch_sub(items, std::memory_order_relaxed);
+  finished_items_.fetch_add(items, std::memory_order_relaxed);
   if (options_.max_client_inflight <= 0) return;
   absl::MutexLock lock(&mu_);
   auto it = inflight_.find(client);
@@ -74,7 +110,8 @@ Admission::Counts Admission::counts() const {
   return {queue_full_.load(std::memory_order_relaxed),
           client_limit_.load(std::memory_order_relaxed),
           deadline_drops_.load(std::memory_order_relaxed),
-          client_gone_drops_.load(std::memory_order_relaxed)};
+          client_gone_drops_.load(std::memory_order_relaxed),
+          answers_unread_drops_.load(std::memory_order_relaxed)};
 }
 
 }  // namespace offload::ops

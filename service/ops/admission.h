@@ -9,6 +9,10 @@
 // Two bounds: the items admitted and not yet finished, over every caller (a batch counts its
 // items, so memory and queueing delay stay bounded whatever the mix), and the calls in flight per
 // client identity (one caller cannot take the whole queue). 0 disables a bound.
+// A refusal says when to come back (a RetryInfo payload, ops/retry_delay.h): the queue's
+// expected drain time - the items queued over the items finished per second, measured over the
+// last quarter-second or more (1 s when unknown: nothing measured in the last second) - jittered
+// and bounded by JitteredRetryDelay.
 // Thread-safety: every method may be called from any thread; a Ticket is owned by one call.
 #ifndef SERVICE_OPS_ADMISSION_H_
 #define SERVICE_OPS_ADMISSION_H_
@@ -22,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace offload::ops {
 
@@ -37,6 +42,7 @@ class Admission final {
     uint64_t client_limit = 0;
     uint64_t deadline = 0;     // see CountDeadlineDrop
     uint64_t client_gone = 0;  // see CountClientGoneDrop
+    uint64_t answers_unread = 0;  // see CountAnswersUnreadDrop
   };
 
   class Ticket {
@@ -60,14 +66,21 @@ class Admission final {
   Admission& operator=(const Admission&) = delete;
 
   // A ticket for a call of `items` items (1 for a unary call) from `client`, or
-  // ResourceExhausted naming the bound that is full.
+  // ResourceExhausted naming the bound that is full, with a retry delay (RetryDelay()).
   absl::StatusOr<Ticket> Admit(absl::string_view client, int64_t items);
+
+  // The delay a refusal now tells its caller to wait (the rule above); never below
+  // kMinRetryDelay nor above kMaxRetryDelay.
+  absl::Duration RetryDelay();
 
   // Counts a call that was admitted but dropped because its deadline passed while it waited.
   void CountDeadlineDrop() { deadline_drops_.fetch_add(1, std::memory_order_relaxed); }
   // Counts a call that was admitted but dropped unrun because its client had gone (its stream
   // reset, its connection closed) before a worker got to it.
   void CountClientGoneDrop() { client_gone_drops_.fetch_add(1, std::memory_order_relaxed); }
+  // Counts a call that was admitted but refused before it ran because its connection held more
+  // answers its client had not read than the connection's answer budget.
+  void CountAnswersUnreadDrop() { answers_unread_drops_.fetch_add(1, std::memory_order_relaxed); }
 
   int64_t queued_items() const { return queued_items_.load(std::memory_order_relaxed); }
   Counts counts() const;
@@ -78,10 +91,17 @@ class Admission final {
 
   const Options options_;
   std::atomic<int64_t> queued_items_{0};
+  std::atomic<int64_t> finished_items_{0};  // items whose tickets were given back, ever
+  // The drain rate's last sample (RetryDelay): when, finished_items_ then, and items per second.
+  absl::Mutex rate_mu_;
+  absl::Time rate_sampled_ ABSL_GUARDED_BY(rate_mu_) = absl::InfinitePast();
+  int64_t rate_finished_ ABSL_GUARDED_BY(rate_mu_) = 0;
+  double rate_ ABSL_GUARDED_BY(rate_mu_) = 0;
   std::atomic<uint64_t> queue_full_{0};
   std::atomic<uint64_t> client_limit_{0};
   std::atomic<uint64_t> deadline_drops_{0};
   std::atomic<uint64_t> client_gone_drops_{0};
+  std::atomic<uint64_t> answers_unread_drops_{0};
   absl::Mutex mu_;
   // Calls in flight per client, keyed by a 64-bit hash of its name: no string is copied or
   // allocated per call. Two clients whose names collide would share one limit (never a wrong

@@ -3,7 +3,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "service/ops/retry_delay.h"
 
 namespace offload::ops {
 namespace {
@@ -46,6 +48,59 @@ TEST(AdmissionTest, LimitsCallsInFlightPerClient) {
   EXPECT_EQ(admission.queued_items(), 2);  // the refused call's items were given back
   held.pop_back();
   EXPECT_TRUE(admission.Admit("app-a", 1).ok());
+}
+
+TEST(AdmissionTest, RefusalsSayWhenToComeBack) {
+  Admission admission({/*max_queued_items=*/10, /*max_client_inflight=*/1});
+  Admission::Ticket held = *admission.Admit("a", 10);
+  for (const absl::Status& refused :
+       {admission.Admit("b", 1).status(), admission.Admit("a", 0).status()}) {
+    EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+    // Nothing has finished yet: the drain rate is unknown, the base is 1 s, jittered.
+    const std::optional<absl::Duration> delay = RetryDelayOf(refused);
+    ASSERT_TRUE(delay.has_value()) << refused;
+    EXPECT_GE(*delay, absl::Milliseconds(750));
+    EXPECT_LE(*delay, absl::Milliseconds(1250));
+  }
+}
+
+TEST(AdmissionTest, RetryDelayIsTheQueuesDrainTimeBounded) {
+  // The rate is sampled over at least 250 ms and at most 1 s (older samples are stale): 300 ms
+  // of sleep makes it F items over 0.25-1 s, so a queue of Q items drains in Q/F x [0.25, 1] s.
+  const auto measure = [](int64_t finished, int64_t queued) {
+    Admission admission({/*max_queued_items=*/0, /*max_client_inflight=*/0});
+    Admission::Ticket done = *admission.Admit("c", finished);
+    admission.RetryDelay();  // the first sample: the rate from here on
+    done.Release();
+    absl::SleepFor(absl::Milliseconds(300));
+    Admission::Ticket waiting = *admission.Admit("c", queued);
+    return admission.RetryDelay();
+  };
+  // 8000 queued, 100 done: 20-80 s to drain, bounded to 10 s.
+  EXPECT_EQ(measure(100, 8000), kMaxRetryDelay);
+  // 100 queued, 10000 done: 2.5-10 ms, bounded to 100 ms.
+  EXPECT_EQ(measure(10000, 100), kMinRetryDelay);
+  // 1000 queued, 1000 done: 0.25-1 s, jittered by [0.75, 1.25].
+  const absl::Duration d = measure(1000, 1000);
+  EXPECT_GE(d, absl::Milliseconds(187));
+  EXPECT_LE(d, absl::Milliseconds(1250));
+}
+
+TEST(RetryDelayTest, PayloadRoundTripsAndTheRuleBoundsIt) {
+  const absl::Status s =
+      WithRetryDelay(absl::ResourceExhaustedError("busy"), absl::Milliseconds(1234));
+  EXPECT_EQ(RetryDelayOf(s), absl::Milliseconds(1234));
+  EXPECT_EQ(s.message(), "busy");
+  EXPECT_FALSE(RetryDelayOf(absl::ResourceExhaustedError("busy")).has_value());
+  EXPECT_TRUE(WithRetryDelay(absl::OkStatus(), absl::Seconds(1)).ok());
+  for (int i = 0; i < 1000; ++i) {
+    const absl::Duration d = JitteredRetryDelay(absl::Seconds(2));
+    EXPECT_GE(d, absl::Milliseconds(1500));
+    EXPECT_LE(d, absl::Milliseconds(2500));
+    EXPECT_EQ(d, absl::Milliseconds(absl::ToInt64Milliseconds(d)));  // whole milliseconds
+  }
+  EXPECT_EQ(JitteredRetryDelay(absl::ZeroDuration()), kMinRetryDelay);
+  EXPECT_EQ(JitteredRetryDelay(absl::Hours(1)), kMaxRetryDelay);
 }
 
 TEST(AdmissionTest, MovedTicketReleasesOnce) {

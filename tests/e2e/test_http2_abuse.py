@@ -40,6 +40,7 @@ CANCEL, PROTOCOL_ERROR, REFUSED_STREAM, ENHANCE_YOUR_CALM = 0x8, 0x1, 0x7, 0xB
 
 # The server's budgets in this test (flags in Http2Abuse.server_args); README states the defaults.
 CONNECTION_BUDGET = 1 << 20  # --http_connection_budget_bytes
+ANSWER_BUDGET = 1 << 20      # --http_connection_answer_budget_bytes
 MEMORY_BUDGET = 16 << 20     # --http_memory_budget_bytes
 # RSS may grow by the budget plus this much: allocator arenas and caches, request parsing,
 # thread stacks touched for the first time. The zero-window attack below would hold about
@@ -73,6 +74,8 @@ class Attacker:
         self.goaway = None       # error code of the server's GOAWAY, if one came
         self.resets = {}         # stream id -> error code of the server's RST_STREAM
         self.answers = set()     # streams the server answered (HEADERS)
+        self.answer_headers = {}  # stream id -> the first HEADERS' fields, decoded
+        self.decoder = hpack.Decoder()
         self.data_bytes = 0
         self.window = 65535      # the connection window the server has given us
         self._buf = b""
@@ -168,6 +171,12 @@ class Attacker:
                 self.resets[f.stream_id] = f.error_code
             elif f.type == HEADERS:
                 self.answers.add(f.stream_id)
+                # Decoded in order (the HPACK table is the connection's); the server's header
+                # blocks fit one frame.
+                fields = dict((k.decode() if isinstance(k, bytes) else k,
+                               v.decode() if isinstance(v, bytes) else v)
+                              for k, v in self.decoder.decode(bytes(f.data)))
+                self.answer_headers.setdefault(f.stream_id, fields)
             elif f.type == DATA:
                 self.data_bytes += length
             elif f.type == WINDOW_UPDATE and f.stream_id == 0:
@@ -253,6 +262,7 @@ class Http2Abuse(ServerTestCase):
     @classmethod
     def server_args(cls):
         return ["--http_connection_budget_bytes=%d" % CONNECTION_BUDGET,
+                "--http_connection_answer_budget_bytes=%d" % ANSWER_BUDGET,
                 "--http_memory_budget_bytes=%d" % MEMORY_BUDGET]
 
     @classmethod
@@ -260,8 +270,17 @@ class Http2Abuse(ServerTestCase):
         return int(cls.server.flag_value(name))
 
     def connection_budget(self):
-        """Bytes one connection to the attacked port may hold, from the server's flags."""
+        """Request bytes one connection to the attacked port may hold, from the server's flags."""
         return self.flag("http_connection_budget_bytes")
+
+    def answer_budget(self):
+        """Unsent answer bytes one connection may hold (both ports alike), from the flags."""
+        return self.flag("http_connection_answer_budget_bytes")
+
+    def refused_over_budget(self, fields):
+        """Whether an answer's headers are the port's protocol's budget refusal: Connect's 429
+        (resource_exhausted) here, with Retry-After."""
+        return fields.get(":status") == "429" and "retry-after" in fields
 
     def memory_budget(self):
         """Bytes all connections to the attacked port may hold together (each port's engine has
@@ -363,7 +382,7 @@ class Http2Abuse(ServerTestCase):
         counted = {r: abuse(after, r, port) - abuse(before, r, port) for r in (
             "premature_resets", "reset_rate", "continuations", "control_flood", "settings",
             "no_progress", "protocol_error", "stream_refused", "read_paused", "send_timeout",
-            "too_many_pings")}
+            "too_many_pings", "answers_unread")}
         print("%s port, %s x%d: RSS %+.1f MiB (budget %.0f MiB), legit calls %d ok, %d failed, "
               "verifies run %d, closed %d/%d, GOAWAY %s, defences %s"
               % (port, name, connections, grown / 2**20, budget / 2**20, legit.ok,
@@ -491,9 +510,9 @@ class Http2Abuse(ServerTestCase):
 
     def test_zero_window_large_answers(self):
         streams = 300
-        # More answers than one connection's budget holds, so that the budget must refuse some
-        # (on the gRPC port too, whose budget is derived from other flags).
-        self.assertGreater(streams * self.open_answer_bytes, self.connection_budget())
+        # More answers than one connection's answer budget holds, so that the budget must refuse
+        # some.
+        self.assertGreater(streams * self.open_answer_bytes, self.answer_budget())
         refused = {}
 
         def drive(a, index):
@@ -505,7 +524,12 @@ class Http2Abuse(ServerTestCase):
                 if not a.request_within_window(stream, OPEN, self.open_body):
                     break
             a.read(until_closed=False, timeout=3.0)
-            refused[index] = sum(1 for code in a.resets.values() if code == REFUSED_STREAM)
+            # Refused in the protocol's terms (RESOURCE_EXHAUSTED with a retry delay), not with
+            # REFUSED_STREAM (which nghttp2 still sends for the streams this client opens past
+            # SETTINGS_MAX_CONCURRENT_STREAMS: refusals whose answers cannot be sent either keep
+            # their streams open).
+            refused[index] = sum(1 for fields in a.answer_headers.values()
+                                 if self.refused_over_budget(fields))
 
         for connections in (1, 16):
             refused.clear()
@@ -513,10 +537,16 @@ class Http2Abuse(ServerTestCase):
             # their opens cost no decryption: memo hits, answered from the memo's buffer.
             attackers, counted = self.attack("zero window, 55 KB answers", connections, drive,
                                              expect_closed=False, max_opens=0,
-                                             expect_reasons=("stream_refused",))
-            # Each connection got at most its budget's worth of answers queued; the rest refused.
+                                             expect_reasons=("answers_unread",))
+            # Each connection got at most its answer budget's worth of answers queued (and one
+            # more: the answer that passed it); the rest refused.
             self.assertGreater(sum(refused.values()), 0)
             self.assertTrue(all(a.data_bytes == 0 for a in attackers))
+            for a in attackers:
+                answered = [sid for sid, fields in a.answer_headers.items()
+                            if not self.refused_over_budget(fields)]
+                self.assertLessEqual(len(answered) - 1,
+                                     self.answer_budget() // self.open_answer_bytes, answered)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,11 @@ What changes from the HTTP port (the hooks of Http2Abuse):
     real Ed25519Service/Verify calls whose answers are checked;
   - the metrics and log lines are those of port="grpc";
   - a connection to the gRPC port may hold max(--http_connection_budget_bytes,
-    4 x --max_message_bytes) (service/main/server.cc, where the "grpc" gateway's options are
-    built); the memory budget of all its connections is --http_memory_budget_bytes, its own.
+    4 x --max_message_bytes) of request bytes (service/main/server.cc, where the "grpc" gateway's
+    options are built), and --http_connection_answer_budget_bytes of unsent answers as on the
+    HTTP port; the memory budget of all its connections is --http_memory_budget_bytes, its own;
+  - a budget refusal is gRPC's RESOURCE_EXHAUSTED (Trailers-Only, grpc-status 8) with
+    grpc-status-details-bin.
 
     OFFLOAD_SERVER=build/service/main/offload_server /usr/bin/python3 -m unittest -v \\
         tests/e2e/test_http2_abuse_grpc.py
@@ -79,6 +82,9 @@ class Http2AbuseGrpcPort(base.Http2Abuse):
 
     def attacker(self):
         return GrpcAttacker(self.port())
+
+    def refused_over_budget(self, fields):
+        return fields.get("grpc-status") == "8" and "grpc-status-details-bin" in fields
 
     def legit(self):
         return GrpcLegit(self.port(), self.legit_body)

@@ -543,7 +543,7 @@ class ObservabilityTest(harness.ServerTestCase):
         print("  %s: %s (traffic: %s)" % (DROPS_PANEL, shown, dict(self.drops)))
         self.assertEqual(shown, {"queue_full": self.drops["queue_full"],
                                  "client_limit": self.drops["client_limit"], "deadline": 0,
-                                 "client_gone": 0})
+                                 "client_gone": 0, "answers_unread": 0})
         shown = self.panel_counts_by_reason(REFUSALS_PANEL, self.tls_metrics_address)
         handshakes = sample(self.tls_samples, "offload_auth_denied_total",
                             reason="handshake_refused")

@@ -128,6 +128,8 @@ export interface ClientStats {
   batchedItems: number;
   /** Attempts that were retries (UNAVAILABLE, RESOURCE_EXHAUSTED). */
   retries: number;
+  /** Of them, retries sent after waiting the delay the server gave (RetryInfo or Retry-After). */
+  retriesAfterServerDelay: number;
   /** Times the token provider was asked again after UNAUTHENTICATED. */
   tokenRefreshes: number;
   /** Per memo (null: off). */
@@ -301,7 +303,7 @@ export class OffloadClient {
   private readonly deriveMemo?: Memo<{ sharedKey: Uint8Array; keyVersion: number }>;
   private readonly verifyMemo?: Memo<true>;
   private readonly queues = new Map<Kind<any, any>, Pending<any, any>[]>();
-  private readonly counters = { requests: 0, batches: 0, batchedItems: 0, retries: 0, tokenRefreshes: 0 };
+  private readonly counters = { requests: 0, batches: 0, batchedItems: 0, retries: 0, retriesAfterServerDelay: 0, tokenRefreshes: 0 };
   private readonly kinds;
 
   constructor(options: OffloadClientOptions) {
@@ -898,6 +900,7 @@ export class OffloadClient {
         await sleep(delay, signal);
         attempt++;
         this.counters.retries++;
+        if (serverDelay !== undefined) this.counters.retriesAfterServerDelay++;
       }
     }
   }

@@ -551,9 +551,12 @@ describe("retries against a server sized to refuse", () => {
       const before = await requestCounts(small);
       const answers = await Promise.all([1, 2, 3, 4].map(() => phone.services.ed25519.batchSign({ items })));
       for (const a of answers) assert.equal(a.results.filter((r) => r.response?.signature.length === 64).length, 1024);
-      const { retries, requests } = phone.stats();
+      const { retries, retriesAfterServerDelay, requests } = phone.stats();
       assert.ok(retries >= 1, "the server refused none: the test shows nothing");
       assert.equal(requests, 4 + retries);
+      // Every refusal says when to come back (RetryInfo; Retry-After on Connect's 429), and the
+      // client waited at least that long before each retry.
+      assert.equal(retriesAfterServerDelay, retries, "each refusal carried a retry delay");
       await assertCountsSince(small, before, {
         "Ed25519Service/BatchSign OK": 4,
         "Ed25519Service/BatchSign RESOURCE_EXHAUSTED": retries,

@@ -42,8 +42,9 @@ void RegisterPortMetrics(metrics::Metrics* metrics, const std::shared_ptr<Gatewa
         "Front-door defences that acted on the HTTP port, by reason: a connection closed "
         "(premature_resets, reset_rate, continuations, control_flood, settings, no_progress, "
         "too_many_pings, protocol_error, send_timeout), a request refused or cut short (header_too_large, "
-        "body_too_large, stream_refused: memory budget) or a connection's body held back "
-        "(read_paused: memory budget)",
+        "body_too_large, stream_refused: request memory budget, answers_unread: answer budget, "
+        "drain_body_late: a body still arriving at the drain's deadline for bodies) or a "
+        "connection's body held back (read_paused: memory budget)",
         {{"port", port},
          {"reason", httpd::AbuseReasonName(static_cast<httpd::AbuseReason>(i))}},
         [weak, i] {

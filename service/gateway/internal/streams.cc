@@ -10,6 +10,7 @@
 #include "grpc/health/v1/health.pb.h"
 #include "grpc/reflection/v1/reflection.pb.h"
 #include "service/common/status_macros.h"
+#include "service/gateway/internal/refusals.h"
 #include "service/gateway/internal/shared.h"
 #include "service/http/rpc_codec.h"
 
@@ -31,13 +32,13 @@ void Gateway::Shared::PushAll(bool end) {
   Prune();
   for (const std::shared_ptr<Watch>& w : watches) {
     Push(*w);
-    if (end) EndStream(*w->exchange, w->wire, absl::UnavailableError("server is draining"));
+    if (end) EndStream(*w->exchange, w->wire, DrainingRefusal());
   }
   if (!end) return;
   watches.clear();
   for (const OpenStream& open : streams) {
     if (std::shared_ptr<httpd::Exchange> e = open.exchange.lock()) {
-      EndStream(*e, open.wire, absl::UnavailableError("server is draining"));
+      EndStream(*e, open.wire, DrainingRefusal());
     }
   }
   streams.clear();
@@ -60,10 +61,10 @@ void Gateway::Shared::Prune() {
 }
 
 absl::Status Gateway::Shared::StartStream(httpd::Exchange& exchange, StreamWire wire) {
-  if (health->draining()) return absl::UnavailableError("server is draining");
+  if (health->draining()) return DrainingRefusal();
   Prune();
   if (watches.size() + streams.size() >= kMaxOpenStreams) {
-    return absl::ResourceExhaustedError(absl::StrCat(
+    return BusyRefusal(absl::StrCat(
         "at most ", kMaxOpenStreams, " health Watch and reflection streams may be open at once"));
   }
   httpd::Headers headers = http::StreamHeaders(wire);

@@ -9,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "service/call/call.h"
 #include "service/common/status_macros.h"
+#include "service/gateway/internal/refusals.h"
 #include "service/gateway/internal/shared.h"
 #include "service/http/answer.h"
 #include "service/http/connect.h"
@@ -40,6 +41,11 @@ class HttpCall final : public call::Call {
       refusal_headers_ = std::move(post.headers);
       return Fail(std::move(post.refusal));
     }
+    if (exchange_->refusal() != httpd::Exchange::Refusal::kNone) {
+      // Refused unread by the engine (a memory budget, the drain): the status says when to come
+      // back.
+      return Fail(EngineRefusal(exchange_->refusal(), post.body_limit));
+    }
     options_ = post.options;
     Decode(options_.encoding, exchange_->body());
   }
@@ -47,6 +53,10 @@ class HttpCall final : public call::Call {
   // A Connect GET of a side-effect-free method.
   void StartGet() {
     get_ = true;
+    type_ = http::ContentType{http::Protocol::kConnect, http::Codec::kProto, false};
+    if (exchange_->refusal() != httpd::Exchange::Refusal::kNone) {
+      return Fail(EngineRefusal(exchange_->refusal(), 0));
+    }
     http::ConnectGet get = http::ReadConnectGet(
         exchange_->query(), [this](const char* name) { return exchange_->header(name); },
         shared_->max_message_bytes);
@@ -63,8 +73,11 @@ class HttpCall final : public call::Call {
       shared_->bytes.received[static_cast<int>(encoding)].fetch_add(bytes.size(),
                                                                      std::memory_order_relaxed);
     }
-    const absl::Time deadline =
-        options_.timeout.has_value() ? absl::Now() + *options_.timeout : absl::InfiniteFuture();
+    absl::Time deadline = absl::InfiniteFuture();
+    if (options_.timeout.has_value()) {
+      deadline = absl::Now() + *options_.timeout;
+      exchange_->SetDeadline(deadline);  // a reset at its end is the client's timer, not abuse
+    }
     if (auto origin = exchange_->header("origin")) origin_ = std::string(*origin);
     if (absl::Status s = http::DecodeRequest(type_, encoding, bytes, shared_->max_message_bytes,
                                              NewRequest());
@@ -79,6 +92,10 @@ class HttpCall final : public call::Call {
     return exchange_->header(name);
   }
   bool Gone() const override { return exchange_->abandoned(); }
+  absl::Status Unread() const override {
+    if (!exchange_->answers_over_budget()) return absl::OkStatus();
+    return EngineRefusal(httpd::Exchange::Refusal::kAnswersUnread, 0);
+  }
   absl::string_view Transport() const override {
     switch (type_.protocol) {
       case http::Protocol::kConnect: return "connect";

@@ -37,9 +37,17 @@ const char* AbuseReasonName(AbuseReason reason) {
     case AbuseReason::kReadPaused: return "read_paused";
     case AbuseReason::kSendTimeout: return "send_timeout";
     case AbuseReason::kTooManyPings: return "too_many_pings";
+    case AbuseReason::kAnswersUnread: return "answers_unread";
+    case AbuseReason::kDrainBodyLate: return "drain_body_late";
     case AbuseReason::kCount: break;
   }
   return "unknown";
+}
+
+bool Exchange::answers_over_budget() const { return answers_ != nullptr && answers_->Over(); }
+
+void Exchange::SetDeadline(absl::Time deadline) {
+  deadline_ns_.store(absl::ToUnixNanos(deadline), std::memory_order_relaxed);
 }
 
 std::optional<absl::string_view> Exchange::header(absl::string_view name) const {
@@ -131,6 +139,11 @@ void WriteBatch::Clear() {
 // ---------------------------------------------------------------------------------------------
 // Conn
 
+Conn::Conn(Loop* loop, Server::Impl* impl)
+    : loop_(loop),
+      impl_(impl),
+      answers_(std::make_shared<AnswerGauge>(impl->options.connection_answer_budget_bytes)) {}
+
 Conn::~Conn() { ReleaseGrant(); }
 
 bool Conn::MayTakeBody() {
@@ -156,13 +169,48 @@ Counters& Conn::counters() const { return impl_->counters; }
 Handler* Conn::handler() const { return impl_->handler; }
 bool Conn::draining() const { return impl_->draining.load(std::memory_order_relaxed); }
 
+bool Conn::DrainBodyDeadlinePassed(Clock::time_point now) const {
+  const int64_t deadline = impl_->drain_body_deadline.load(std::memory_order_relaxed);
+  return deadline != 0 && now.time_since_epoch().count() >= deadline;
+}
+
+namespace {
+
+// The server's count follows a connection's total in steps (Conn::kChargeStep).
+void Report(std::atomic<int64_t>& buffered, int64_t total, int64_t* reported) {
+  const int64_t gap = total - *reported;
+  if (gap >= Conn::kChargeStep || gap <= -Conn::kChargeStep || total == 0) {
+    if (gap != 0) buffered.fetch_add(gap, std::memory_order_relaxed);
+    *reported = total;
+  }
+}
+
+}  // namespace
+
 void Conn::Charge(int64_t delta) {
   held_ += delta;
-  const int64_t gap = held_ - reported_;
-  if (gap >= kChargeStep || gap <= -kChargeStep || held_ == 0) {
-    if (gap != 0) impl_->counters.buffered.fetch_add(gap, std::memory_order_relaxed);
-    reported_ = held_;
+  Report(impl_->counters.buffered, held_ + answer_held_, &reported_);
+}
+
+void Conn::ChargeAnswer(int64_t delta) {
+  if (delta == 0) return;
+  answer_held_ += delta;
+  answers_->bytes.fetch_add(delta, std::memory_order_relaxed);
+  Report(impl_->counters.buffered, held_ + answer_held_, &reported_);
+}
+
+Exchange::Refusal Conn::RefuseNewRequest(int64_t own) {
+  if (AnswersOverBudget()) {
+    Abuse(AbuseReason::kAnswersUnread);
+    return Exchange::Refusal::kAnswersUnread;
   }
+  const int64_t others = held_ - own + answer_held_;
+  const int64_t b = budget();
+  if ((b > 0 && held_ - own >= b) || (others > 0 && ServerOverBudget())) {
+    Abuse(AbuseReason::kStreamRefused);
+    return Exchange::Refusal::kBusy;
+  }
+  return Exchange::Refusal::kNone;
 }
 
 int64_t Conn::budget() const { return impl_->options.connection_budget_bytes; }
@@ -177,7 +225,7 @@ bool Conn::ServerOverBudget() const {
   return b > 0 && impl_->counters.buffered.load(std::memory_order_relaxed) >= b;
 }
 
-void Conn::Abuse(AbuseReason reason) {
+void Conn::Abuse(AbuseReason reason, nlohmann::json detail) {
   Counters& c = impl_->counters;
   c.Count(reason);
   if (reason == AbuseReason::kHeaderTooLarge) impl_->handler->HeaderTooLarge(*peer_address_);
@@ -189,16 +237,17 @@ void Conn::Abuse(AbuseReason reason) {
     c.unlogged[i].fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  Log(LogLevel::kWarning, "http_abuse",
-      {{"reason", AbuseReasonName(reason)},
-       {"address", impl_->options.address},
-       {"peer", *peer_address_},
-       {"unlogged_since_last", c.unlogged[i].exchange(0, std::memory_order_relaxed)}});
+  nlohmann::json fields = {{"reason", AbuseReasonName(reason)},
+                           {"address", impl_->options.address},
+                           {"peer", *peer_address_},
+                           {"unlogged_since_last", c.unlogged[i].exchange(0, std::memory_order_relaxed)}};
+  if (detail.is_object()) fields.update(detail);
+  Log(LogLevel::kWarning, "http_abuse", std::move(fields));
 }
 
 void Conn::Dispatch(Stream* stream) {
   stream->dispatched = true;
-  last_busy_ = Clock::now();
+  last_busy_ = stream->dispatched_at = Clock::now();
   impl_->counters.requests.fetch_add(1, std::memory_order_relaxed);
   impl_->unanswered->fetch_add(1, std::memory_order_acq_rel);
   // The handler may answer at once; the stream stays (its protocol owns it) until closed.
@@ -216,7 +265,13 @@ Exchange& Access::Fill(Exchange& e, Conn* conn, Stream* stream, int version) {
   e.tls_ = conn->tls();
   e.peer_address_ = conn->peer_address();
   e.peer_identity_ = conn->identity();
+  e.answers_ = conn->answers();
   return e;
+}
+
+absl::Time Access::Deadline(const Exchange& e) {
+  const int64_t ns = e.deadline_ns_.load(std::memory_order_relaxed);
+  return ns == 0 ? absl::InfiniteFuture() : absl::FromUnixNanos(ns);
 }
 
 void Access::StartReceiving(Exchange& e) {
@@ -275,6 +330,11 @@ void Access::Detach(Exchange& e) {
 }
 
 void Access::Deliver(Exchange& e, Exchange::Part part) {
+  // The bytes Exchange::Send counted in transit are the loop's now: charged by the protocol
+  // (Conn::ChargeAnswer), or dropped.
+  if (e.answers_ != nullptr) {
+    e.answers_->bytes.fetch_sub(static_cast<int64_t>(part.size()), std::memory_order_relaxed);
+  }
   Stream* stream = e.stream_;
   if (stream == nullptr) return;  // the request is over
   stream->conn->protocol()->Deliver(stream, std::move(part));

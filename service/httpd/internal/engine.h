@@ -25,6 +25,8 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include <nlohmann/json.hpp>
 #include "service/httpd/server.h"
 
 namespace offload::httpd {
@@ -51,6 +53,17 @@ constexpr uint64_t kBodyReserve = 64 << 10;
 class Conn;
 class Loop;
 class Protocol;
+
+// A connection's unsent answer bytes, shared with its exchanges so that handlers on any thread
+// can read it (Exchange::answers_over_budget). `bytes` counts what the loop holds (Conn::
+// ChargeAnswer) and what handlers have handed over that the loop has not yet taken
+// (Exchange::Send to Access::Deliver).
+struct AnswerGauge {
+  explicit AnswerGauge(int64_t budget) : budget(budget) {}
+  std::atomic<int64_t> bytes{0};
+  const int64_t budget;  // Options::connection_answer_budget_bytes; 0: no bound
+  bool Over() const { return budget > 0 && bytes.load(std::memory_order_relaxed) >= budget; }
+};
 
 // Where answers from other threads go: their loop's queue while it runs. Shared by a loop and the
 // exchanges made on it, so that an answer after Stop (or after the server is gone) is dropped.
@@ -170,12 +183,15 @@ struct Stream {
   bool header_too_large = false;
   bool streaming = false;     // the handler reads the body as it arrives
   bool dispatched = false;    // handed to the handler
+  Clock::time_point dispatched_at;  // when (Conn::Dispatch)
+  bool patient_reset = false;  // HTTP/2: reset by the client kPatientReset or more after that
   bool request_done = false;  // the whole body has arrived (or the request ended early)
-  bool body_too_large = false;
+  bool refused = false;       // refused unread (Exchange::refusal): its body is dropped
   int64_t body_bytes = 0;     // body bytes received
   int64_t body_reserved = 0;  // the body buffer's room reserved from its announced length
   int64_t body_charge = 0;    // what the body costs the budgets: max(reserved, received)
-  int64_t held = 0;           // bytes charged to the budgets for this stream (all of it)
+  int64_t held = 0;           // request bytes charged for this stream (header text, body)
+  int64_t answer_held = 0;    // answer bytes charged for this stream (Conn::ChargeAnswer)
   int32_t unconsumed = 0;     // HTTP/2: body bytes whose window is not yet given back
   int tiny_window_updates = 0;  // HTTP/2: small WINDOW_UPDATEs the client sent on this stream
   // The answer.
@@ -197,7 +213,7 @@ struct Stream {
 // What the protocols need of a connection; SocketConn (conn.cc) is the one kind.
 class Conn {
  public:
-  Conn(Loop* loop, Server::Impl* impl) : loop_(loop), impl_(impl) {}
+  Conn(Loop* loop, Server::Impl* impl);
   virtual ~Conn();
   Conn(const Conn&) = delete;
   Conn& operator=(const Conn&) = delete;
@@ -216,16 +232,21 @@ class Conn {
   // The protocol's read wish changed (WantsRead): reading resumes or stops.
   virtual void ReadStateChanged() = 0;
 
-  // Charges (`delta` > 0) or releases bytes to this connection's and the server's budget. The
-  // server's count moves in steps (kChargeStep, and back to exactly 0), so that small requests
-  // cost no shared atomic; it lags a connection's by less than a step.
+  // Charges (`delta` > 0) or releases request bytes (header text, bodies) to this connection's
+  // budget and the server's. The server's count moves in steps (kChargeStep, and back to exactly
+  // 0), so that small requests cost no shared atomic; it lags a connection's by less than a step.
   void Charge(int64_t delta);
+  // The same for answer bytes not yet sent (the answer budget, and the server's).
+  void ChargeAnswer(int64_t delta);
   static constexpr int64_t kChargeStep = 4 << 10;
-  int64_t held() const { return held_; }
-  // This connection's budget and whether it, or the server's, is spent.
+  int64_t held() const { return held_; }  // request bytes
+  // This connection's request budget and whether it, its answer budget (answers handed over by
+  // handlers included), or the server's is spent.
   int64_t budget() const;
   bool OverBudget() const;
+  bool AnswersOverBudget() const { return answers_->Over(); }
   bool ServerOverBudget() const;
+  const std::shared_ptr<AnswerGauge>& answers() const { return answers_; }
   // Whether this connection may take more request body bytes as far as the server's budget is
   // concerned: yes while it is not spent; past it, only for the few connections holding a
   // progress grant (kProgressGrants for the whole server, taken here if one is free), so that
@@ -234,14 +255,17 @@ class Conn {
   // The grant goes back (no body under way any more, or the connection is closing).
   void ReleaseGrant();
   static constexpr int kProgressGrants = 4;
-  // A new request on this connection is refused: its own budget is spent, or the server's is
-  // and this connection already holds bytes (the connections that hold the memory are the ones
-  // refused; one that holds nothing still gets its request in).
-  bool RefuseNewRequest() const { return OverBudget() || (held_ > 0 && ServerOverBudget()); }
+  // Whether a new request on this connection is refused, and why (kNone: taken): its answers
+  // are past their budget (kAnswersUnread), its request budget is spent, or the server's is and
+  // this connection already holds bytes beyond the request's own `own` (its header text): kBusy
+  // (the connections that hold the memory are the ones refused; one that holds nothing else
+  // still gets its request in). Counts the refusal.
+  Exchange::Refusal RefuseNewRequest(int64_t own = 0);
 
   // A defence acted on this connection: counted, and logged (at most one line per reason per
-  // second, with how many went unlogged meanwhile: an attack must not flood the log).
-  void Abuse(AbuseReason reason);
+  // second, with how many went unlogged meanwhile: an attack must not flood the log). `detail`
+  // (a JSON object) joins the log line: what the defence saw.
+  void Abuse(AbuseReason reason, nlohmann::json detail = nlohmann::json());
 
   // A request is handed to the handler (counted; Stop waits for its answer).
   void Dispatch(Stream* stream);
@@ -253,6 +277,8 @@ class Conn {
   const std::shared_ptr<const std::string>& identity() const { return identity_; }
   bool tls() const { return tls_; }
   bool draining() const;
+  // The drain's deadline for request bodies has passed (Server::Stop).
+  bool DrainBodyDeadlinePassed(Clock::time_point now) const;
 
  protected:
   Loop* const loop_;
@@ -260,8 +286,10 @@ class Conn {
   std::shared_ptr<const std::string> peer_address_;
   std::shared_ptr<const std::string> identity_;  // never null (empty: none)
   bool tls_ = false;
-  int64_t held_ = 0;
-  int64_t reported_ = 0;  // what the server's count has of held_
+  int64_t held_ = 0;         // request bytes
+  int64_t answer_held_ = 0;  // answer bytes (also in answers_)
+  int64_t reported_ = 0;     // what the server's count has of held_ + answer_held_
+  std::shared_ptr<AnswerGauge> answers_;
   bool grant_ = false;    // holds one of the server's progress grants
   Clock::time_point last_busy_ = Clock::now();
   std::unique_ptr<Protocol> protocol_;
@@ -326,7 +354,9 @@ struct Access {
   // (StopReceiving, once), so that Stop answers it. A request whose headers never end is not.
   static void StartReceiving(Exchange& e);
   static void StopReceiving(Exchange& e);
-  static void SetBodyTooLarge(Exchange& e) { e.body_too_large_ = true; }
+  static void SetRefusal(Exchange& e, Exchange::Refusal why) { e.refusal_ = why; }
+  // Exchange::SetDeadline's deadline, or InfiniteFuture.
+  static absl::Time Deadline(const Exchange& e);
   // After Handle: the body's memory goes.
   static void ReleaseBody(Exchange& e);
   static bool Streaming(const Exchange& e) { return e.reader_ != nullptr; }
@@ -370,6 +400,9 @@ struct Server::Impl {
   internal::Counters counters;
   std::atomic<bool> draining{false};
   std::atomic<bool> stopping{false};
+  // The drain's deadline for request bodies (Clock ticks since its epoch; 0: none yet): a
+  // request whose body is still arriving then is refused (Exchange::Refusal::kDraining).
+  std::atomic<int64_t> drain_body_deadline{0};
   std::atomic<int> grants{0};  // progress grants held (Conn::MayTakeBody)
   std::vector<std::unique_ptr<internal::Loop>> loops;
   struct Io;  // the acceptor and TLS context (server.cc)

@@ -72,7 +72,17 @@ class Http1 final : public Protocol {
     *since = body_progress_;
     return true;
   }
-  void Tick(Clock::time_point) override { UpdateBodyPause(); }
+  void Tick(Clock::time_point now) override {
+    if (InBody() && conn_->draining() && conn_->DrainBodyDeadlinePassed(now)) {
+      // The drain's deadline for bodies: refused (UNAVAILABLE in the handler's terms; never
+      // run), and the connection closes after the answer.
+      conn_->Abuse(AbuseReason::kDrainBodyLate);
+      Refused(Exchange::Refusal::kDraining);
+      conn_->ReadStateChanged();
+      return;
+    }
+    UpdateBodyPause();
+  }
   bool InHeaders() const override {
     return (stream_ == nullptr && !in_.empty()) || (parser_.has_value() && !parser_->is_header_done());
   }
@@ -120,7 +130,9 @@ class Http1 final : public Protocol {
   // Parses what waits in in_.
   void ParseBuffered();
   void Complete();
-  void TooLarge();
+  // The request goes to the handler at once, refused (`why`, see Exchange::Refusal): its body is
+  // never read, and the connection closes after the answer.
+  void Refused(Exchange::Refusal why);
   // An answer of the engine's own (400, 431, 503); the connection closes after it.
   void Refuse(int status, std::string text, AbuseReason reason);
   void StartAnswer(Stream* s);
@@ -137,8 +149,9 @@ class Http1 final : public Protocol {
   std::string in_;                   // bytes read and not yet parsed (only what a read left over)
   std::optional<Parser> parser_;     // the request being read
   std::unique_ptr<Stream> stream_;   // the request under way (read or answered)
-  enum class Stop { kNone, kBusy, kTooLarge };
+  enum class Stop { kNone, kRefused };
   Stop stop_ = Stop::kNone;          // why a callback stopped the parser
+  Exchange::Refusal refusal_ = Exchange::Refusal::kNone;  // with Stop::kRefused
   bool finished_ = false;            // set by the parser, handled after put()
   bool keep_alive_ = true;
   bool close_ = false;               // close once the answer is written
@@ -257,10 +270,8 @@ size_t Http1::Parse(const char* data, size_t size) {
     if (ec) {
       const Stop stop = stop_;
       stop_ = Stop::kNone;
-      if (stop == Stop::kTooLarge) {
-        TooLarge();
-      } else if (stop == Stop::kBusy) {
-        Refuse(503, "server busy: memory budget spent, try again\n", AbuseReason::kStreamRefused);
+      if (stop == Stop::kRefused) {
+        Refused(refusal_);
       } else if (ec == http::error::header_limit) {
         const int64_t got = stream_ != nullptr ? stream_->header_bytes : 0;
         Refuse(431,
@@ -320,8 +331,9 @@ bool Http1::OnField(absl::string_view name, absl::string_view value) {
 bool Http1::OnHeaderDone() {
   Stream* s = stream_.get();
   if (s == nullptr) return false;
-  if (conn_->RefuseNewRequest()) {
-    stop_ = Stop::kBusy;
+  if (const Exchange::Refusal why = conn_->RefuseNewRequest(); why != Exchange::Refusal::kNone) {
+    stop_ = Stop::kRefused;  // answered by the handler, in its protocol's terms
+    refusal_ = why;
     return false;
   }
   Access::StartReceiving(*s->exchange);
@@ -333,7 +345,9 @@ bool Http1::OnHeaderDone() {
   // it sends its body gets one.
   const boost::optional<std::uint64_t> length = parser_->content_length();
   if (length && *length > static_cast<uint64_t>(options_.max_body_bytes) && !s->streaming) {
-    stop_ = Stop::kTooLarge;  // the body is never read
+    conn_->Abuse(AbuseReason::kBodyTooLarge);
+    stop_ = Stop::kRefused;  // the body is never read
+    refusal_ = Exchange::Refusal::kBodyTooLarge;
     return false;
   }
   // Room for the body at once (charged), no regrowth while it arrives; at most kBodyReserve, so
@@ -353,23 +367,27 @@ bool Http1::OnHeaderDone() {
 
 bool Http1::OnBodyInit(std::optional<uint64_t>) { return stream_ != nullptr; }
 
-void Http1::TooLarge() {
-  // Content-Length over the limit: the handler answers at once, the body is never read, and the
-  // connection closes after the answer.
+void Http1::Refused(Exchange::Refusal why) {
+  // Content-Length over the limit, or a budget spent: the handler answers at once, the body is
+  // never read, and the connection closes after the answer.
   Stream* s = stream_.get();
-  conn_->Abuse(AbuseReason::kBodyTooLarge);
-  s->body_too_large = true;
+  s->refused = true;
   s->request_done = true;
   keep_alive_ = false;
   close_ = true;  // the rest of the input is dropped
   parser_.reset();
-  Access::SetBodyTooLarge(*s->exchange);
+  pending_interim_ = false;  // no 100 Continue: the body is not wanted
+  ReleaseBodyCharge(conn_, s);
+  Access::ReleaseBody(*s->exchange);
+  conn_->ReleaseGrant();
+  body_paused_ = false;
+  Access::SetRefusal(*s->exchange, why);
   conn_->Dispatch(s);
 }
 
 void Http1::OnBody(absl::string_view data) {
   Stream* s = stream_.get();
-  if (s == nullptr || s->body_too_large) return;
+  if (s == nullptr || s->refused) return;
   if (!data.empty()) body_progress_ = Clock::now();
   if (s->streaming) {
     s->body_bytes += static_cast<int64_t>(data.size());
@@ -380,12 +398,12 @@ void Http1::OnBody(absl::string_view data) {
     // A chunked body past the limit: answered now, the connection closes after the answer.
     conn_->Abuse(AbuseReason::kBodyTooLarge);
     ReleaseBodyCharge(conn_, s);
-    s->body_too_large = true;
+    s->refused = true;
     s->request_done = true;
     keep_alive_ = false;
     close_ = true;
     Access::ReleaseBody(*s->exchange);
-    Access::SetBodyTooLarge(*s->exchange);
+    Access::SetRefusal(*s->exchange, Exchange::Refusal::kBodyTooLarge);
     conn_->Dispatch(s);
     conn_->ReleaseGrant();
     return;
@@ -490,7 +508,7 @@ void Http1::Push(std::shared_ptr<const std::string> bytes) {
 void Http1::Push(Piece piece) {
   out_bytes_ += static_cast<int64_t>(piece.size);
   charged_out_ += static_cast<int64_t>(piece.size);
-  conn_->Charge(static_cast<int64_t>(piece.size));
+  conn_->ChargeAnswer(static_cast<int64_t>(piece.size));
   out_.push_back(std::move(piece));
 }
 
@@ -546,7 +564,7 @@ void Http1::Collect(WriteBatch* batch) {
 }
 
 void Http1::Written(size_t) {
-  conn_->Charge(-written_pending_);
+  conn_->ChargeAnswer(-written_pending_);
   charged_out_ -= written_pending_;
   written_pending_ = 0;
   if (stream_ == nullptr) return;
@@ -592,7 +610,7 @@ void Http1::Closed() {
   }
   out_.clear();
   out_bytes_ = 0;
-  conn_->Charge(-charged_out_);
+  conn_->ChargeAnswer(-charged_out_);
   charged_out_ = written_pending_ = 0;
 }
 

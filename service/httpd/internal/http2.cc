@@ -12,6 +12,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 
@@ -28,8 +29,33 @@ namespace {
 
 constexpr size_t kMaxBatchBytes = 256 << 10;   // one write's worth, then the next
 constexpr uint32_t kTinyWindowUpdate = 1024;   // smaller increments count as no progress...
-constexpr int kMaxWindowCredit = 64;            // ...unless they give back our DATA's bytes
-constexpr int kFreeTinyUpdatesPerStream = 2;    // ...or come on a stream with a request open
+constexpr int kMaxWindowCredit = 64;            // ...unless they give back our DATA's bytes,
+constexpr int kFreeTinyUpdatesPerStream = 2;    // ...or come on a stream with a request open,
+                                                // or announce the window of a new request
+// A client's reset that comes this long or more after its request was handed to the handler, or
+// in the last quarter of the time the request's deadline gave (or after it), is a client giving
+// up on an answer it waited for (its deadline, a user's cancel: under overload many calls end
+// so), not an abuse: it counts neither as a premature reset nor against the reset rate. Rapid
+// Reset sends its resets with its requests. (Other resets take a credit earned by each stream
+// that ended well - answered, or reset after a patient wait - and, with none left, drain the
+// reset bucket.)
+constexpr auto kPatientReset = std::chrono::milliseconds(100);
+// Resets of streams we had closed with their answer, banked free (one per such stream): at least
+// this many, or the connection's stream limit.
+constexpr int kMaxLateResetCredit = 64;
+
+// Whether the client's reset of `s`, now, is patient (kPatientReset).
+bool PatientReset(const Stream& s) {
+  if (!s.dispatched) return false;
+  const Clock::time_point now = Clock::now();
+  if (now - s.dispatched_at >= kPatientReset) return true;
+  if (s.exchange == nullptr) return false;
+  const absl::Time deadline = Access::Deadline(*s.exchange);
+  if (deadline == absl::InfiniteFuture()) return false;
+  // The deadline as a point on the steady clock, from the time left when it was handed over.
+  const absl::Duration given = deadline - absl::Now() + absl::FromChrono(now - s.dispatched_at);
+  return now - s.dispatched_at >= absl::ToChronoNanoseconds(given * 3 / 4);
+}
 
 // nghttp2's memory: the heap, except for blocks of two pages or more (its 16 KiB outbound frame
 // buffer), which get mappings of their own, listed per session, so that an idle session can give
@@ -85,6 +111,35 @@ struct SessionMemory {
     for (auto& [p, size] : mapped) madvise(p, size, MADV_DONTNEED);
   }
 };
+
+// The frames that drain the no-progress bucket, by kind: counted per connection, and named in
+// the log line of a no_progress verdict (what emptied the bucket).
+enum class NoProgressKind : int {
+  kEmptyData = 0,           // DATA without a byte or END_STREAM
+  kPriority,                // PRIORITY
+  kSettings,                // a SETTINGS frame after the first
+  kPing,                    // a PING with nothing sent since the previous one
+  kWindowUpdateConnection,  // a WINDOW_UPDATE under 1 KiB on the connection (stream 0)
+  kWindowUpdateStream,      // ...on a stream of ours, beyond the free ones
+  kWindowUpdateUnknown,     // ...on a stream we do not hold (refused, closed)
+  kInvalid,                 // a frame nghttp2 found invalid (a stream error)
+  kCount
+};
+
+const char* NoProgressKindName(NoProgressKind kind) {
+  switch (kind) {
+    case NoProgressKind::kEmptyData: return "empty_data";
+    case NoProgressKind::kPriority: return "priority";
+    case NoProgressKind::kSettings: return "settings";
+    case NoProgressKind::kPing: return "ping";
+    case NoProgressKind::kWindowUpdateConnection: return "window_update_connection";
+    case NoProgressKind::kWindowUpdateStream: return "window_update_stream";
+    case NoProgressKind::kWindowUpdateUnknown: return "window_update_unknown_stream";
+    case NoProgressKind::kInvalid: return "invalid";
+    case NoProgressKind::kCount: break;
+  }
+  return "unknown";
+}
 
 nghttp2_nv Nv(absl::string_view name, absl::string_view value) {
   return nghttp2_nv{reinterpret_cast<uint8_t*>(const_cast<char*>(name.data())),
@@ -147,7 +202,8 @@ class Http2 final : public Protocol {
   }
   void HeadersDone(Stream* s);
   void RequestDone(Stream* s);
-  void BodyTooLarge(Stream* s);
+  // The request goes to the handler at once, refused (`why`): the rest of its body is dropped.
+  void Refuse(Stream* s, Exchange::Refusal why);
   void SubmitHeaders(Stream* s);
   void SubmitTrailers(Stream* s);
   // Gives back the window of `s`'s held-back body bytes while the budgets allow.
@@ -165,9 +221,13 @@ class Http2 final : public Protocol {
   }
   void ReleaseBodyCharge(Stream* s) { internal::ReleaseBodyCharge(conn_, s); }
   // A frame that makes no progress; an empty bucket ends the connection.
-  void NoProgress();
+  void NoProgress(NoProgressKind kind);
+  // A client reset that was not patient (kPatientReset): the reset bucket
+  // (Options::Http2::reset_burst, reset_rate); an empty one ends the connection.
+  void CountReset();
   // GOAWAY with `code` for `reason`, and the connection ends once it is written.
-  void Abuse(AbuseReason reason, uint32_t code, absl::string_view debug = {});
+  void Abuse(AbuseReason reason, uint32_t code, absl::string_view debug = {},
+             nlohmann::json detail = nlohmann::json());
   // A keep-alive PING from the client: gRPC's ping policy (Options::Http2::max_ping_strikes).
   void ClientPing();
   // The drain's last GOAWAY (the last stream id we took), once.
@@ -193,10 +253,6 @@ class Http2 final : public Protocol {
     s->keep = std::move(keep);
     spare_.push_back(std::move(s));
   }
-  void Release(Stream* s, int64_t bytes) {
-    s->held -= bytes;
-    conn_->Charge(-bytes);
-  }
 
   Conn* const conn_;
   const Server::Options& options_;
@@ -221,12 +277,28 @@ class Http2 final : public Protocol {
   // Premature resets (Envoy's rule).
   uint64_t closed_streams_ = 0;
   uint64_t premature_ = 0;
-  // No-progress token bucket.
+  // Reset token bucket.
+  double reset_tokens_;
+  Clock::time_point reset_refilled_;
+  uint64_t patient_resets_ = 0;  // client resets after a patient wait (not counted)
+  uint64_t reset_credit_ = 0;    // hasty resets earned by streams that ended well
+  std::array<uint64_t, 3> impatient_{};  // unknown stream, not dispatched, dispatched
+  // Streams closed with our whole answer and not reset by the client: a reset that comes for one
+  // later (it raced the answer) is free, up to this many banked (kMaxLateResetCredit).
+  int late_reset_credit_ = 0;
+  // No-progress token bucket, and the frames that drained it by kind (for the verdict's log).
   double tokens_;
+  std::array<uint32_t, static_cast<int>(NoProgressKind::kCount)> no_progress_{};
   Clock::time_point refilled_;
   bool sent_since_ping_ = true;  // HEADERS or DATA sent since the last PING
-  // Small WINDOW_UPDATEs that answer our DATA frames (two each: stream and connection).
+  // Small WINDOW_UPDATEs that answer our DATA frames (two each: stream and connection), banked
+  // up to kMaxWindowCredit; and small connection WINDOW_UPDATEs that follow a new request (one
+  // each: gRPC's C core grows the connection's window by the 5 bytes it announces on each new
+  // call's stream, so each call sends a 5-byte connection WINDOW_UPDATE too, also when its
+  // answer is a refusal without DATA), banked the same way.
   int window_credit_ = 0;
+  int call_credit_ = 0;
+  uint64_t data_frames_sent_ = 0;
   // gRPC's ping policy: when the last PING came, and strikes since we last sent.
   Clock::time_point last_ping_;
   int ping_strikes_ = 0;
@@ -237,6 +309,8 @@ class Http2 final : public Protocol {
 Http2::Http2(Conn* conn)
     : conn_(conn),
       options_(conn->options()),
+      reset_tokens_(static_cast<double>(std::max<uint64_t>(1, options_.http2.reset_burst))),
+      reset_refilled_(Clock::now()),
       tokens_(std::max(1, options_.http2.no_progress_burst)),
       refilled_(Clock::now()) {
   nghttp2_session_callbacks* cb = nullptr;
@@ -258,7 +332,9 @@ Http2::Http2(Conn* conn)
   nghttp2_option_set_no_closed_streams(opt, 1);      // no priority tree of closed streams
   nghttp2_option_set_max_outbound_ack(opt, h2.max_outbound_ack);
   nghttp2_option_set_max_settings(opt, h2.max_settings);
-  nghttp2_option_set_stream_reset_rate_limit(opt, h2.reset_burst, h2.reset_rate);
+  // The reset rate is ours (OnFrameRecv: resets after a patient wait are free); nghttp2's own
+  // bucket, which takes every reset, is set out of reach.
+  nghttp2_option_set_stream_reset_rate_limit(opt, UINT64_MAX / 2, UINT64_MAX / 2);
   nghttp2_option_set_max_continuations(opt, h2.max_continuations);
   nghttp2_mem mem{&memory_, &SessionMemory::Alloc, &SessionMemory::Free, &SessionMemory::Calloc,
                   &SessionMemory::Realloc};
@@ -295,12 +371,13 @@ void Http2::Closed() {
   for (auto& [id, s] : streams_) {
     if (s->exchange != nullptr) Access::Detach(*s->exchange);
     conn_->Charge(-s->held);
-    s->held = 0;
+    conn_->ChargeAnswer(-s->answer_held);
+    s->held = s->answer_held = 0;
   }
   streams_.clear();
   last_ = nullptr;
   spare_.clear();
-  conn_->Charge(-batch_body_);
+  conn_->ChargeAnswer(-batch_body_);
   batch_body_ = 0;
   conn_->ReleaseGrant();
 }
@@ -335,7 +412,7 @@ void Http2::Collect(WriteBatch* batch) {
 }
 
 void Http2::Written(size_t) {
-  conn_->Charge(-batch_body_);
+  conn_->ChargeAnswer(-batch_body_);
   batch_body_ = 0;
   TakeHeldBack();
 }
@@ -367,16 +444,12 @@ bool Http2::OutputBlocked() const {
 int Http2::OnBeginHeaders(nghttp2_session* session, const nghttp2_frame* frame, void* self_ptr) {
   auto* self = static_cast<Http2*>(self_ptr);
   if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST) return 0;
+  self->call_credit_ = std::min(self->call_credit_ + 1, kMaxWindowCredit);
   const int32_t id = frame->hd.stream_id;
   Conn* conn = self->conn_;
   if (self->closing_ || conn->impl()->stopping.load(std::memory_order_acquire)) {
     // After our GOAWAY for abuse, or once Stop has stopped waiting for requests: what the rest
     // of the read holds opens nothing (REFUSED_STREAM: the client may safely retry elsewhere).
-    nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, id, NGHTTP2_REFUSED_STREAM);
-    return 0;
-  }
-  if (conn->RefuseNewRequest()) {
-    conn->Abuse(AbuseReason::kStreamRefused);
     nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, id, NGHTTP2_REFUSED_STREAM);
     return 0;
   }
@@ -461,6 +534,12 @@ void Http2::HeadersDone(Stream* s) {
     Deliver(s, std::move(part));
     return;
   }
+  // Past a budget the request is refused, unread, in its protocol's terms (the handler's
+  // answer), never with REFUSED_STREAM: gRPC clients report that as UNAVAILABLE.
+  if (const Exchange::Refusal why = conn_->RefuseNewRequest(/*own=*/s->held);
+      why != Exchange::Refusal::kNone) {
+    return Refuse(s, why);
+  }
   Access::StartReceiving(*s->exchange);
   if (conn_->handler()->Streaming(*s->exchange)) {
     s->streaming = true;
@@ -488,13 +567,12 @@ void Http2::RequestDone(Stream* s) {
   MaybeReleaseGrant();
 }
 
-void Http2::BodyTooLarge(Stream* s) {
-  conn_->Abuse(AbuseReason::kBodyTooLarge);
-  s->body_too_large = true;
+void Http2::Refuse(Stream* s, Exchange::Refusal why) {
+  s->refused = true;
   TakeStreamWindow(s);
   Access::ReleaseBody(*s->exchange);
   ReleaseBodyCharge(s);
-  Access::SetBodyTooLarge(*s->exchange);
+  Access::SetRefusal(*s->exchange, why);
   conn_->Dispatch(s);  // answered in the handler's protocol; the rest of the body is dropped
   MaybeReleaseGrant();
 }
@@ -513,7 +591,7 @@ int Http2::OnDataChunk(nghttp2_session* session, uint8_t, int32_t stream_id, con
   // keep only their own stream's window shut, so no stream can starve the others.
   nghttp2_session_consume_connection(session, len);
   Stream* s = self->Find(stream_id);
-  if (s == nullptr || s->request_done || s->body_too_large || s->header_too_large) {
+  if (s == nullptr || s->request_done || s->refused || s->header_too_large) {
     nghttp2_session_consume_stream(session, stream_id, len);  // nobody keeps these bytes
     return 0;
   }
@@ -531,7 +609,8 @@ int Http2::OnDataChunk(nghttp2_session* session, uint8_t, int32_t stream_id, con
   if (s->body_bytes + static_cast<int64_t>(len) > self->options_.max_body_bytes) {
     s->body_bytes += static_cast<int64_t>(len);
     nghttp2_session_consume_stream(session, stream_id, len);
-    self->BodyTooLarge(s);
+    self->conn_->Abuse(AbuseReason::kBodyTooLarge);
+    self->Refuse(s, Exchange::Refusal::kBodyTooLarge);
     return 0;
   }
   Access::body(*s->exchange).append(chunk.data(), chunk.size());
@@ -575,7 +654,7 @@ void Http2::TakeHeldBack() {
 
 bool Http2::BodyUnderWay() const {
   for (const auto& [id, s] : streams_) {
-    if (!s->request_done && !s->streaming && !s->body_too_large && !s->header_too_large) {
+    if (!s->request_done && !s->streaming && !s->refused && !s->header_too_large) {
       return true;
     }
   }
@@ -604,7 +683,7 @@ int Http2::OnFrameRecv(nghttp2_session* session, const nghttp2_frame* frame, voi
   switch (frame->hd.type) {
     case NGHTTP2_DATA: {
       const bool end = (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0;
-      if (frame->hd.length == 0 && !end) self->NoProgress();
+      if (frame->hd.length == 0 && !end) self->NoProgress(NoProgressKind::kEmptyData);
       if (end) {
         if (Stream* s = self->Find(frame->hd.stream_id)) self->RequestDone(s);
       }
@@ -620,14 +699,28 @@ int Http2::OnFrameRecv(nghttp2_session* session, const nghttp2_frame* frame, voi
       break;
     }
     case NGHTTP2_PRIORITY:
-      self->NoProgress();
+      self->NoProgress(NoProgressKind::kPriority);
       break;
-    case NGHTTP2_RST_STREAM:
-      if (Stream* s = self->Find(frame->hd.stream_id)) s->reset_by_peer = true;
+    case NGHTTP2_RST_STREAM: {
+      Stream* s = self->Find(frame->hd.stream_id);
+      if (s != nullptr) {
+        s->reset_by_peer = true;
+        s->patient_reset = PatientReset(*s);
+      }
+      if (s == nullptr && self->late_reset_credit_ > 0) {
+        // The reset of a stream we closed with its answer: the client's timer went off before
+        // it read the answer (a busy client, an answer near its deadline). Free, once per
+        // stream answered.
+        --self->late_reset_credit_;
+      } else if (s == nullptr || !s->patient_reset) {
+        ++self->impatient_[s == nullptr ? 0 : !s->dispatched ? 1 : 2];
+        self->CountReset();
+      }
       break;
+    }
     case NGHTTP2_SETTINGS:
       if ((frame->hd.flags & NGHTTP2_FLAG_ACK) == 0 && ++self->settings_frames_ > 1) {
-        self->NoProgress();
+        self->NoProgress(NoProgressKind::kSettings);
       }
       break;
     case NGHTTP2_PING:
@@ -637,7 +730,7 @@ int Http2::OnFrameRecv(nghttp2_session* session, const nghttp2_frame* frame, voi
       }
       // Keep-alive and BDP pings that follow our frames are fine; pings with nothing between
       // them are not progress.
-      if (!self->sent_since_ping_) self->NoProgress();
+      if (!self->sent_since_ping_) self->NoProgress(NoProgressKind::kPing);
       self->ClientPing();
       self->sent_since_ping_ = false;
       break;
@@ -646,14 +739,20 @@ int Http2::OnFrameRecv(nghttp2_session* session, const nghttp2_frame* frame, voi
         // A small answer's bytes given back (gRPC clients do it per message, stream and
         // connection) are progress, and so are the first few on a stream with a request open
         // (gRPC clients announce 5 bytes, a message header, on each new call whose window is
-        // shut); small updates with no DATA or request of ours before them are not.
+        // shut) and one on the connection per new request (the same 5 bytes, as gRPC's C core
+        // grows the connection's window with its streams'); small updates with no DATA or
+        // request before them are not.
         Stream* s = frame->hd.stream_id != 0 ? self->Find(frame->hd.stream_id) : nullptr;
         if (s != nullptr && s->tiny_window_updates < kFreeTinyUpdatesPerStream) {
           ++s->tiny_window_updates;
+        } else if (frame->hd.stream_id == 0 && self->call_credit_ > 0) {
+          --self->call_credit_;
         } else if (self->window_credit_ > 0) {
           --self->window_credit_;
         } else {
-          self->NoProgress();
+          self->NoProgress(frame->hd.stream_id == 0 ? NoProgressKind::kWindowUpdateConnection
+                           : s != nullptr           ? NoProgressKind::kWindowUpdateStream
+                                                    : NoProgressKind::kWindowUpdateUnknown);
         }
       }
       break;
@@ -664,18 +763,50 @@ int Http2::OnFrameRecv(nghttp2_session* session, const nghttp2_frame* frame, voi
 }
 
 int Http2::OnInvalidFrame(nghttp2_session*, const nghttp2_frame*, int, void* self_ptr) {
-  static_cast<Http2*>(self_ptr)->NoProgress();
+  static_cast<Http2*>(self_ptr)->NoProgress(NoProgressKind::kInvalid);
   return 0;
 }
 
-void Http2::NoProgress() {
+void Http2::NoProgress(NoProgressKind kind) {
+  ++no_progress_[static_cast<int>(kind)];
   const Clock::time_point now = Clock::now();
   const double burst = std::max(1, options_.http2.no_progress_burst);
   tokens_ = std::min(burst, tokens_ + std::chrono::duration<double>(now - refilled_).count() *
                                           options_.http2.no_progress_rate);
   refilled_ = now;
   tokens_ -= 1;
-  if (tokens_ < 0 && !closing_) Abuse(AbuseReason::kNoProgress, NGHTTP2_ENHANCE_YOUR_CALM);
+  if (tokens_ >= 0 || closing_) return;
+  // The verdict says what emptied the bucket: this connection's frames without progress by
+  // kind, since it opened.
+  nlohmann::json frames = nlohmann::json::object();
+  for (int i = 0; i < static_cast<int>(NoProgressKind::kCount); ++i) {
+    if (no_progress_[i] > 0) frames[NoProgressKindName(static_cast<NoProgressKind>(i))] = no_progress_[i];
+  }
+  Abuse(AbuseReason::kNoProgress, NGHTTP2_ENHANCE_YOUR_CALM, {},
+        {{"frames", std::move(frames)},
+         {"streams_opened", closed_streams_ + streams_.size()},
+         {"data_frames_sent", data_frames_sent_}});
+}
+
+void Http2::CountReset() {
+  if (reset_credit_ > 0) {
+    --reset_credit_;
+    return;
+  }
+  const Clock::time_point now = Clock::now();
+  const double burst = static_cast<double>(std::max<uint64_t>(1, options_.http2.reset_burst));
+  reset_tokens_ =
+      std::min(burst, reset_tokens_ + std::chrono::duration<double>(now - reset_refilled_).count() *
+                                          static_cast<double>(options_.http2.reset_rate));
+  reset_refilled_ = now;
+  reset_tokens_ -= 1;
+  if (reset_tokens_ < 0 && !closing_) {
+    Abuse(AbuseReason::kResetRate, NGHTTP2_ENHANCE_YOUR_CALM, {},
+          {{"patient_resets", patient_resets_},
+           {"resets_unknown_stream", impatient_[0]},
+           {"resets_before_dispatch", impatient_[1]},
+           {"resets_soon_after_dispatch", impatient_[2]}});
+  }
 }
 
 void Http2::ClientPing() {
@@ -692,9 +823,10 @@ void Http2::ClientPing() {
   last_ping_ = now;
 }
 
-void Http2::Abuse(AbuseReason reason, uint32_t code, absl::string_view debug) {
+void Http2::Abuse(AbuseReason reason, uint32_t code, absl::string_view debug,
+                  nlohmann::json detail) {
   if (closing_) return;
-  conn_->Abuse(reason);
+  conn_->Abuse(reason, std::move(detail));
   closing_ = true;
   our_goaway_ = true;
   nghttp2_submit_goaway(session_, NGHTTP2_FLAG_NONE,
@@ -717,20 +849,40 @@ int Http2::OnStreamClose(nghttp2_session* session, int32_t stream_id, uint32_t e
   if (self->last_ == s.get()) self->last_ = nullptr;
   ++self->closed_streams_;
   const Server::Options::Http2& h2 = self->options_.http2;
-  // Ended before its answer, by the client's reset or one its error provoked (MadeYouReset).
-  const bool early = !s->done && (s->reset_by_peer || s->reset_by_us || error_code != 0);
+  // Ended before its answer, by the client's reset (unless it waited patiently for it) or one
+  // its error provoked (MadeYouReset).
+  if (s->patient_reset) ++self->patient_resets_;
+  if (s->done || s->patient_reset) {
+    // A stream that ended well earns the connection one hasty reset: the bucket bounds the resets
+    // a connection sends beyond the calls it let finish (Rapid Reset lets none), so that an
+    // overloaded client's bursts of hasty resets among many waited-for calls never empty it
+    // (the premature-reset rule still ends a connection whose resets are half its streams).
+    ++self->reset_credit_;
+  }
+  if (s->done && !s->reset_by_peer) {
+    self->late_reset_credit_ = std::min(
+        self->late_reset_credit_ + 1, std::max(kMaxLateResetCredit, h2.max_concurrent_streams));
+  }
+  const bool early = !s->done && (s->reset_by_peer ? !s->patient_reset
+                                                   : s->reset_by_us || error_code != 0);
   if (early && Clock::now() - s->opened < absl::ToChronoNanoseconds(h2.premature_reset_lifetime)) {
     ++self->premature_;
   }
   if (s->exchange != nullptr) Access::Detach(*s->exchange);
   self->SetUnconsumed(s.get(), 0);  // the connection's window was given back on arrival
   self->conn_->Charge(-s->held);
+  self->conn_->ChargeAnswer(-s->answer_held);
   self->Recycle(std::move(s));
   if (h2.premature_reset_streams > 0 && self->premature_ > 0) {
     const uint64_t limit = static_cast<uint64_t>(h2.premature_reset_streams);
     const bool over = self->closed_streams_ < limit ? self->premature_ * 2 >= limit
                                                      : self->premature_ * 2 >= self->closed_streams_;
-    if (over) self->Abuse(AbuseReason::kPrematureResets, NGHTTP2_ENHANCE_YOUR_CALM);
+    if (over) {
+      self->Abuse(AbuseReason::kPrematureResets, NGHTTP2_ENHANCE_YOUR_CALM, {},
+                  {{"closed_streams", self->closed_streams_},
+                   {"premature", self->premature_},
+                   {"patient_resets", self->patient_resets_}});
+    }
   }
   self->UpdateReadPause();
   return 0;
@@ -758,8 +910,8 @@ void Http2::Deliver(Stream* s, Exchange::Part part) {
   }
   if (bytes > 0) {
     s->out_bytes += bytes;
-    s->held += bytes;
-    conn_->Charge(bytes);
+    s->answer_held += bytes;
+    conn_->ChargeAnswer(bytes);
   }
   if (part.end) {
     s->end = true;
@@ -860,7 +1012,7 @@ int Http2::OnSendData(nghttp2_session*, nghttp2_frame* frame, const uint8_t* fra
   // The bytes are the batch's now: charged to it until written.
   const int64_t moved = static_cast<int64_t>(length - left);
   s->out_bytes -= moved;
-  s->held -= moved;
+  s->answer_held -= moved;
   self->batch_body_ += moved;
   if (s->exchange != nullptr) Access::SetUnsent(*s->exchange, s->out_bytes);
   (void)frame;
@@ -883,6 +1035,7 @@ int Http2::OnFrameSend(nghttp2_session* session, const nghttp2_frame* frame, voi
     case NGHTTP2_HEADERS: {
       self->sent_since_ping_ = true;
       if (frame->hd.type == NGHTTP2_DATA && frame->hd.length > 0) {
+        ++self->data_frames_sent_;
         self->window_credit_ = std::min(self->window_credit_ + 2, kMaxWindowCredit);
       }
       if ((frame->hd.flags & NGHTTP2_FLAG_END_STREAM) == 0) break;
@@ -905,7 +1058,8 @@ int Http2::OnFrameSend(nghttp2_session* session, const nghttp2_frame* frame, voi
       break;
     case NGHTTP2_GOAWAY:
       if (self->our_goaway_ || frame->goaway.error_code == NGHTTP2_NO_ERROR) break;
-      // nghttp2's own: its reset rate limit (after an RST_STREAM) or a protocol error.
+      // nghttp2's own: a protocol error (its reset rate limit, out of reach since the reset
+      // bucket is ours, would be reset_rate).
       self->conn_->Abuse(self->last_recv_type_ == NGHTTP2_RST_STREAM
                                         ? AbuseReason::kResetRate
                                         : AbuseReason::kProtocolError);
@@ -953,6 +1107,22 @@ void Http2::FinalGoaway() {
 
 void Http2::Tick(Clock::time_point now) {
   if (session_ == nullptr) return;
+  if (drain_noticed_ && !closing_ && conn_->DrainBodyDeadlinePassed(now)) {
+    // The drain's deadline for bodies: requests still arriving are refused (UNAVAILABLE in the
+    // handler's terms; never run), the rest of their bodies dropped.
+    std::vector<Stream*> late;
+    for (auto& [id, s] : streams_) {
+      if (!s->request_done && !s->streaming && !s->refused && !s->header_too_large &&
+          !s->dispatched) {
+        late.push_back(s.get());
+      }
+    }
+    for (Stream* s : late) {
+      conn_->Abuse(AbuseReason::kDrainBodyLate);
+      Refuse(s, Exchange::Refusal::kDraining);
+    }
+    if (!late.empty()) UpdateReadPause();
+  }
   if (drain_noticed_ && !drain_final_ && now - drain_at_ >= std::chrono::seconds(1)) {
     FinalGoaway();
     conn_->WantWrite();

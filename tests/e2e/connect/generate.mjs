@@ -1,5 +1,6 @@
-// Generates JavaScript (with .d.ts) for proto/offload/v1 into gen/ with protoc and
-// @bufbuild/protoc-gen-es, as a mobile or web app would. Nothing generated is committed.
+// Generates JavaScript (with .d.ts) for proto/offload/v1, and google.rpc.Status and RetryInfo
+// (proto/google/rpc: the details of refusals), into gen/ with protoc and @bufbuild/protoc-gen-es,
+// as a mobile or web app would. Nothing generated is committed.
 //   OFFLOAD_PROTO_DIR  the repository's proto/ folder (default ../../../proto)
 //   OFFLOAD_PROTOC     protoc to run (default: protoc on PATH)
 import { execFileSync } from "node:child_process";
@@ -18,9 +19,12 @@ const plugin = join(here, "node_modules/.bin/protoc-gen-es");
 const tmp = join(here, `gen-tmp-${process.pid}`);
 rmSync(tmp, { recursive: true, force: true });
 mkdirSync(tmp, { recursive: true });
-const files = readdirSync(join(protoDir, "offload/v1"))
-  .filter((f) => f.endsWith(".proto"))
-  .map((f) => `offload/v1/${f}`);
+const dirs = ["offload/v1", "google/rpc"];
+const files = dirs.flatMap((dir) =>
+  readdirSync(join(protoDir, dir))
+    .filter((f) => f.endsWith(".proto"))
+    .map((f) => `${dir}/${f}`),
+);
 execFileSync(
   protoc,
   [
@@ -32,9 +36,9 @@ execFileSync(
   ],
   { stdio: "inherit" },
 );
-mkdirSync(join(out, "offload/v1"), { recursive: true });
-for (const f of readdirSync(join(tmp, "offload/v1"))) {
-  renameSync(join(tmp, "offload/v1", f), join(out, "offload/v1", f));
+for (const dir of dirs) {
+  mkdirSync(join(out, dir), { recursive: true });
+  for (const f of readdirSync(join(tmp, dir))) renameSync(join(tmp, dir, f), join(out, dir, f));
 }
 rmSync(tmp, { recursive: true, force: true });
 console.log(`generated ${files.length} files from ${protoDir} into ${out}`);
