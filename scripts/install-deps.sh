@@ -22,8 +22,9 @@ packages=(
   # ESP-IDF ships it
   libmbedtls-dev
   # tests and benchmarks (h2load drives the HTTP and gRPC benchmarks of tests/bench: http_edge.py,
-  # http_compression.py, run_all.py's fixed-body rows)
-  libgtest-dev libgmock-dev libbenchmark-dev nghttp2-client
+  # http_compression.py, run_all.py's fixed-body rows); nghttpd (nghttp2-server), libnghttp2's
+  # own server, is the HTTP/2 floor of tests/bench/fresh_call.py
+  libgtest-dev libgmock-dev libbenchmark-dev nghttp2-client nghttp2-server
   # the ASan + UBSan build and its libFuzzer targets (tests/fuzz) are built with clang; llvm-14
   # holds the llvm-symbolizer that the sanitizer runtimes and libFuzzer (NEW_FUNC lines) name
   # stack frames with: clang only recommends it, and without it every fuzzer writes "invalid path

@@ -686,6 +686,9 @@ class ReplicasTest : public ReplicasFixture {
 TEST_F(ReplicasTest, KeysStickToOneReplicaAndMoveWhenItDies) {
   ClientOptions o = Patient();
   o.endpoint_down_initial = absl::Minutes(10);  // the killed one stays out for the whole test
+  // A first connection slower than the default 1 s (an ASan server on a busy machine) would fail
+  // the call over and, with the mark above, move that replica's keys for the whole test.
+  o.connect_timeout = absl::Seconds(20);
   auto client = MakeClient(Endpoints(), o);
   ASSERT_NE(client, nullptr);
 

@@ -50,12 +50,12 @@ auto FromMemo(const Operations* ops,
                   const) {
   return [ops, from_memo](const Message& q, Message* r, Method::Probe* probe,
                           absl::Status* status) {
-    auto p = std::make_shared<ProbeT>();
-    if ((ops->*from_memo)(static_cast<const Request&>(q), static_cast<Response*>(r), p.get(),
+    ProbeT p;  // on the stack: a hit (the common case) allocates nothing for it
+    if ((ops->*from_memo)(static_cast<const Request&>(q), static_cast<Response*>(r), &p,
                           status)) {
       return true;
     }
-    *probe = std::move(p);
+    *probe = std::make_shared<ProbeT>(std::move(p));
     return false;
   };
 }
@@ -174,15 +174,19 @@ struct TableBuilder {
   void AeadOpen(absl::string_view service, absl::string_view name, const Traits& traits) {
     methods->push_back(api::MemoFirst(ops, service, name, traits, &Operations::AeadOpenFromMemo,
                                       &Operations::AeadOpenFresh));
-    methods->back().from_memo_shared = [o = ops](const Message& q, Operations::OpenResult* result,
+    methods->back().from_memo_shared = [o = ops](const Operations::OpenRequestView& q,
+                                                 Operations::OpenResult* result,
                                                  Method::Probe* probe, absl::Status* status) {
-      auto p = std::make_shared<Operations::OpenProbe>();
-      if (o->AeadOpenFromMemoShared(static_cast<const v1::AeadOpenRequest&>(q), result, p.get(),
-                                    status)) {
-        return true;
-      }
-      *probe = std::move(p);
+      Operations::OpenProbe p;
+      if (o->AeadOpenFromMemoShared(q, result, &p, status)) return true;
+      *probe = std::make_shared<Operations::OpenProbe>(std::move(p));
       return false;
+    };
+    methods->back().fresh_shared = [o = ops](const Operations::OpenRequestView& q,
+                                             std::string* owner, const Method::Probe& probe,
+                                             Operations::OpenResult* result) {
+      return o->AeadOpenFreshShared(
+          q, owner, *static_cast<const Operations::OpenProbe*>(probe.get()), result);
     };
   }
 };

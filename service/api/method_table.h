@@ -79,11 +79,20 @@ struct Method {
                      ops::Operations::Done done, ops::Operations::Alive alive)>
       fresh;
   // AEAD Open only (null elsewhere): `from_memo` without a copy of the plaintext, for answers the
-  // gateway writes as they are (Connect proto): a hit fills `*result`, whose plaintext is the
-  // memo's buffer (see ops::Operations::OpenResult); a miss fills `*probe` for `fresh`.
-  std::function<bool(const google::protobuf::Message& request,
+  // gateway writes as they are (binary proto): a hit fills `*result`, whose plaintext is the
+  // memo's buffer (see ops::Operations::OpenResult); a miss fills `*probe` for `fresh_shared`.
+  // The request comes as its fields (ops::Operations::OpenRequestView: read where they lie in
+  // the body, or a message's).
+  std::function<bool(const ops::Operations::OpenRequestView& request,
                      ops::Operations::OpenResult* result, Probe* probe, absl::Status* status)>
       from_memo_shared;
+  // AEAD Open only: `fresh` after a miss of `from_memo_shared`, without a copy of the plaintext:
+  // `*result` holds the buffer the cipher wrote, which the memo then shares, and `*owner`, the
+  // buffer the envelope lies in, moves into the memo entry (Operations::AeadOpenFreshShared).
+  // On a worker, or on a loop for a call ops::InlineRule lets run there.
+  std::function<absl::Status(const ops::Operations::OpenRequestView& request, std::string* owner,
+                             const Probe& probe, ops::Operations::OpenResult* result)>
+      fresh_shared;
 };
 
 class MethodTable final {

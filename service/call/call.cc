@@ -7,6 +7,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
+#include "offload/v1/aead.pb.h"
 #include "offload/v1/keys.pb.h"
 #include "service/common/log.h"
 #include "service/ops/retry_delay.h"
@@ -93,25 +94,19 @@ absl::Status AuditUnwritableRefusal() {
       ops::JitteredRetryDelay(ops::kDefaultRetryDelay));
 }
 
-// [issue 15] An AEAD Open memo hit as the memo holds it: field 1's tag and length in `head`,
-// then the memo's plaintext buffer and fields 2-3 as shared pieces (no copy), held by `owner`
-// until written. The bytes are those protobuf's serializer would write.
+// [issue 15, 34] An AeadOpenResponse whose plaintext is `open`'s buffer (a memo entry's, or the
+// one the cipher wrote): field 1's tag and length in `head`, then the plaintext buffer (no
+// copy, held by `owner` until written), then fields 2-3 in `tail`. The bytes are those
+// protobuf's serializer would write.
 SharedMessage SharedOpenMessage(const ops::Operations::OpenResult& open) {
-  struct Owned {
-    memo::SharedPlaintext plaintext;
-    uint8_t suffix[ops::Operations::OpenResult::kMaxWireSuffix];
-    size_t suffix_size = 0;
-  };
-  auto owned = std::make_shared<Owned>();
-  owned->plaintext = open.plaintext;
-  owned->suffix_size = open.WireSuffix(owned->suffix);
   uint8_t prefix[ops::Operations::OpenResult::kMaxWirePrefix];
+  uint8_t suffix[ops::Operations::OpenResult::kMaxWireSuffix];
   SharedMessage m;
   m.head.assign(reinterpret_cast<const char*>(prefix), open.WirePrefix(prefix));
-  m.body = absl::string_view(reinterpret_cast<const char*>(owned->plaintext->data()),
-                             owned->plaintext->size());
-  m.tail = absl::string_view(reinterpret_cast<const char*>(owned->suffix), owned->suffix_size);
-  m.owner = std::move(owned);
+  m.body = absl::string_view(reinterpret_cast<const char*>(open.plaintext->data()),
+                             open.plaintext->size());
+  m.tail.assign(reinterpret_cast<const char*>(suffix), open.WireSuffix(suffix));
+  m.owner = open.plaintext;
   return m;
 }
 
@@ -128,8 +123,38 @@ Message* Call::NewRequest() {
   return request_.get();
 }
 
+// [issue 34] AEAD Open answered from its buffer: the protocol side takes shared bytes.
+bool Call::SharedOpen() const {
+  return method_->from_memo_shared != nullptr && TakesSharedMessage();
+}
+
+bool Call::TakesOpenInPlace() const {
+  return SharedOpen() && request_ != nullptr &&
+         request_->GetDescriptor() == v1::AeadOpenRequest::descriptor();
+}
+
+const std::string& Call::KeepBody(std::string body) {
+  body_ = std::move(body);
+  return body_;
+}
+
+void Call::SetOpenInPlace(absl::string_view key_id, absl::string_view envelope,
+                          absl::string_view associated_data) {
+  auto* open = static_cast<v1::AeadOpenRequest*>(request_.get());
+  open->set_key_id(key_id.data(), key_id.size());
+  open->set_associated_data(associated_data.data(), associated_data.size());
+  open_view_ = {open->key_id(), envelope, open->associated_data()};
+  open_owner_ = &body_;
+}
+
 void Call::Start(Caller caller, absl::Time deadline) {
   deadline_ = deadline;
+  if (open_owner_ == nullptr && TakesOpenInPlace()) {
+    // Decoded into the message: the envelope lies in it.
+    auto* open = static_cast<v1::AeadOpenRequest*>(request_.get());
+    open_view_ = {open->key_id(), open->envelope(), open->associated_data()};
+    open_owner_ = open->mutable_envelope();
+  }
   batch_size_ = method_->batch ? BatchSize(*request_) : 0;
   peer_.identity = std::move(caller.certificate_identity);
   peer_.identity_source = peer_.identity.empty() ? "" : "certificate";
@@ -317,6 +342,9 @@ void Call::Run(bool on_worker) {
   }
   if (m->batch) {
     if (absl::Status s = Admit(); !s.ok()) return Finish(s);
+    // A small batch's items run here, on the loop (the pool's tasks run on this thread).
+    std::optional<ops::WorkerPool::RunHere> here;
+    if (!on_worker && RunsOnLoop(Cost())) here.emplace(context_->pool);
     if (m->from_memo) {
       api::Method::Probe probe;
       absl::Status status;
@@ -331,16 +359,18 @@ void Call::Run(bool on_worker) {
   if (m->from_memo) {
     // A hit (or a malformed request) is answered here, where it was read: no crypto, no queue.
     absl::Status status;
-    if (m->from_memo_shared != nullptr && TakesSharedMessage()) {
-      // [issue 15] AEAD Open: the hit's plaintext is answered from the memo's buffer
+    if (SharedOpen()) {
+      // [issue 15, 34] AEAD Open: the hit's plaintext is answered from the memo's buffer
       // (SharedMessage), never copied into the response message.
-      if (m->from_memo_shared(*request_, &shared_open_, &probe, &status)) return Finish(status);
+      if (m->from_memo_shared(open_view_, &shared_open_, &probe, &status)) return Finish(status);
     } else if (m->from_memo(*request_, response_.get(), &probe, &status)) {
       return Finish(status);
     }
   }
   if (absl::Status s = Admit(); !s.ok()) return Finish(s);
-  if (on_worker) return RunOnWorker(std::move(probe));
+  if (on_worker || RunsOnLoop(Cost())) {
+    return RunOnWorker(std::move(probe));  // here: a worker's thread, or the loop (RunsOnLoop)
+  }
   context_->pool->Submit([self = shared_from_this(), probe = std::move(probe)]() mutable {
     self->RunOnWorker(std::move(probe));
   });
@@ -372,11 +402,36 @@ bool Call::DroppedUnrun() {
 
 void Call::RunOnWorker(api::Method::Probe probe) {
   if (DroppedUnrun()) return;
+  if (probe != nullptr && SharedOpen()) {
+    // [issue 34] the fresh open writes a buffer the answer is sent from (SharedMessage).
+    return Finish(method_->fresh_shared(open_view_, open_owner_, probe, &shared_open_));
+  }
   if (probe != nullptr) {
     method_->fresh(*request_, response_.get(), std::move(probe), DoneFn(), nullptr);
   } else {
     method_->call(*request_, response_.get(), DoneFn(), nullptr);
   }
+}
+
+// [issue 34] The call's estimated cost if computed afresh (ops::InlineRule).
+int64_t Call::Cost() const {
+  if (open_owner_ != nullptr) {
+    return ops::InlineRule::EstimateAeadOpenNanos(open_view_.envelope.size() +
+                                                  open_view_.associated_data.size());
+  }
+  return ops::InlineRule::EstimateNanos(*request_);
+}
+
+// [issue 34] Whether a call estimated at `cost` ns runs to completion here, on the loop thread
+// that read it (Context::inline_rule), rather than on the pool; the estimate is charged to the
+// loop when it does. Never on another thread (a worker finishing a token check).
+bool Call::RunsOnLoop(int64_t cost) {
+  if (!context_->inline_rule.has_value()) return false;
+  const LoopLoad load = CurrentLoop();
+  if (!load.on_loop) return false;
+  if (!context_->inline_rule->RunHere(cost, load.charged, load.waiting)) return false;
+  ChargeLoop(cost);
+  return true;
 }
 
 // [issue 33] A call that carried or needed an identity (mTLS, a token or any authorization, a

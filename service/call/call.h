@@ -1,7 +1,8 @@
 // One call's steps, the same for every protocol and port: who the caller is (certificate,
 // forwarded identity, bearer token), whether it may (grants), admission, the deadline, the memo
-// first (answered where the request was read: no crypto, no queue), the run on the worker pool,
-// then the finish: audit (held answers for key lifecycle calls and fail-closed auditing),
+// first (answered where the request was read: no crypto, no queue), the run on the loop that
+// read it (ops/inline_rule.h: a single operation, a small batch) or on the worker pool, then
+// the finish: audit (held answers for key lifecycle calls and fail-closed auditing),
 // metrics, the request log. No protocol knowledge: the protocol side derives from Call, decodes
 // the request into it, and fills the narrow interface below (metadata by name, whether the
 // caller is gone, how to encode and send an answer).
@@ -13,7 +14,8 @@
 //   c->Start({peer_address, certificate_identity}, deadline);
 //
 // The call then answers exactly once, through Encode (then Send), from the thread where it
-// finished: the loop thread for a memo hit or a refusal, a worker otherwise, the audit writer's
+// finished: the loop thread for a memo hit, a refusal or a call run there (ops::InlineRule), a
+// worker otherwise, the audit writer's
 // thread for an answer held for its audit line.
 // Refusals a later try may get past carry when to come back (ops/retry_delay.h), which the
 // protocol side sends in its terms.
@@ -43,6 +45,8 @@
 #include "service/auth/trusted_proxies.h"
 #include "service/metrics/metrics.h"
 #include "service/ops/admission.h"
+#include "service/ops/inline_rule.h"
+#include "service/ops/operations.h"
 #include "service/ops/worker_pool.h"
 
 namespace offload::call {
@@ -60,6 +64,9 @@ struct Context {
   const auth::ForwardedIdentity* forwarded_identity = nullptr;
   // Bearer tokens (`authorization: Bearer <JWT>`) name the caller when set.
   auth::TokenVerifier* tokens = nullptr;
+  // [issue 34] Which calls run to completion on the loop that read them instead of hopping to
+  // the pool (the protocol side says what the loop has run: Call::CurrentLoop); unset: none.
+  std::optional<ops::InlineRule> inline_rule;
   // Client certificates are required (mTLS): every caller is identified.
   bool mtls = false;
   // Fraction of calls logged (method, code, latency, items; never payloads).
@@ -76,14 +83,23 @@ struct Caller {
   std::string certificate_identity;  // the verified TLS client certificate's; empty: none
 };
 
-// A response message as the memo holds it, answered without a copy: its serialized bytes are
-// `head`, then `body` (the memo's own buffer), then `tail`; `owner` keeps `body` and `tail`
-// valid until the answer is written.
+// A response message answered without a copy of its bulk: its serialized bytes are `head`, then
+// `body` (a buffer of the memo's, or the one the cipher wrote, which the memo then shares), then
+// `tail`; `owner` keeps `body` valid until the answer is written (the protocol side keeps it,
+// and may move `head` and `tail`).
 struct SharedMessage {
   std::string head;
   absl::string_view body;
-  absl::string_view tail;
+  std::string tail;
   std::shared_ptr<const void> owner;
+};
+
+// What the loop thread a call was read on has run (the protocol side's engine's count), for
+// ops::InlineRule.
+struct LoopLoad {
+  bool on_loop = false;  // the calling thread is one of the engine's loops
+  int64_t charged = 0;   // estimated work run for the input at hand (ns)
+  int64_t waiting = 0;   // answers from other threads waiting on that loop
 };
 
 // How a refusal for who the caller claims to be says how to authenticate (RFC 6750), when
@@ -112,8 +128,22 @@ class Call : public std::enable_shared_from_this<Call> {
   // into. REQUIRES: called once, before Start.
   google::protobuf::Message* NewRequest();
 
+  // [issue 34] AEAD Open read where it lies (TakesOpenInPlace): the protocol side hands the
+  // request's bytes to the call (KeepBody: the call keeps them, so that a fresh open moves them
+  // into the memo entry without a copy), finds the request's fields in them, and says where
+  // they are (SetOpenInPlace: AeadOpenRequest's fields 1-3, views into the kept bytes; the key
+  // id and associated data are copied into NewRequest()'s message, for grants and audit).
+  // Otherwise it decodes into NewRequest() as for any method.
+  bool TakesOpenInPlace() const;
+  const std::string& KeepBody(std::string body);
+  void SetOpenInPlace(absl::string_view key_id, absl::string_view envelope,
+                      absl::string_view associated_data);
+  // Frees what KeepBody kept (the request was decoded into its message instead).
+  void DropBody() { std::string().swap(body_); }
+
   // Runs the call for `caller`, to end by `deadline` (infinite: none). REQUIRES: NewRequest()
-  // was decoded into; called once, on the thread that read the request.
+  // was decoded into (or SetOpenInPlace called); called once, on the thread that read the
+  // request.
   void Start(Caller caller, absl::Time deadline);
 
   // Ends a call that never ran (a request the protocol side could not read): answered, counted
@@ -133,8 +163,13 @@ class Call : public std::enable_shared_from_this<Call> {
   virtual absl::Status Unread() const { return absl::OkStatus(); }
   // The transport's name in audit lines and logs ("grpc", "grpc-web", "connect").
   virtual absl::string_view Transport() const = 0;
-  // Whether an answer may carry the memo's shared bytes (Reply::shared): AEAD Open hits.
+  // Whether an answer may carry shared bytes (Reply::shared): AEAD Open's plaintext, from the
+  // memo or written by the cipher.
   virtual bool TakesSharedMessage() const { return false; }
+  // [issue 34] The load of the calling thread's loop (on_loop false on any other thread), and
+  // `cost` more charged to it when a call runs there: where ops::InlineRule decides.
+  virtual LoopLoad CurrentLoop() const { return {}; }
+  virtual void ChargeLoop(int64_t cost) {}
   // Makes the answer to `reply` (and forgets any made before). Returns `reply.status`, or the
   // error met encoding its response (too large: then nothing was made, and the call encodes
   // that error next).
@@ -165,6 +200,9 @@ class Call : public std::enable_shared_from_this<Call> {
   void Run(bool on_worker = false);
   bool DroppedUnrun();
   void RunOnWorker(api::Method::Probe probe);
+  bool SharedOpen() const;
+  int64_t Cost() const;
+  bool RunsOnLoop(int64_t cost);
   void Finish(absl::Status status, Challenge challenge = Challenge::kNone);
   void AuditCall(const absl::Status& status, auth::AuditSink::Done done);
   void Deliver(bool written, absl::Status status, metrics::ItemCounts counts);
@@ -176,7 +214,12 @@ class Call : public std::enable_shared_from_this<Call> {
   absl::Time deadline_ = absl::InfiniteFuture();
   std::unique_ptr<google::protobuf::Message> request_;
   std::unique_ptr<google::protobuf::Message> response_;
-  ops::Operations::OpenResult shared_open_;  // [issue 15] an AEAD Open memo hit, not copied
+  ops::Operations::OpenResult shared_open_;  // [issue 15] an AEAD Open answered from its buffer
+  // [issue 34] AEAD Open (SharedOpen): its fields, and the buffer the envelope lies in (the
+  // body, body_, when read in place; else request_'s envelope).
+  std::string body_;
+  ops::Operations::OpenRequestView open_view_;
+  std::string* open_owner_ = nullptr;
   int batch_size_ = 0;
   bool audit_data_ = false;  // a data-plane call drawn for the audit (Run)
   bool audit_skip_ = false;  // refused for an unwritable audit file: no line

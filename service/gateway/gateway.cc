@@ -31,6 +31,7 @@ Gateway::Gateway(const api::MethodTable* table, ops::WorkerPool* pool, metrics::
   c.trusted_proxies = options_.trusted_proxies;
   c.forwarded_identity = options_.forwarded_identity;
   c.tokens = options_.tokens;
+  c.inline_rule.emplace(options_.inline_work);
   shared_->max_message_bytes = options_.max_message_bytes;
   shared_->cors = options_.cors;
   shared_->compression = options_.compression;

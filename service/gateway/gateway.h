@@ -48,6 +48,7 @@
 #include "service/httpd/server.h"
 #include "service/metrics/metrics.h"
 #include "service/ops/admission.h"
+#include "service/ops/inline_rule.h"
 #include "service/ops/worker_pool.h"
 
 namespace offload::gateway {
@@ -85,6 +86,10 @@ class Gateway final : public httpd::Handler {
     const auth::ForwardedIdentity* forwarded_identity = nullptr;
     // Bearer tokens (`authorization: Bearer <JWT>`) name the caller when set. Not owned.
     auth::TokenVerifier* tokens = nullptr;
+    // Which calls run to completion on the loop that read them instead of hopping to the
+    // worker pool (ops/inline_rule.h: single operations and small batches, within a budget per
+    // input); max_call zero: every call that misses the memo hops.
+    ops::InlineRule::Options inline_work;
     // The port's name in metrics (`port` label), logs (`<port>_started`) and audit: "http"
     // counts connections and bodies too; another ("grpc") only its defences and memory.
     std::string port = "http";

@@ -19,6 +19,28 @@ Answer PlainText(int status, absl::string_view text, HeaderList headers) {
   return out;
 }
 
+void SetSharedBody(absl::string_view body, std::string tail, std::shared_ptr<const void> owner,
+                   Answer* out) {
+  struct Owned {
+    std::shared_ptr<const void> body_owner;
+    std::string tail;
+  };
+  auto owned = std::make_shared<Owned>();
+  owned->body_owner = std::move(owner);
+  owned->tail = std::move(tail);
+  out->shared_body = {body, owned->tail};
+  out->owner = std::move(owned);
+}
+
+Answer UnarySharedSuccess(const ContentType& type, std::string head, absl::string_view body,
+                          std::string tail, std::shared_ptr<const void> owner) {
+  if (type.protocol == Protocol::kConnect) {
+    return ConnectSharedSuccess(type.codec, std::move(head), body, std::move(tail),
+                                std::move(owner));
+  }
+  return GrpcSharedSuccess(type, std::move(head), body, std::move(tail), std::move(owner));
+}
+
 Answer UnarySuccess(const ContentType& type, std::string message, bool gzip,
                     const std::optional<CacheHint>& get) {
   if (type.protocol == Protocol::kConnect) return ConnectSuccess(type.codec, std::move(message), gzip, get);

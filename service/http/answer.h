@@ -35,6 +35,10 @@ struct Answer {
   HeaderList trailers;
 };
 
+// Sets `out`'s shared body: `body` (kept valid by `owner`), then `tail` (kept with it).
+void SetSharedBody(absl::string_view body, std::string tail, std::shared_ptr<const void> owner,
+                   Answer* out);
+
 // A text/plain answer (the engine's own paths: /healthz, 404, 405, 505).
 Answer PlainText(int status, absl::string_view text, HeaderList headers = {});
 
@@ -51,6 +55,13 @@ struct CacheHint {
 // GET's cache hint (nullopt for a POST).
 Answer UnarySuccess(const ContentType& type, std::string message, bool gzip,
                     const std::optional<CacheHint>& get);
+
+// [issue 15, 34] The answer to a unary POST of `type` in binary proto (Connect, gRPC, gRPC-Web
+// binary) that succeeded, whose message is `head`, then `body` (not copied: kept valid by
+// `owner` until written; under TLS, not copied before the record), then `tail`; never
+// compressed. The bytes are those UnarySuccess would write for that message uncompressed.
+Answer UnarySharedSuccess(const ContentType& type, std::string head, absl::string_view body,
+                          std::string tail, std::shared_ptr<const void> owner);
 
 // The answer to a unary call of `type` that failed with `status`. `http_status` (0: the
 // protocol's own) answers below the protocol: gRPC over HTTP/1.1 (505), a content type nobody

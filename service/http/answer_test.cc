@@ -3,6 +3,7 @@
 #include "service/http/answer.h"
 
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -60,14 +61,50 @@ TEST(ConnectAnswers, SuccessPostAndGetCaching) {
   EXPECT_EQ(ConnectCacheControl({false, true}), "private, no-cache");
 }
 
+// All of an answer's body: `body`, then the shared pieces.
+std::string Joined(const Answer& a) {
+  std::string out = a.body;
+  for (absl::string_view piece : a.shared_body) out.append(piece.data(), piece.size());
+  return out;
+}
+
 TEST(ConnectAnswers, SharedBodyIsNotCopied) {
   auto owner = std::make_shared<std::string>("plaintext");
-  Answer a = ConnectSharedSuccess(Codec::kProto, "\x0a\x09", {*owner, "\x10\x01"}, owner);
+  std::weak_ptr<std::string> weak = owner;
+  Answer a = ConnectSharedSuccess(Codec::kProto, "\x0a\x09", *owner, "\x10\x01", owner);
   EXPECT_EQ(a.body, "\x0a\x09");
   ASSERT_EQ(a.shared_body.size(), 2u);
   EXPECT_EQ(a.shared_body[0].data(), owner->data());
-  EXPECT_EQ(a.owner, owner);
+  EXPECT_EQ(Joined(a), "\x0a\x09plaintext\x10\x01");
   EXPECT_EQ(Get(a.headers, "content-type"), "application/proto");
+  owner.reset();
+  EXPECT_FALSE(weak.expired());  // the answer keeps the body alive
+  a = Answer();
+  EXPECT_TRUE(weak.expired());
+}
+
+TEST(GrpcAnswers, SharedBodiesAreTheBytesOfTheMessage) {
+  // [issue 34] gRPC and gRPC-Web binary answer a shared body in the bytes GrpcSuccess writes
+  // for the whole message, the body never copied.
+  auto owner = std::make_shared<std::string>(std::string(5000, 'p'));
+  const std::string message = "\x0a\x88\x27" + *owner + "\x10\x01";
+  for (const ContentType& type : {kGrpc, kGrpcWeb, kConnectProto}) {
+    Answer shared = UnarySharedSuccess(type, "\x0a\x88\x27", *owner, "\x10\x01", owner);
+    Answer copied = UnarySuccess(type, message, /*gzip=*/false, std::nullopt);
+    EXPECT_EQ(Joined(shared), Joined(copied));
+    EXPECT_EQ(shared.headers, copied.headers);
+    EXPECT_EQ(shared.trailers, copied.trailers);
+    ASSERT_FALSE(shared.shared_body.empty());
+    EXPECT_EQ(shared.shared_body[0].data(), owner->data());
+  }
+  // A large gRPC message is sent from its own buffer after its frame header; a small one is
+  // copied behind it.
+  Answer large = UnarySuccess(kGrpc, std::string(kCopyAtMost + 1, 'm'), false, std::nullopt);
+  EXPECT_EQ(large.body, EncodeFrameHeader(0, kCopyAtMost + 1));
+  EXPECT_EQ(Joined(large), EncodeFrame(0, std::string(kCopyAtMost + 1, 'm')));
+  Answer small = UnarySuccess(kGrpc, std::string(kCopyAtMost, 'm'), false, std::nullopt);
+  EXPECT_TRUE(small.shared_body.empty());
+  EXPECT_EQ(small.body, EncodeFrame(0, std::string(kCopyAtMost, 'm')));
 }
 
 TEST(ConnectAnswers, ErrorsFollowTheStatusTable) {

@@ -17,6 +17,7 @@ std::string ConnectCacheControl(const CacheHint& hint) {
 Answer ConnectSuccess(Codec codec, std::string message, bool gzip,
                       const std::optional<CacheHint>& get) {
   Answer out;
+  out.headers.reserve(4);
   out.headers.emplace_back("content-type", std::string(ConnectContentType(codec)));
   if (gzip) out.headers.emplace_back("content-encoding", "gzip");
   if (get.has_value()) {
@@ -29,13 +30,12 @@ Answer ConnectSuccess(Codec codec, std::string message, bool gzip,
   return out;
 }
 
-Answer ConnectSharedSuccess(Codec codec, std::string head, std::vector<absl::string_view> pieces,
-                            std::shared_ptr<const void> owner) {
+Answer ConnectSharedSuccess(Codec codec, std::string head, absl::string_view body,
+                            std::string tail, std::shared_ptr<const void> owner) {
   Answer out;
   out.headers.emplace_back("content-type", std::string(ConnectContentType(codec)));
   out.body = std::move(head);
-  out.shared_body = std::move(pieces);
-  out.owner = std::move(owner);
+  SetSharedBody(body, std::move(tail), std::move(owner), &out);
   return out;
 }
 

@@ -33,10 +33,10 @@ std::string ConnectCacheControl(const CacheHint& hint);
 Answer ConnectSuccess(Codec codec, std::string message, bool gzip,
                       const std::optional<CacheHint>& get);
 
-// A successful unary POST answer whose message is `head` then `pieces` (not copied; kept alive
-// by `owner`), sent as it is (no compression): the memo's shared plaintext of an AEAD Open hit.
-Answer ConnectSharedSuccess(Codec codec, std::string head, std::vector<absl::string_view> pieces,
-                            std::shared_ptr<const void> owner);
+// A successful unary POST answer whose message is `head`, `body` (not copied; kept alive by
+// `owner`), then `tail`, sent as it is (no compression): AEAD Open's shared plaintext.
+Answer ConnectSharedSuccess(Codec codec, std::string head, absl::string_view body,
+                            std::string tail, std::shared_ptr<const void> owner);
 
 // A unary error: the spec's HTTP status for the code (or `http_status` when not 0), the error
 // JSON (with the status's details), Retry-After when the status says when to come back. A GET's

@@ -1,5 +1,6 @@
 #include "service/http/grpc.h"
 
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -31,13 +32,22 @@ Answer GrpcTrailersOnly(const absl::Status& status, absl::string_view content_ty
 
 Answer GrpcSuccess(const ContentType& type, std::string message, bool gzip) {
   Answer out;
+  out.headers.reserve(4);
   if (type.protocol == Protocol::kGrpc) {
     // HEADERS, one DATA frame with the message (compressed: its flag and grpc-encoding say
     // so), trailers with the status.
     out.headers.emplace_back("content-type", std::string(GrpcContentType(type)));
     if (gzip) out.headers.emplace_back("grpc-encoding", "gzip");
     out.headers.emplace_back("grpc-accept-encoding", std::string(kGrpcAcceptEncoding));
-    out.body = EncodeFrame(gzip ? kFrameCompressed : 0, message);
+    if (message.size() > kCopyAtMost) {
+      // A large message is sent from where it lies, after its frame header (no copy).
+      out.body = EncodeFrameHeader(gzip ? kFrameCompressed : 0, message.size());
+      auto owned = std::make_shared<const std::string>(std::move(message));
+      out.shared_body = {*owned};
+      out.owner = std::move(owned);
+    } else {
+      out.body = EncodeFrame(gzip ? kFrameCompressed : 0, message);
+    }
     out.trailers = GrpcTrailers(absl::OkStatus());
     return out;
   }
@@ -48,6 +58,24 @@ Answer GrpcSuccess(const ContentType& type, std::string message, bool gzip) {
   out.headers.emplace_back("content-type", std::string(GrpcWebContentType(type)));
   if (gzip) out.headers.emplace_back("grpc-encoding", "gzip");
   out.body = type.text ? EncodeGrpcWebText(body) : std::move(body);
+  return out;
+}
+
+Answer GrpcSharedSuccess(const ContentType& type, std::string head, absl::string_view body,
+                         std::string tail, std::shared_ptr<const void> owner) {
+  Answer out;
+  std::string frame = EncodeFrameHeader(0, head.size() + body.size() + tail.size());
+  if (type.protocol == Protocol::kGrpc) {
+    out.headers.emplace_back("content-type", std::string(GrpcContentType(type)));
+    out.headers.emplace_back("grpc-accept-encoding", std::string(kGrpcAcceptEncoding));
+    out.trailers = GrpcTrailers(absl::OkStatus());
+  } else {
+    out.headers.emplace_back("content-type", std::string(GrpcWebContentType(type)));
+    tail += EncodeFrame(kFrameTrailer, GrpcWebTrailers(absl::OkStatus()));
+  }
+  frame += head;
+  out.body = std::move(frame);
+  SetSharedBody(body, std::move(tail), std::move(owner), &out);
   return out;
 }
 

@@ -12,6 +12,8 @@
 #ifndef SERVICE_HTTP_GRPC_H_
 #define SERVICE_HTTP_GRPC_H_
 
+#include <cstddef>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
@@ -37,6 +39,17 @@ Answer GrpcTrailersOnly(const absl::Status& status, absl::string_view content_ty
 // flagged compressed (and grpc-encoding: gzip) when `gzip`; gRPC's status in trailers,
 // gRPC-Web's in a trailer frame after it (never compressed); gRPC-Web text base64 as a whole.
 Answer GrpcSuccess(const ContentType& type, std::string message, bool gzip);
+
+// A gRPC answer's message up to this size is copied behind its frame header (cheaper than a
+// shared piece of its own); a larger one is sent from its own buffer (Answer::shared_body).
+inline constexpr size_t kCopyAtMost = 4096;
+
+// [issue 34] A successful unary answer to a request of `type` (gRPC, or gRPC-Web binary) whose
+// message is `head`, `body` (not copied; kept alive by `owner`), then `tail`, uncompressed: the
+// frame header and `head` in the body, then `body` and `tail` (and gRPC-Web's trailer frame) as
+// shared pieces. The bytes are those GrpcSuccess writes for that message uncompressed.
+Answer GrpcSharedSuccess(const ContentType& type, std::string head, absl::string_view body,
+                         std::string tail, std::shared_ptr<const void> owner);
 
 // A unary error for a request of `type`: Trailers-Only (gRPC with grpc-accept-encoding).
 // `http_status` (gRPC only, 0: none) answers below gRPC in plain HTTP: 505 for HTTP/1.1.

@@ -698,15 +698,19 @@ double SampledEntropyBits(absl::string_view data) {
   return std::log2(static_cast<double>(n)) - sum / static_cast<double>(n);
 }
 
-std::string EncodeFrame(uint8_t flags, absl::string_view payload) {
+std::string EncodeFrameHeader(uint8_t flags, size_t payload_size) {
   std::string out;
-  out.reserve(kFrameHeaderBytes + payload.size());
-  const uint32_t n = static_cast<uint32_t>(payload.size());
+  const uint32_t n = static_cast<uint32_t>(payload_size);
   out.push_back(static_cast<char>(flags));
   out.push_back(static_cast<char>((n >> 24) & 0xff));
   out.push_back(static_cast<char>((n >> 16) & 0xff));
   out.push_back(static_cast<char>((n >> 8) & 0xff));
   out.push_back(static_cast<char>(n & 0xff));
+  return out;
+}
+
+std::string EncodeFrame(uint8_t flags, absl::string_view payload) {
+  std::string out = EncodeFrameHeader(flags, payload.size());
   out.append(payload.data(), payload.size());
   return out;
 }

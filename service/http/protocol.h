@@ -200,6 +200,9 @@ inline constexpr size_t kFrameHeaderBytes = 5;
 
 // One length-prefixed frame: flag byte, 4-byte big-endian length, payload.
 std::string EncodeFrame(uint8_t flags, absl::string_view payload);
+// Only the 5-byte header of a frame whose payload is `payload_size` bytes (the payload sent from
+// where it lies). REQUIRES: payload_size < 2^32.
+std::string EncodeFrameHeader(uint8_t flags, size_t payload_size);
 
 // The single message frame of a unary gRPC or gRPC-Web request `body`. A body that is not
 // exactly one complete data frame (truncated, trailing bytes, a trailer flag) is InvalidArgument,

@@ -372,6 +372,12 @@ TEST(Frames, EncodeAndParseOne) {
   EXPECT_EQ(*ParseUnaryRequestFrame(EncodeFrame(0, ""), &compressed), "");
 }
 
+TEST(Frames, HeaderAloneIsTheFramesFirstFiveBytes) {
+  EXPECT_EQ(EncodeFrameHeader(kFrameTrailer, 0x01020304), std::string("\x80\x01\x02\x03\x04", 5));
+  const std::string big(70000, 'y');
+  EXPECT_EQ(EncodeFrameHeader(0, big.size()) + big, EncodeFrame(0, big));
+}
+
 TEST(Frames, RefusesMalformed) {
   bool compressed = false;
   const std::string frame = EncodeFrame(0, "hello");

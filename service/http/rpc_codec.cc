@@ -1,8 +1,11 @@
 #include "service/http/rpc_codec.h"
 
+#include <cstdint>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/stubs/common.h"
 #include "service/http/answer.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -192,6 +195,98 @@ absl::Status DecodeRequest(ContentType type, Encoding encoding, absl::string_vie
       body, &compressed, type.protocol == Protocol::kGrpc ? "grpc request" : "grpc-web request");
   if (!frame.ok()) return frame.status();
   return DecodeMessage(type, encoding, compressed, *frame, max_message_bytes, request);
+}
+
+namespace {
+
+// A varint of at most `max_bytes` bytes at `*p` (before `end`) into `*value`; false if it runs
+// past `end` or `max_bytes`, or overflows 64 bits.
+bool ReadVarint(const uint8_t** p, const uint8_t* end, int max_bytes, uint64_t* value) {
+  uint64_t v = 0;
+  for (int i = 0; i < max_bytes && *p < end; ++i) {
+    const uint8_t b = *(*p)++;
+    if (i == 9 && b > 1) return false;  // past 64 bits
+    v |= uint64_t{static_cast<uint8_t>(b & 0x7f)} << (7 * i);
+    if ((b & 0x80) == 0) {
+      *value = v;
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+bool ParseBytesFieldsInPlace(absl::string_view message, const google::protobuf::Descriptor& type,
+                             absl::Span<absl::string_view> fields) {
+  using google::protobuf::FieldDescriptor;
+  // Only types whose every field is a singular string or bytes, numbered within `fields`.
+  for (int i = 0; i < type.field_count(); ++i) {
+    const FieldDescriptor* f = type.field(i);
+    if (f->is_repeated() || f->number() < 1 || static_cast<size_t>(f->number()) > fields.size() ||
+        (f->type() != FieldDescriptor::TYPE_STRING && f->type() != FieldDescriptor::TYPE_BYTES)) {
+      return false;
+    }
+  }
+  if (message.size() > static_cast<size_t>(INT32_MAX)) return false;
+  for (absl::string_view& f : fields) f = absl::string_view();
+  const auto* p = reinterpret_cast<const uint8_t*>(message.data());
+  const uint8_t* const end = p + message.size();
+  while (p < end) {
+    uint64_t tag = 0;
+    if (!ReadVarint(&p, end, 5, &tag) || tag > UINT32_MAX) return false;
+    const uint64_t number = tag >> 3;
+    if (number == 0) return false;
+    switch (tag & 7) {
+      case 0: {  // varint: an unknown field (every known one is length-delimited)
+        uint64_t ignored = 0;
+        if (!ReadVarint(&p, end, 10, &ignored)) return false;
+        break;
+      }
+      case 1:  // fixed64
+        if (end - p < 8) return false;
+        p += 8;
+        break;
+      case 5:  // fixed32
+        if (end - p < 4) return false;
+        p += 4;
+        break;
+      case 2: {  // length-delimited
+        uint64_t size = 0;
+        if (!ReadVarint(&p, end, 5, &size) || size > INT32_MAX ||
+            size > static_cast<uint64_t>(end - p)) {
+          return false;
+        }
+        const absl::string_view bytes(reinterpret_cast<const char*>(p), size);
+        p += size;
+        const FieldDescriptor* f =
+            number <= fields.size() ? type.FindFieldByNumber(static_cast<int>(number)) : nullptr;
+        if (f == nullptr) break;  // an unknown field: skipped, as protobuf keeps it aside
+        if (f->type() == FieldDescriptor::TYPE_STRING &&
+            !google::protobuf::internal::IsStructurallyValidUTF8(bytes.data(),
+                                                                 static_cast<int>(bytes.size()))) {
+          return false;  // proto3 refuses such a string
+        }
+        fields[number - 1] = bytes;
+        break;
+      }
+      default:  // groups (3, 4) and the invalid wire types 6 and 7: left to protobuf
+        return false;
+    }
+  }
+  return true;
+}
+
+std::optional<absl::string_view> UncompressedProtoMessage(ContentType type, Encoding encoding,
+                                                          absl::string_view body) {
+  if (type.codec != Codec::kProto || type.text || encoding != Encoding::kIdentity) {
+    return std::nullopt;
+  }
+  if (type.protocol == Protocol::kConnect) return body;
+  bool compressed = false;
+  absl::StatusOr<absl::string_view> frame = ParseUnaryRequestFrame(body, &compressed);
+  if (!frame.ok() || compressed) return std::nullopt;
+  return *frame;
 }
 
 absl::Status EncodeResponse(Codec codec, const google::protobuf::Message& response,

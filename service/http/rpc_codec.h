@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "google/protobuf/message.h"
 #include "service/http/protocol.h"
 
@@ -94,6 +95,23 @@ ConnectGet ReadConnectGet(absl::string_view query, HeaderLookup header,
 // frame without a grpc-encoding (as gRPC does).
 absl::Status DecodeRequest(ContentType type, Encoding encoding, absl::string_view body,
                            int64_t max_message_bytes, google::protobuf::Message* request);
+
+// [issue 34] Reads binary protobuf `message` of type `type`, whose fields must all be singular
+// `string` or `bytes` fields (AeadOpenRequest's), without copying it: `fields[n - 1]` becomes the
+// bytes, where they lie in `message`, of field number n (the last occurrence wins, as protobuf
+// merges; empty when absent). True only where protobuf's own parser would succeed with the same
+// values; false for anything it cannot vouch for (a malformed or truncated field, a string that
+// is not UTF-8, groups, a field number beyond `fields`, a type with other fields): the caller
+// then decodes the message the usual way (DecodeRequest), which reports what is wrong.
+bool ParseBytesFieldsInPlace(absl::string_view message, const google::protobuf::Descriptor& type,
+                             absl::Span<absl::string_view> fields);
+
+// [issue 34] The message bytes of a unary request `body` when they can be read where they lie:
+// binary protobuf, not compressed (`encoding` identity and, for gRPC and gRPC-Web binary, the
+// single frame's flag clear); nullopt otherwise (gRPC-Web text, JSON, gzip, a malformed frame:
+// DecodeRequest decodes those, and reports what is wrong).
+std::optional<absl::string_view> UncompressedProtoMessage(ContentType type, Encoding encoding,
+                                                          absl::string_view body);
 
 // One message of a gRPC or gRPC-Web request stream as FrameReader hands it over, `compressed` by
 // its frame flag: decompressed and parsed as DecodeRequest does (Internal for a compressed one

@@ -765,6 +765,206 @@ TEST_F(Http2Test, HeadersTooLargeOnAnOpenStreamAreAnsweredAndReset) {
   EXPECT_EQ(c.results[next].body, "still here");
 }
 
+// Raw HTTP/2 frames, for what no conforming client sends.
+std::string Frame(uint8_t type, uint8_t flags, uint32_t stream, const std::string& payload) {
+  std::string f;
+  const uint32_t n = static_cast<uint32_t>(payload.size());
+  f += static_cast<char>(n >> 16);
+  f += static_cast<char>(n >> 8);
+  f += static_cast<char>(n);
+  f += static_cast<char>(type);
+  f += static_cast<char>(flags);
+  for (int shift = 24; shift >= 0; shift -= 8) f += static_cast<char>(stream >> shift);
+  return f + payload;
+}
+
+// Work for a stream that is gone is not done: a request whose stream ends in the same read as the
+// request itself - reset by the client (Rapid Reset), or by us for a frame of the client's
+// (MadeYouReset: a WINDOW_UPDATE overflowing the stream's window; HEADERS after the client's
+// END_STREAM, a connection error nghttp2 reports as an invalid frame) - is never handed to the
+// handler, which might run its work at once on the loop. The same request alone is. (DATA after
+// END_STREAM also ends the connection, but nghttp2 says so only when its GOAWAY is sent: that
+// read's requests are still handed over, and the connection closes under them.)
+TEST_F(Http2Test, ARequestWhoseStreamEndsInTheSameReadIsNotHandedOver) {
+  Start();
+  // POST /hold (kept by the handler), END_STREAM on the HEADERS: static table :method POST,
+  // :scheme http; :path and :authority literal with an indexed name.
+  const std::string block = std::string("\x83\x86\x04\x05/hold\x01\x01x", 12);
+  const std::string request = Frame(NGHTTP2_HEADERS, NGHTTP2_FLAG_END_HEADERS |
+                                                         NGHTTP2_FLAG_END_STREAM, 1, block);
+  const std::string preface =
+      std::string(NGHTTP2_CLIENT_MAGIC, NGHTTP2_CLIENT_MAGIC_LEN) + Frame(NGHTTP2_SETTINGS, 0, 0, "");
+  const struct {
+    const char* what;
+    std::string after;
+    bool handed_over;
+  } cases[] = {
+      {"alone", "", true},
+      {"client reset", Frame(NGHTTP2_RST_STREAM, 0, 1, std::string("\0\0\0\x8", 4)), false},
+      {"window overflow", Frame(NGHTTP2_WINDOW_UPDATE, 0, 1, std::string("\x7f\xff\xff\xff", 4)),
+       false},
+      {"headers after the end",
+       Frame(NGHTTP2_HEADERS, NGHTTP2_FLAG_END_HEADERS | NGHTTP2_FLAG_END_STREAM, 1,
+             std::string("\x40\x01y\x01z", 5)),
+       false},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    handler_.Release();
+    const int fd = Connect(server_->port());
+    ASSERT_GE(fd, 0);
+    // A PING after it all: its ACK is sent once the read before it has been dealt with (the
+    // hand-over decided); a connection error ends the connection instead.
+    const std::string wire =
+        preface + request + c.after + Frame(NGHTTP2_PING, 0, 0, std::string(8, '\x01'));
+    ASSERT_EQ(send(fd, wire.data(), wire.size(), 0), static_cast<ssize_t>(wire.size()));
+    std::string in;
+    bool ping_acked = false, ended = false;
+    while (!ping_acked && !ended) {
+      pollfd p{fd, POLLIN, 0};
+      ASSERT_GT(poll(&p, 1, 10000), 0);
+      char buf[4096];
+      const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+      if (n <= 0) break;
+      in.append(buf, static_cast<size_t>(n));
+      size_t at = 0;
+      while (at + 9 <= in.size()) {
+        const size_t len = (static_cast<uint8_t>(in[at]) << 16) |
+                           (static_cast<uint8_t>(in[at + 1]) << 8) | static_cast<uint8_t>(in[at + 2]);
+        if (at + 9 + len > in.size()) break;
+        const uint8_t type = static_cast<uint8_t>(in[at + 3]);
+        if (type == NGHTTP2_PING && (in[at + 4] & NGHTTP2_FLAG_ACK) != 0) ping_acked = true;
+        if (type == NGHTTP2_GOAWAY) ended = true;
+        at += 9 + len;
+      }
+      in.erase(0, at);
+    }
+    close(fd);
+    EXPECT_EQ(handler_.held() != nullptr, c.handed_over);
+  }
+}
+
+// "/block": holds the loop for 300 ms (its client's next requests pile up in the socket), then
+// answers; any other path: notes the loop's charge it sees (LoopLoad::charged), charges 1 and
+// answers at once, on the loop.
+class ChargeHandler final : public Handler {
+ public:
+  void Handle(std::shared_ptr<Exchange> exchange) override {
+    if (exchange->path() == "/block") {
+      absl::SleepFor(absl::Milliseconds(300));
+    } else {
+      const LoopLoad load = CurrentLoopLoad();
+      ChargeLoop(1);
+      absl::MutexLock lock(&mu_);
+      all_on_loop_ = all_on_loop_ && load.on_loop;
+      max_charged_ = std::max(max_charged_, load.charged);
+      ++calls_;
+    }
+    exchange->Respond({200, {{"content-type", "text/plain"}}, "ok"});
+  }
+  int64_t calls() {
+    absl::MutexLock lock(&mu_);
+    return calls_;
+  }
+  int64_t max_charged() {
+    absl::MutexLock lock(&mu_);
+    return max_charged_;
+  }
+  bool all_on_loop() {
+    absl::MutexLock lock(&mu_);
+    return all_on_loop_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  int64_t calls_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t max_charged_ ABSL_GUARDED_BY(mu_) = 0;
+  bool all_on_loop_ ABSL_GUARDED_BY(mu_) = true;
+};
+
+// The loop's charge (LoopLoad::charged: what bounds the work handlers run on a loop, see
+// ops::InlineRule) runs for a connection's whole turn - its reads the loop makes in a row before
+// it serves another connection - not for one read: a client whose requests fill read after read
+// gets one turn's budget, as the work run for it delays the loop's other connections all the
+// same. (Reset per read, a turn of 8 full reads ran 8 budgets' worth.)
+TEST(Http2LoopChargeTest, RunsForAWholeTurnOfReads) {
+  ChargeHandler handler;
+  Server::Options options;
+  options.address = "127.0.0.1:0";
+  options.threads = 1;
+  options.http2.max_concurrent_streams = 100000;  // every request open at once
+  options.connection_budget_bytes = 64 << 20;      // their header text
+  Server server(options, &handler);
+  ASSERT_TRUE(server.Start().ok());
+
+  // The client's bytes, made by libnghttp2's client session into a buffer: /block, then
+  // kRequests GETs of at least kMinRequestBytes each (a padding header never indexed).
+  constexpr int kRequests = 4000;
+  constexpr size_t kPad = 200;
+  constexpr size_t kMinRequestBytes = 9 + kPad;
+  std::string wire;
+  nghttp2_session_callbacks* cb = nullptr;
+  nghttp2_session_callbacks_new(&cb);
+  nghttp2_session_callbacks_set_send_callback(
+      cb, [](nghttp2_session*, const uint8_t* data, size_t len, int, void* out) -> ssize_t {
+        static_cast<std::string*>(out)->append(reinterpret_cast<const char*>(data), len);
+        return static_cast<ssize_t>(len);
+      });
+  nghttp2_option* opt = nullptr;
+  nghttp2_option_new(&opt);
+  nghttp2_option_set_peer_max_concurrent_streams(opt, 100000);
+  nghttp2_session* session = nullptr;
+  ASSERT_EQ(nghttp2_session_client_new2(&session, cb, &wire, opt), 0);
+  nghttp2_option_del(opt);
+  nghttp2_session_callbacks_del(cb);
+  nghttp2_submit_settings(session, NGHTTP2_FLAG_NONE, nullptr, 0);
+  const std::string pad(kPad, '{');  // 15 bits in HPACK's Huffman code: sent as is
+  const auto submit = [&](const std::string& path) {
+    const std::string fields[][2] = {
+        {":method", "GET"}, {":scheme", "http"}, {":path", path}, {":authority", "x"}, {"x-pad", pad}};
+    std::vector<nghttp2_nv> nva;
+    for (const auto& f : fields) {
+      nva.push_back(nghttp2_nv{reinterpret_cast<uint8_t*>(const_cast<char*>(f[0].data())),
+                               reinterpret_cast<uint8_t*>(const_cast<char*>(f[1].data())),
+                               f[0].size(), f[1].size(), NGHTTP2_NV_FLAG_NO_INDEX});
+    }
+    ASSERT_GT(nghttp2_submit_request(session, nullptr, nva.data(), nva.size(), nullptr, nullptr), 0);
+  };
+  submit("/block");
+  for (int i = 0; i < kRequests; ++i) submit("/charge");
+  ASSERT_EQ(nghttp2_session_send(session), 0);
+  nghttp2_session_del(session);
+  ASSERT_GT(wire.size(), kRequests * kMinRequestBytes);
+
+  const int fd = Connect(server.port());
+  ASSERT_GE(fd, 0);
+  std::thread writer([&] {
+    size_t at = 0;
+    while (at < wire.size()) {
+      const ssize_t n = send(fd, wire.data() + at, wire.size() - at, MSG_NOSIGNAL);
+      if (n <= 0) return;
+      at += static_cast<size_t>(n);
+    }
+  });
+  // The answers are read (and dropped) until every request has been handled.
+  char buf[65536];
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (handler.calls() < kRequests && std::chrono::steady_clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 10) > 0 && recv(fd, buf, sizeof(buf), 0) <= 0) break;
+  }
+  shutdown(fd, SHUT_RDWR);
+  writer.join();
+  close(fd);
+  ASSERT_EQ(handler.calls(), kRequests);
+  EXPECT_TRUE(handler.all_on_loop());
+  // One 64 KiB read holds at most this many of the requests: a charge above it was run up over
+  // two reads or more of one turn.
+  const int64_t per_read = static_cast<int64_t>((64 << 10) / kMinRequestBytes) + 1;
+  EXPECT_GT(handler.max_charged(), per_read);
+  server.Stop(absl::Now() + absl::Seconds(5));
+}
+
 TEST_F(Http2Test, Http11TrailersGoInAChunkedBody) {
   Start();
   const int fd = Connect(server_->port());

@@ -33,7 +33,12 @@ namespace internal {
 bool Mailbox::Post(absl::AnyInvocable<void()> fn) {
   absl::MutexLock lock(&mu_);
   if (loop_ == nullptr) return false;
-  asio::post(loop_->ctx(), std::move(fn));
+  waiting_.fetch_add(1, std::memory_order_relaxed);
+  asio::post(loop_->ctx(), [this, fn = std::move(fn)]() mutable {
+    // The mailbox outlives its loop's queue: the loop closes it before it is destroyed.
+    waiting_.fetch_sub(1, std::memory_order_relaxed);
+    fn();
+  });
   return true;
 }
 
@@ -101,6 +106,16 @@ int SelectAlpn(SSL*, const unsigned char** out, unsigned char* outlen, const uns
 
 }  // namespace
 }  // namespace internal
+
+LoopLoad CurrentLoopLoad() {
+  Loop* loop = Loop::Current();
+  if (loop == nullptr) return LoopLoad{};
+  return LoopLoad{true, internal::LoopCharge(), loop->mailbox()->waiting()};
+}
+
+void ChargeLoop(int64_t amount) {
+  if (Loop::Current() != nullptr) internal::LoopCharge() += amount;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Exchange

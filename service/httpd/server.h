@@ -45,7 +45,7 @@
 // and its body bytes are not taken (HTTP/2: their window is not given back), except for one
 // request at a time, so that a request of max_body_bytes still completes. Past
 // `connection_answer_budget_bytes` of unsent answers (a client that does not read them) its new
-// requests are refused too; an answer begun below it completes whatever its size. Past
+// requests are refused too (HTTP/2: also a request whose body completes past it); an answer begun below it completes whatever its size. Past
 // `memory_budget_bytes` new requests are refused on every connection that holds bytes (one that
 // holds nothing still gets a request in), and connections holding body bytes are not read. A
 // refused request goes to the handler at once with Exchange::refusal() set, its body unread, so
@@ -144,6 +144,13 @@ class Exchange final : public std::enable_shared_from_this<Exchange> {
   // Every request header in order (names lower-case).
   void ForEachHeader(const std::function<void(absl::string_view, absl::string_view)>& fn) const;
   absl::string_view body() const { return body_; }
+  // The request body's buffer itself, for a handler that keeps it (a request read where it
+  // lies, handed to a worker): body() is empty afterwards. REQUIRES: called in Handle.
+  std::string TakeBody() {
+    std::string out;
+    out.swap(body_);
+    return out;
+  }
   // Why the engine refused the request before its body was read (kNone: it did not). The handler
   // gets a refused request at once, with body() empty, and answers in its protocol's terms; the
   // rest of the body is never read (HTTP/2: dropped as it comes, the stream reset after the
@@ -252,6 +259,25 @@ class Exchange final : public std::enable_shared_from_this<Exchange> {
   std::atomic<int64_t> deadline_ns_{0};  // SetDeadline, absl::ToUnixNanos; 0: none
   std::atomic<int> in_mail_{0};  // parts posted to the loop and not yet delivered
 };
+
+// What the calling loop thread has on its hands, for a handler that decides whether to run work
+// where it is (Handler::Handle runs on a loop thread) or to hand it elsewhere: work run here
+// delays everything else this loop serves. See CurrentLoopLoad and ChargeLoop.
+struct LoopLoad {
+  bool on_loop = false;  // the calling thread is one of a server's loops
+  // Work the handler charged (ChargeLoop, in its own unit) since the loop took up the input at
+  // hand: one turn of one connection - the reads of it the loop makes in a row before it serves
+  // another connection (up to 8 of 64 KiB on a plain socket, one record's worth under TLS) -
+  // which may hold many requests (HTTP/2 streams).
+  int64_t charged = 0;
+  // Answers and stream parts handed to this loop from other threads and not yet taken up: they
+  // wait for what runs here.
+  int64_t waiting = 0;
+};
+// The calling thread's LoopLoad (on_loop false, zeros, on any other thread).
+LoopLoad CurrentLoopLoad();
+// Adds `amount` to the calling loop's `charged` (nothing on any other thread).
+void ChargeLoop(int64_t amount);
 
 class Handler {
  public:

@@ -67,6 +67,16 @@ ABSL_FLAG(std::string, postgres_dsn, "",
 ABSL_FLAG(int, max_batch_items, 1024, "Most items one batch RPC may carry.");
 ABSL_FLAG(int64_t, max_message_bytes, 16 << 20, "Largest request or response message, in bytes.");
 ABSL_FLAG(int, workers, 0, "Worker threads for crypto work; 0 = one per core.");
+ABSL_FLAG(int64_t, inline_max_call_us, 250,
+          "A call whose estimated crypto cost is at most this many microseconds (a single "
+          "operation, a small batch) runs to completion on the event loop that read it instead "
+          "of hopping to the worker pool, within --inline_turn_budget_us; 0: every call that "
+          "misses the memo goes to the pool.");
+ABSL_FLAG(int64_t, inline_turn_budget_us, 2000,
+          "Estimated microseconds of work an event loop runs for one turn of one connection "
+          "(the reads of it made in a row before another connection is served: many HTTP/2 "
+          "streams) before the rest of its calls go to the pool; only one call's "
+          "worth while answers from workers wait on that loop.");
 ABSL_FLAG(std::string, backend, "auto",
           "Crypto backend: auto (the faster per operation, measured at start), libsodium or openssl.");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(20),
@@ -365,6 +375,8 @@ int main(int argc, char** argv) {
   config.max_batch_items = absl::GetFlag(FLAGS_max_batch_items);
   config.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   config.workers = absl::GetFlag(FLAGS_workers);
+  config.inline_max_call = absl::Microseconds(absl::GetFlag(FLAGS_inline_max_call_us));
+  config.inline_turn_budget = absl::Microseconds(absl::GetFlag(FLAGS_inline_turn_budget_us));
   config.backend = absl::GetFlag(FLAGS_backend);
   config.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   config.metrics_address = absl::GetFlag(FLAGS_metrics_address);

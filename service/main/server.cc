@@ -650,6 +650,7 @@ absl::Status RunServer(const ServerConfig& config) {
     http_options.tls = tls.get();
     http_options.authorizer = authorizer.get();
     http_options.admission = &admission;
+    http_options.inline_work = {config.inline_max_call, config.inline_turn_budget};
     return http_options;
   };
   std::unique_ptr<gateway::Gateway> http_gateway;

@@ -46,6 +46,10 @@ struct ServerConfig {
   int max_batch_items = 1024;
   int64_t max_message_bytes = 16 << 20;
   int workers = 0;                 // 0 = one per core
+  // Calls run on the event loop that read them (service/ops/inline_rule.h): at most this
+  // estimated cost each (zero: none), at most `inline_turn_budget` per read of a connection.
+  absl::Duration inline_max_call = absl::Microseconds(250);
+  absl::Duration inline_turn_budget = absl::Milliseconds(2);
   std::string backend = "auto";    // auto | libsodium | openssl
   absl::Duration drain_timeout = absl::Seconds(20);
   std::string metrics_address = "127.0.0.1:9464";  // empty: no /metrics exposer

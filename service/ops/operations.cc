@@ -23,7 +23,7 @@ namespace {
 
 using KeyPtr = std::shared_ptr<const keys::ManagedKey>;
 
-absl::Span<const uint8_t> Bytes(const std::string& s) {
+absl::Span<const uint8_t> Bytes(absl::string_view s) {
   return absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(s.data()), s.size());
 }
 
@@ -58,7 +58,7 @@ bool IsAeadType(v1::KeyType type) {
 // The key named `key_id`, which must be of a type accepted by `type_ok`; `wanted` names that type
 // in the error.
 template <typename TypeOk>
-absl::StatusOr<KeyPtr> FindKey(const keys::KeyManager& manager, const std::string& key_id,
+absl::StatusOr<KeyPtr> FindKey(const keys::KeyManager& manager, absl::string_view key_id,
                                TypeOk type_ok, absl::string_view wanted) {
   OFFLOAD_RETURN_IF_ERROR(keys::ValidateKeyId(key_id));
   KeyPtr key = manager.Find(key_id);
@@ -387,12 +387,19 @@ bool Operations::AeadOpenFromMemo(const v1::AeadOpenRequest& request,
 
 bool Operations::AeadOpenFromMemoShared(const v1::AeadOpenRequest& request, OpenResult* result,
                                         OpenProbe* probe, absl::Status* status) const {
+  return AeadOpenFromMemoShared(OpenRequestView{request.key_id(), request.envelope(),
+                                                request.associated_data()},
+                                result, probe, status);
+}
+
+bool Operations::AeadOpenFromMemoShared(const OpenRequestView& request, OpenResult* result,
+                                        OpenProbe* probe, absl::Status* status) const {
   *status = [&]() -> absl::Status {
     OFFLOAD_ASSIGN_OR_RETURN(probe->key,
-                             FindKey(*keys_, request.key_id(), IsAeadType, "an AEAD type"));
+                             FindKey(*keys_, request.key_id, IsAeadType, "an AEAD type"));
     // Any version of one key has the same algorithm: the current one tells the nonce size.
     const size_t nonce_size = crypto::AeadNonceSize(probe->key->Current()->aead->algorithm());
-    OFFLOAD_ASSIGN_OR_RETURN(probe->view, ParseEnvelope(Bytes(request.envelope()), nonce_size));
+    OFFLOAD_ASSIGN_OR_RETURN(probe->view, ParseEnvelope(Bytes(request.envelope), nonce_size));
     if (probe->view.key_version == 0) {
       return absl::InvalidArgumentError("envelope: key version 0 does not exist");
     }
@@ -402,7 +409,7 @@ bool Operations::AeadOpenFromMemoShared(const v1::AeadOpenRequest& request, Open
   if (!status->ok()) return true;
   probe->digest = memo_->OpenDigest(probe->version->instance, probe->view.nonce,
                                     probe->view.ciphertext_and_tag,
-                                    Bytes(request.associated_data()));
+                                    Bytes(request.associated_data));
   if (!memo_->OpenLookup(probe->key->key_id, probe->digest, probe->view.ciphertext_and_tag,
                          &result->plaintext)) {
     return false;
@@ -415,7 +422,7 @@ bool Operations::AeadOpenFromMemoShared(const v1::AeadOpenRequest& request, Open
 namespace {
 // Decrypts `probe`'s envelope into a new buffer (no zero-fill: the cipher writes every byte).
 absl::StatusOr<std::shared_ptr<memo::WipedBuffer>> OpenInto(const Operations::OpenProbe& probe,
-                                                            const std::string& aad) {
+                                                            absl::string_view aad) {
   std::shared_ptr<memo::WipedBuffer> plaintext =
       memo::WipedBuffer::Make(probe.view.plaintext_size());
   OFFLOAD_RETURN_IF_ERROR(probe.version->aead->Open(
@@ -446,19 +453,32 @@ absl::Status Operations::AeadOpenFresh(const v1::AeadOpenRequest& request, const
 
 absl::Status Operations::AeadOpenFreshShared(v1::AeadOpenRequest* request,
                                              const OpenProbe& probe, OpenResult* result) const {
+  const absl::Status s = AeadOpenFreshShared(
+      OpenRequestView{request->key_id(), request->envelope(), request->associated_data()},
+      request->mutable_envelope(), probe, result);
+  if (s.ok()) request->clear_envelope();
+  return s;
+}
+
+absl::Status Operations::AeadOpenFreshShared(const OpenRequestView& request, std::string* owner,
+                                             const OpenProbe& probe, OpenResult* result) const {
   absl::StatusOr<std::shared_ptr<memo::WipedBuffer>> plaintext =
-      OpenInto(probe, request->associated_data());
+      OpenInto(probe, request.associated_data);
   if (!plaintext.ok()) return plaintext.status();  // never cached: the next try fails afresh
   result->plaintext = *plaintext;
   result->key_version = probe.version->version;
   result->memo_hit = false;
-  // The envelope's heap buffer moves into the entry as its stored copy: no ciphertext copy.
-  const size_t offset = static_cast<size_t>(
-      probe.view.ciphertext_and_tag.data() -
-      reinterpret_cast<const uint8_t*>(request->envelope().data()));
-  memo_->OpenInsert(probe.key->key_id, probe.digest, std::move(*request->mutable_envelope()),
-                    offset, *std::move(plaintext));
-  request->clear_envelope();
+  // The buffer that holds the envelope moves into the entry as its stored copy, cut after the
+  // ciphertext and tag: no ciphertext copy. The memo charges the bytes it keeps, so a buffer
+  // with much room to spare (a body that grew as it arrived) is first copied to a tight one.
+  const auto* base = reinterpret_cast<const uint8_t*>(owner->data());
+  const size_t offset = static_cast<size_t>(probe.view.ciphertext_and_tag.data() - base);
+  const size_t end = offset + probe.view.ciphertext_and_tag.size();
+  owner->resize(end);
+  if (owner->capacity() - end > end / 4 + 4096) owner->shrink_to_fit();
+  memo_->OpenInsert(probe.key->key_id, probe.digest, std::move(*owner), offset,
+                    *std::move(plaintext));
+  owner->clear();
   return absl::OkStatus();
 }
 
@@ -563,7 +583,11 @@ void Operations::RunBatch(int n, ItemFn item, Done done, Alive alive) const {
       const auto elapsed = Clock::now() - start;
       // Two items make a pace, unless the first alone took long (fresh crypto).
       if ((ran >= 2 || elapsed > kSplitAfter / 2) && elapsed / ran * left > kSplitAfter) {
-        for (int h = 0; h < helpers; ++h) {
+        // Only workers with nothing to do are called in: when every worker is busy, a helper
+        // would find the batch done by the time it ran, and cost a queue round trip (and a
+        // wake-up) for nothing; splitting buys wall-clock time, never CPU.
+        const int idle = pool->size() - pool->busy();
+        for (int h = 0; h < std::min(helpers, idle); ++h) {
           pool->Submit([state, item, stride] { state->Drain(item, stride); });
         }
         break;

@@ -20,9 +20,11 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "offload/v1/aead.pb.h"
 #include "offload/v1/box.pb.h"
 #include "offload/v1/ed25519.pb.h"
@@ -132,6 +134,21 @@ class Operations final {
   // REQUIRES: `probe` was filled from `*request` by AeadOpenFromMemoShared.
   absl::Status AeadOpenFreshShared(v1::AeadOpenRequest* request, const OpenProbe& probe,
                                    OpenResult* result) const;
+  // An AeadOpenRequest's fields read where they lie (a request body parsed in place, see
+  // http::ParseBytesFieldsInPlace): nothing is copied.
+  struct OpenRequestView {
+    absl::string_view key_id;
+    absl::string_view envelope;
+    absl::string_view associated_data;
+  };
+  // The two steps over a view. The fresh step moves `*owner`, the buffer the envelope lies in,
+  // into the memo entry as its stored ciphertext (cut after the tag; empty afterwards), so that
+  // a request body becomes the entry without a copy. REQUIRES: `request.envelope` lies within
+  // `*owner`, and `probe` was filled from `request` by AeadOpenFromMemoShared.
+  bool AeadOpenFromMemoShared(const OpenRequestView& request, OpenResult* result,
+                              OpenProbe* probe, absl::Status* status) const;
+  absl::Status AeadOpenFreshShared(const OpenRequestView& request, std::string* owner,
+                                   const OpenProbe& probe, OpenResult* result) const;
 
   // REQUIRES: `request` and `response` stay alive until `done` has been called.
   void BatchSign(const v1::BatchSignRequest& request, v1::BatchSignResponse* response,

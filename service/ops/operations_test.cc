@@ -254,6 +254,58 @@ TEST_F(OperationsTest, SharedOpenSerializesAsProtobufAndHitsWithoutACopy) {
   }
 }
 
+// [issue 34] A request read where it lies: the fresh open moves the body buffer itself into the
+// memo (cut after the tag), and a later hit, by view or by message, answers from it.
+TEST_F(OperationsTest, SharedOpenOverAViewMovesTheBodyIntoTheMemo) {
+  CreateKey("k", v1::KEY_TYPE_XCHACHA20_POLY1305);
+  std::mt19937_64 rng(34);
+  const std::string plaintext = RandomBytes(55000, rng);
+  const std::string envelope = Seal("k", plaintext, "the aad");
+  memo_->DropKey("k");
+  // A body: some bytes before the fields (a frame header), the key id, the envelope, the aad.
+  std::string body = std::string("\x00\x00\x01\x02\x03", 5) + "key:k;" + envelope + ";aad:the aad";
+  const size_t at = body.find(envelope);
+  auto view_of = [&](const std::string& b) {
+    return Operations::OpenRequestView{absl::string_view(b).substr(9, 1),
+                                       absl::string_view(b).substr(at, envelope.size()),
+                                       absl::string_view(b).substr(b.size() - 7)};
+  };
+  ASSERT_EQ(view_of(body).key_id, "k");
+  ASSERT_EQ(view_of(body).associated_data, "the aad");
+  const uint64_t before = CryptoOpCount(CryptoOp::kAeadOpen);
+  Operations::OpenResult result;
+  Operations::OpenProbe probe;
+  absl::Status status;
+  ASSERT_FALSE(ops_->AeadOpenFromMemoShared(view_of(body), &result, &probe, &status));
+  ASSERT_TRUE(status.ok()) << status;
+  const absl::Status fresh = ops_->AeadOpenFreshShared(view_of(body), &body, probe, &result);
+  ASSERT_TRUE(fresh.ok()) << fresh;
+  EXPECT_TRUE(body.empty());  // moved into the memo entry
+  ASSERT_NE(result.plaintext, nullptr);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(result.plaintext->data()),
+                        result.plaintext->size()),
+            plaintext);
+  EXPECT_FALSE(result.memo_hit);
+  // The same envelope again, as a message: a hit on the stored bytes.
+  v1::AeadOpenRequest request;
+  request.set_key_id("k");
+  request.set_envelope(envelope);
+  request.set_associated_data("the aad");
+  Operations::OpenResult hit;
+  ASSERT_TRUE(ops_->AeadOpenFromMemoShared(request, &hit, &probe, &status));
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_TRUE(hit.memo_hit);
+  EXPECT_EQ(hit.plaintext->data(), result.plaintext->data());
+  EXPECT_EQ(CryptoOpCount(CryptoOp::kAeadOpen) - before, 1u);
+  // Another associated data is another entry, and fails to open.
+  std::string other = std::string("\x00\x00\x01\x02\x03", 5) + "key:k;" + envelope + ";aad:not thi";
+  Operations::OpenResult failed;
+  ASSERT_FALSE(ops_->AeadOpenFromMemoShared(view_of(other), &failed, &probe, &status));
+  EXPECT_EQ(ops_->AeadOpenFreshShared(view_of(other), &other, probe, &failed).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(other.empty());  // nothing stored for a failed open
+}
+
 TEST_F(OperationsTest, Derive15PeersOver100RoundsRuns15X25519) {
   CreateKey("dev", v1::KEY_TYPE_X25519);
   std::vector<std::string> peers;

@@ -1,10 +1,19 @@
 #include "service/ops/worker_pool.h"
 
+#include <pthread.h>
+
 #include <utility>
 
 #include "absl/time/clock.h"
 
 namespace offload::ops {
+namespace {
+// The pool whose tasks the calling thread runs itself (WorkerPool::RunHere), or null.
+thread_local WorkerPool* run_here = nullptr;
+}  // namespace
+
+WorkerPool::RunHere::RunHere(WorkerPool* pool) : previous_(run_here) { run_here = pool; }
+WorkerPool::RunHere::~RunHere() { run_here = previous_; }
 
 WorkerPool::WorkerPool(int threads) {
   if (threads <= 0) threads = static_cast<int>(std::thread::hardware_concurrency());
@@ -22,6 +31,10 @@ WorkerPool::~WorkerPool() {
 }
 
 void WorkerPool::Submit(absl::AnyInvocable<void() &&> task) {
+  if (run_here == this) {
+    std::move(task)();
+    return;
+  }
   absl::MutexLock lock(&mu_);
   queue_.push_back(std::move(task));
 }
@@ -44,6 +57,7 @@ size_t WorkerPool::queue_depth() const {
 bool WorkerPool::HasWorkOrStopping() const { return stopping_ || !queue_.empty(); }
 
 void WorkerPool::Run() {
+  pthread_setname_np(pthread_self(), "worker");  // in profiles and /proc/<pid>/task
   while (true) {
     absl::AnyInvocable<void() &&> task;
     {

@@ -5,6 +5,15 @@
 //
 // Tasks run in submission order across the threads. The destructor runs every task already
 // submitted, then joins. Thread-safety: Submit may be called from any thread, including a task.
+//
+// A thread that has decided to run a call's work itself (ops/inline_rule.h) opens a RunHere
+// scope: while it lives, what that thread submits to this pool runs at once, on that thread,
+// before Submit returns (a batch's items, and the tasks those submit):
+//
+//   {
+//     WorkerPool::RunHere here(&pool);
+//     ops.BatchVerify(request, &response, std::move(done));   // done() has run on return
+//   }
 #ifndef SERVICE_OPS_WORKER_POOL_H_
 #define SERVICE_OPS_WORKER_POOL_H_
 
@@ -29,6 +38,19 @@ class WorkerPool final {
   WorkerPool& operator=(const WorkerPool&) = delete;
 
   void Submit(absl::AnyInvocable<void() &&> task);
+
+  // See the header comment. Scopes nest (the innermost one's pool decides); each is closed on the
+  // thread that opened it.
+  class RunHere final {
+   public:
+    explicit RunHere(WorkerPool* pool);
+    ~RunHere();
+    RunHere(const RunHere&) = delete;
+    RunHere& operator=(const RunHere&) = delete;
+
+   private:
+    WorkerPool* const previous_;
+  };
   // Returns once no task is queued or running (tasks submitted meanwhile are waited for too).
   // Not from a task.
   void WaitIdle();

@@ -87,6 +87,11 @@ ABSL_FLAG(std::string, write_request, "",
           "Instead of a run: write the workload's first request to this file (its protobuf bytes; "
           "FILE.grpc gets them in a gRPC frame), keep the keys it made, and exit - a body for "
           "h2load (tests/bench/run_all.py's fixed-request rows).");
+ABSL_FLAG(int, background_batch_verify, 0,
+          "Head-of-line probe: also keep --background_inflight BatchVerify calls of this many "
+          "items (invalid signatures: never memoised, every item a full verification) running "
+          "on the first channel for the whole run; 0 = none. Their count is printed apart.");
+ABSL_FLAG(int, background_inflight, 1, "BatchVerify calls outstanding for --background_batch_verify.");
 ABSL_FLAG(bool, check, false,
           "Recompute every answer with libsodium and count differences as errors (adds invalid "
           "signatures to verify items).");
@@ -521,6 +526,73 @@ class OpenWorkload final : public Workload {
 };
 
 // ------------------------------------------------------------------------------------------
+// --background_batch_verify: big batches on the same connection as the measured calls.
+
+class Background {
+ public:
+  // `inflight` BatchVerify calls of `items` invalid signatures each on `channel`, each restarted
+  // when it completes, until Stop().
+  Background(std::shared_ptr<grpc::Channel> channel, int items, int inflight)
+      : stub_(v1::Ed25519Service::NewStub(channel)), inflight_(inflight) {
+    for (const Signed& s : SignMany(items, /*corrupt=*/false)) {
+      v1::VerifyRequest* it = request_.add_items();
+      it->set_public_key(s.public_key);
+      it->set_signature(s.signature);
+      it->set_message(s.message);
+      it->mutable_message()->push_back('x');  // signed without it: invalid, never memoised
+    }
+  }
+  void Start() {
+    for (int i = 0; i < inflight_; ++i) Issue();
+  }
+  // Waits for the calls in flight; returns calls completed while running and those whose answer
+  // was wrong (an error, or an item not answered valid=false).
+  std::pair<int64_t, int64_t> Stop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    stopping_ = true;
+    cv_.wait(lock, [this] { return outstanding_ == 0; });
+    return {completed_, wrong_};
+  }
+
+ private:
+  void Issue() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+      ++outstanding_;
+    }
+    auto* ctx = new grpc::ClientContext;
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    auto* resp = new v1::BatchVerifyResponse;
+    stub_->async()->BatchVerify(ctx, &request_, resp, [this, ctx, resp](grpc::Status status) {
+      bool wrong = !status.ok() || resp->results_size() != request_.items_size();
+      for (const auto& r : resp->results()) wrong = wrong || r.valid() || r.status().code() != 0;
+      delete resp;
+      delete ctx;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        --outstanding_;
+        ++completed_;
+        wrong_ += wrong;
+        if (stopping_) {
+          cv_.notify_all();
+          return;
+        }
+      }
+      Issue();
+    });
+  }
+
+  std::unique_ptr<v1::Ed25519Service::Stub> stub_;
+  v1::BatchVerifyRequest request_;
+  const int inflight_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  int64_t outstanding_ = 0, completed_ = 0, wrong_ = 0;
+};
+
+// ------------------------------------------------------------------------------------------
 // The closed loop.
 
 class Runner {
@@ -768,11 +840,26 @@ int Main() {
     return 0;
   }
 
+  std::unique_ptr<Background> background;
+  if (const int n = absl::GetFlag(FLAGS_background_batch_verify); n > 0) {
+    background = std::make_unique<Background>(channels[0], n,
+                                              std::max(1, absl::GetFlag(FLAGS_background_inflight)));
+    background->Start();
+  }
   Runner runner(workload.get(), channels.size(), absl::GetFlag(FLAGS_max_calls));
   Runner::Result r =
       runner.Run(std::max(1, absl::GetFlag(FLAGS_inflight)), absl::GetFlag(FLAGS_rate),
                  absl::GetFlag(FLAGS_warmup),
                  absl::GetFlag(FLAGS_duration), absl::GetFlag(FLAGS_server_pid));
+  int64_t background_wrong = 0;
+  if (background != nullptr) {
+    const auto [completed, wrong] = background->Stop();
+    background_wrong = wrong;
+    std::printf("background: %lld BatchVerify(%d) calls completed on channel 0 during the run, "
+                "%lld wrong\n",
+                static_cast<long long>(completed), absl::GetFlag(FLAGS_background_batch_verify),
+                static_cast<long long>(wrong));
+  }
   workload->Cleanup();
 
   const double items_s = r.seconds > 0 ? r.items / r.seconds : 0;
@@ -817,7 +904,7 @@ int Main() {
   if (server_us_item >= 0) std::snprintf(cpu, sizeof(cpu), "%.1f", server_us_item);
   std::printf("| %s | %.0f | %.0f | %.2f | %.2f | %.2f | %.3f | %lld | %s |\n", label.c_str(),
               items_s, calls_s, p50, p99, p999, hit, static_cast<long long>(errors), cpu);
-  return (r.items > 0 && errors == 0) ? 0 : 1;
+  return (r.items > 0 && errors == 0 && background_wrong == 0) ? 0 : 1;
 }
 
 }  // namespace

@@ -19,6 +19,9 @@ Asserted, never a time:
     --max_client_inflight, 256, calls in flight), the open memo (bounded here to 1 MiB for the
     key), request bodies on their way, allocator slack;
   - the budgets' bytes go back to zero once the connections close, and the server serves on.
+A third case sends all its HEADERS before the bodies, asking for memo hits (answered at once,
+with no worker to look at the budget): the calls whose bodies complete past the budget are refused
+too.
 RSS says nothing under a sanitizer: there only the answers and counts are checked.
 """
 
@@ -154,6 +157,61 @@ class AnswerBudgetTest(harness.ServerTestCase):
 
     def test_grpc_port(self):
         self.run_port("grpc")
+
+    def test_headers_first_memo_hits(self):
+        """A client that sends the HEADERS of all its streams first (each request taken while
+        nothing was queued), then the bodies, of Opens the memo answers at once (no worker looks
+        at the budget for a memo hit): its calls past the answer budget are refused all the same."""
+        server = harness.Server("answer-budget-headers-first", backend="libsodium",
+                                args=["--workers=%d" % WORKERS])
+        self.servers = [server]
+        server.start()
+        self.addCleanup(server.stop)
+        server.keys.CreateKey(pb.keys.CreateKeyRequest(
+            key_id="blobs", type=pb.keys.KEY_TYPE_CHACHA20_POLY1305), timeout=30)
+        sealed = server.aead.Seal(pb.aead.AeadSealRequest(key_id="blobs",
+                                                          plaintext=os.urandom(ANSWER)))
+        # Opened once: in the memo from here on.
+        server.aead.Open(pb.aead.AeadOpenRequest(key_id="blobs", envelope=sealed.envelope),
+                         timeout=30)
+        request = pb.aead.AeadOpenRequest(key_id="blobs",
+                                          envelope=sealed.envelope).SerializeToString()
+        for kind in ("grpc", "http"):
+            port = int(server.flag_value(kind + "_address").rsplit(":", 1)[1])
+            a = (raw_grpc.GrpcAttacker if kind == "grpc" else raw.Attacker)(
+                port, initial_window_size=0)
+            streams = list(range(1, 2 * STREAMS, 2))
+            a.send(b"".join(raw.frame(raw.HEADERS, raw.END_HEADERS, s, a.header_block(OPEN))
+                            for s in streams))
+            body = a.message(request)
+            for s in streams:
+                deadline = time.monotonic() + 30
+                while a.window < len(body) and not a.closed and time.monotonic() < deadline:
+                    a.read(until_closed=False, timeout=0.2)
+                a.window -= len(body)
+                a.send(b"".join(
+                    raw.frame(raw.DATA, raw.END_STREAM if i + 16384 >= len(body) else 0, s,
+                              body[i:i + 16384])
+                    for i in range(0, len(body), 16384)))
+            # Every stream answered or refused (HEADERS: the answers' own, or Trailers-Only).
+            deadline = time.monotonic() + 30
+            while len(a.answer_headers) < STREAMS and not a.closed and time.monotonic() < deadline:
+                a.read(until_closed=False, timeout=0.2)
+            if kind == "grpc":
+                refused = lambda f: f.get("grpc-status") == "8" and "grpc-status-details-bin" in f
+            else:
+                refused = lambda f: f.get(":status") == "429" and "retry-after" in f
+            answered = sum(1 for f in a.answer_headers.values() if not refused(f))
+            n_refused = sum(1 for f in a.answer_headers.values() if refused(f))
+            print("\n  %s port, HEADERS first, %d memo-hit Opens: %d answers queued, %d refused"
+                  % (kind, STREAMS, answered, n_refused), file=sys.stderr)
+            self.assertFalse(a.closed)
+            self.assertEqual(answered + n_refused, STREAMS)
+            self.assertEqual(a.data_bytes, 0)
+            # The budget's worth and the answer that passed it (no worker computes a memo hit).
+            self.assertLessEqual(answered, ANSWER_BUDGET // ANSWER + 1)
+            self.assertGreater(n_refused, 0)
+            a.close()
 
     def test_http_port(self):
         self.run_port("http")

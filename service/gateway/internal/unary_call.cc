@@ -7,6 +7,7 @@
 
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
+#include "absl/types/span.h"
 #include "service/call/call.h"
 #include "service/common/status_macros.h"
 #include "service/gateway/internal/refusals.h"
@@ -14,6 +15,7 @@
 #include "service/http/answer.h"
 #include "service/http/connect.h"
 #include "service/http/rpc_codec.h"
+#include "service/httpd/server.h"
 
 namespace offload::gateway {
 namespace {
@@ -79,12 +81,31 @@ class HttpCall final : public call::Call {
       exchange_->SetDeadline(deadline);  // a reset at its end is the client's timer, not abuse
     }
     if (auto origin = exchange_->header("origin")) origin_ = std::string(*origin);
-    if (absl::Status s = http::DecodeRequest(type_, encoding, bytes, shared_->max_message_bytes,
-                                             NewRequest());
-        !s.ok()) {
-      return Fail(std::move(s));
-    }
+    if (absl::Status s = DecodeBody(encoding, bytes); !s.ok()) return Fail(std::move(s));
     Start({exchange_->peer_address(), exchange_->peer_identity()}, deadline);
+  }
+
+  // [issue 34] The request into NewRequest(); an AEAD Open in binary proto, uncompressed, is
+  // read where it lies instead: the body taken from the exchange and kept by the call, which
+  // is told where its fields lie (only the key id and associated data are copied).
+  absl::Status DecodeBody(Encoding encoding, absl::string_view bytes) {
+    google::protobuf::Message* request = NewRequest();
+    if (TakesOpenInPlace() && http::UncompressedProtoMessage(type_, encoding, bytes).has_value()) {
+      const std::string& body = KeepBody(exchange_->TakeBody());
+      absl::string_view fields[3];  // key_id, envelope, associated_data
+      std::optional<absl::string_view> message =
+          http::UncompressedProtoMessage(type_, encoding, body);
+      if (message.has_value() && http::ParseBytesFieldsInPlace(
+                                     *message, *request->GetDescriptor(), absl::MakeSpan(fields))) {
+        SetOpenInPlace(fields[0], fields[1], fields[2]);
+        return absl::OkStatus();
+      }
+      bytes = body;  // protobuf's parser decides (and says what is wrong)
+    }
+    OFFLOAD_RETURN_IF_ERROR(
+        http::DecodeRequest(type_, encoding, bytes, shared_->max_message_bytes, request));
+    DropBody();
+    return absl::OkStatus();
   }
 
   // call::Call: the protocol side.
@@ -104,12 +125,18 @@ class HttpCall final : public call::Call {
     }
     return "connect";
   }
-  // [issue 15] An AEAD Open memo hit is answered from the memo's buffer in a Connect POST in
-  // binary proto (EncodeShared still compresses a plaintext that pays for it).
+  // [issue 15, 34] An AEAD Open is answered from its plaintext's buffer in a POST in binary
+  // proto: Connect, gRPC or gRPC-Web binary (EncodeShared still compresses a plaintext that
+  // pays for it).
   bool TakesSharedMessage() const override {
-    return type_.protocol == http::Protocol::kConnect && type_.codec == http::Codec::kProto &&
-           !get_;
+    return type_.codec == http::Codec::kProto && !type_.text && !get_;
   }
+  // [issue 34] The engine's count of the loop this thread runs (httpd::CurrentLoopLoad).
+  call::LoopLoad CurrentLoop() const override {
+    const httpd::LoopLoad load = httpd::CurrentLoopLoad();
+    return {load.on_loop, load.charged, load.waiting};
+  }
+  void ChargeLoop(int64_t cost) override { httpd::ChargeLoop(cost); }
   absl::Status Encode(const call::Reply& reply) override {
     if (reply.status.ok()) {
       if (reply.shared != nullptr) {
@@ -153,9 +180,11 @@ class HttpCall final : public call::Call {
     line["http_version"] = exchange_->http_version() >= 0x200 ? "2" : "1.1";
   }
 
-  // [issue 15] An AEAD Open memo hit in Connect proto: the memo's plaintext written as it is
-  // (no copy), unless the caller takes gzip and the plaintext would shrink: then a contiguous
-  // copy is compressed (the copy costs a fraction of the deflate pass).
+  // [issue 15, 34] An AEAD Open in binary proto: the plaintext's buffer (a memo entry's, or the
+  // one the cipher wrote) written as it is in the protocol's framing (no copy in user space;
+  // under TLS, none before the record), unless the caller takes gzip and the plaintext would
+  // shrink: then a contiguous copy is compressed (the copy costs a fraction of the deflate
+  // pass).
   http::Answer EncodeShared(call::SharedMessage* m) {
     const http::CompressionOptions& compression = shared_->compression;
     if (options_.accept != Encoding::kIdentity && compression.level > 0 &&
@@ -165,7 +194,7 @@ class HttpCall final : public call::Call {
       message.append(m->body.data(), m->body.size());
       message.append(m->tail.data(), m->tail.size());
       const bool gzip = Compress(&message);
-      return http::ConnectSuccess(type_.codec, std::move(message), gzip, std::nullopt);
+      return http::UnarySuccess(type_, std::move(message), gzip, std::nullopt);
     }
     if (options_.accept != Encoding::kIdentity && compression.level > 0 && shared_->count_bytes) {
       // Counted as CompressResponse would have counted it.
@@ -175,8 +204,8 @@ class HttpCall final : public call::Call {
               : http::CompressionResult::kIncompressible;
       shared_->bytes.results[static_cast<int>(result)].fetch_add(1, std::memory_order_relaxed);
     }
-    return http::ConnectSharedSuccess(type_.codec, std::move(m->head), {m->body, m->tail},
-                                      std::move(m->owner));
+    return http::UnarySharedSuccess(type_, std::move(m->head), m->body, std::move(m->tail),
+                                    std::move(m->owner));
   }
 
   // Compresses the response `*message` when the caller asked and it pays (CompressResponse);

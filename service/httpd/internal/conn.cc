@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/mman.h>
+#include <pthread.h>
 #include <sys/socket.h>
 
 #include <boost/asio/post.hpp>
@@ -31,6 +32,7 @@ using tcp = asio::ip::tcp;
 using boost::system::error_code;
 
 thread_local Loop* current_loop = nullptr;
+thread_local int64_t loop_charge = 0;
 
 constexpr absl::string_view kPreface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
@@ -239,6 +241,9 @@ class SocketConn final : public Conn, public std::enable_shared_from_this<Socket
                                  });
   }
 
+  // Reads of one connection in a row (a turn) before the loop's other connections get theirs.
+  static constexpr int kReadsPerTurn = 8;
+
   // Plain sockets. What is there now is read into the loop's 64 KiB buffer and processed at
   // once (ReadPlain), until a short read says the socket is drained; then the next read is armed
   // (ArmPlain), one of two ways:
@@ -250,9 +255,13 @@ class SocketConn final : public Conn, public std::enable_shared_from_this<Socket
   //    connection that reads nothing for a second gives its buffer back (Sweep).
   // `reading_` is set while a read or wait is under way, so that what the input sets off (Pump,
   // ArmRead) never starts a second one.
-  void ReadPlain() {
+  // `new_turn`: the connection's turn on the loop begins here (its reads in a row, up to
+  // kReadsPerTurn, before the other connections are served): the handlers' charge for the loop
+  // (LoopLoad::charged) starts afresh. False when it goes on with a turn begun by a hot read.
+  void ReadPlain(bool new_turn = true) {
     reading_ = true;
-    for (int i = 0; i < 8; ++i) {
+    if (new_turn) LoopCharge() = 0;
+    for (int i = 0; i < kReadsPerTurn; ++i) {
       if (!WantsRead()) {
         reading_ = false;
         return;
@@ -336,13 +345,14 @@ class SocketConn final : public Conn, public std::enable_shared_from_this<Socket
       if (ec != asio::error::operation_aborted) OnReadEnd(ec);
       return;
     }
+    LoopCharge() = 0;  // a turn of this connection's begins (ReadPlain)
     Feed(hot_buffer_.get(), n);
     if (state_ == State::kClosed) {
       reading_ = false;
       return;
     }
     if (n == Loop::kHotBufferBytes) {
-      ReadPlain();  // a big request: the rest through the loop's buffer
+      ReadPlain(/*new_turn=*/false);  // a big request: the rest through the loop's buffer
     } else {
       ArmPlain();
     }
@@ -365,6 +375,7 @@ class SocketConn final : public Conn, public std::enable_shared_from_this<Socket
       if (ec != asio::error::operation_aborted) OnReadEnd(ec);
       return;
     }
+    LoopCharge() = 0;  // one read is a turn under TLS (the next one is queued behind the others)
     Feed(tls_buffer_.data(), n);
     ArmRead();
   }
@@ -568,6 +579,8 @@ Loop::~Loop() {
 
 Loop* Loop::Current() { return current_loop; }
 
+int64_t& LoopCharge() { return loop_charge; }
+
 void Loop::Start() {
   thread_ = std::thread([this] { Run(); });
 }
@@ -578,6 +591,7 @@ void Loop::Join() {
 
 void Loop::Run() {
   current_loop = this;
+  pthread_setname_np(pthread_self(), "http-loop");  // in profiles and /proc/<pid>/task
   ArmSweep();
   ctx_.run();
   mailbox_->CloseLoop();

@@ -74,6 +74,8 @@ class Mailbox {
       : loop_(loop), unanswered_(std::move(unanswered)), receiving_(std::move(receiving)) {}
   // Runs `fn` on the loop; false once the loop has stopped (`fn` is then dropped).
   bool Post(absl::AnyInvocable<void()> fn);
+  // Posts not yet run (LoopLoad::waiting).
+  int64_t waiting() const { return waiting_.load(std::memory_order_relaxed); }
   // An exchange has its answer (Stop waits for none unanswered). No lock: the count outlives
   // the server for the exchanges that hold this mailbox.
   void Answered() { unanswered_->fetch_sub(1, std::memory_order_acq_rel); }
@@ -87,7 +89,13 @@ class Mailbox {
   Loop* loop_ ABSL_GUARDED_BY(mu_);
   const std::shared_ptr<std::atomic<int64_t>> unanswered_;
   const std::shared_ptr<std::atomic<int64_t>> receiving_;
+  std::atomic<int64_t> waiting_{0};
 };
+
+// The calling loop thread's charge since it took up the input at hand (LoopLoad::charged): the
+// connection zeroes it when its turn begins (its reads in a row before the loop serves another
+// connection: up to 8 plain reads of 64 KiB, one TLS read). Loop threads only.
+int64_t& LoopCharge();
 
 // Counters shared by every loop (relaxed atomics; read by Server::stats()).
 struct Counters {
@@ -201,6 +209,8 @@ struct Stream {
   bool done = false;            // all of it sent (or the stream is gone)
   bool reset_by_peer = false;
   bool reset_by_us = false;
+  bool doomed = false;          // HTTP/2: a frame of the client's made nghttp2 reset it (its RST
+                                // not sent yet): its request is not handed over
   bool head = false;            // a HEAD request: no body on the wire
   int status = 0;
   Headers headers;

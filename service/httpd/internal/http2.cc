@@ -6,7 +6,8 @@
 // connection (Envoy's rule), frames without progress drained from a token bucket (nghttp2 1.67's
 // "glitch" limiter, which Debian's 1.52 lacks), and the memory budget: a new stream is refused
 // while the connection or the server is over budget, and body bytes are taken (their window given
-// back, nghttp2_session_consume) only while there is room.
+// back, nghttp2_session_consume) only while there is room. Complete requests are handed to the
+// handler once the read that brought them is parsed, unless that read also ended their stream.
 #include <malloc.h>
 #include <nghttp2/nghttp2.h>
 #include <sys/mman.h>
@@ -202,6 +203,11 @@ class Http2 final : public Protocol {
   }
   void HeadersDone(Stream* s);
   void RequestDone(Stream* s);
+  // A complete request to the handler (refused if the connection's answers are past their
+  // budget); the body's bytes and charge go.
+  void HandOver(Stream* s);
+  // The requests of the read just parsed that are still wanted (complete_), in order.
+  void HandOverComplete();
   // The request goes to the handler at once, refused (`why`): the rest of its body is dropped.
   void Refuse(Stream* s, Exchange::Refusal why);
   void SubmitHeaders(Stream* s);
@@ -262,6 +268,8 @@ class Http2 final : public Protocol {
   Stream* last_ = nullptr;                       // Find's memory; cleared when it closes
   std::vector<std::unique_ptr<Stream>> spare_;   // closed streams to reuse (at most 16)
   WriteBatch* batch_ = nullptr;  // during Collect
+  bool in_receive_ = false;      // nghttp2 is parsing a read (Receive)
+  std::vector<int32_t> complete_;  // requests of that read whose hand-over waits for its end
   int64_t batch_body_ = 0;       // body bytes in the batch being written (charged until then)
   bool closing_ = false;         // GOAWAY for abuse or a fatal error: end once written
   bool fatal_ = false;           // nothing more may be sent
@@ -384,8 +392,12 @@ void Http2::Closed() {
 
 bool Http2::Receive(const char* data, size_t size) {
   if (closing_ || fatal_) return false;
+  in_receive_ = true;
   const ssize_t rv =
       nghttp2_session_mem_recv(session_, reinterpret_cast<const uint8_t*>(data), size);
+  in_receive_ = false;
+  if (rv >= 0) HandOverComplete();
+  complete_.clear();
   if (rv < 0) {
     AbuseReason reason = AbuseReason::kProtocolError;
     if (rv == NGHTTP2_ERR_FLOODED) reason = AbuseReason::kControlFlood;
@@ -559,12 +571,51 @@ void Http2::RequestDone(Stream* s) {
     ReleaseBodyCharge(s);
     return;
   }
+  if (in_receive_) {
+    // Handed over once the whole read is parsed (Receive): a reset that came in the same read
+    // (Rapid Reset sends its resets with its requests), or a frame there that makes us reset
+    // the stream (MadeYouReset: Stream::doomed) or end the connection, ends it first, and no
+    // work is done for it - also none that a handler would run at once, on this loop.
+    complete_.push_back(s->id);
+    return;
+  }
+  HandOver(s);
+}
+
+void Http2::HandOver(Stream* s) {
+  if (conn_->AnswersOverBudget()) {
+    // Taken when its headers came, but the connection's unsent answers passed their budget
+    // while its body arrived (a client that sends every HEADERS first, then the bodies): refused
+    // as a new request is, before any handler answers it (a memo hit is answered at once, with
+    // no worker to look at the budget).
+    conn_->Abuse(AbuseReason::kAnswersUnread);
+    return Refuse(s, Exchange::Refusal::kAnswersUnread);
+  }
   std::shared_ptr<Exchange> exchange = s->exchange;
   conn_->Dispatch(s);
   // The body's bytes go (copied by the handler if it needs them).
   Access::ReleaseBody(*exchange);
   ReleaseBodyCharge(s);
   MaybeReleaseGrant();
+}
+
+void Http2::HandOverComplete() {
+  // None if the read brought a connection error (DATA or HEADERS after the client's
+  // END_STREAM, for one: nghttp2's GOAWAY ends the session once sent).
+  if (!nghttp2_session_want_read(session_)) {
+    complete_.clear();
+    return;
+  }
+  // By id: a stream closed meanwhile is gone from streams_ (its Stream reused).
+  for (size_t i = 0; i < complete_.size(); ++i) {
+    Stream* s = Find(complete_[i]);
+    if (s == nullptr || closing_ || s->dispatched || s->refused || s->reset_by_peer ||
+        s->doomed || s->exchange == nullptr || s->exchange->abandoned()) {
+      continue;
+    }
+    HandOver(s);
+  }
+  complete_.clear();
 }
 
 void Http2::Refuse(Stream* s, Exchange::Refusal why) {
@@ -762,8 +813,14 @@ int Http2::OnFrameRecv(nghttp2_session* session, const nghttp2_frame* frame, voi
   return 0;
 }
 
-int Http2::OnInvalidFrame(nghttp2_session*, const nghttp2_frame*, int, void* self_ptr) {
-  static_cast<Http2*>(self_ptr)->NoProgress(NoProgressKind::kInvalid);
+int Http2::OnInvalidFrame(nghttp2_session*, const nghttp2_frame* frame, int, void* self_ptr) {
+  auto* self = static_cast<Http2*>(self_ptr);
+  // A stream error (nghttp2 resets the stream: MadeYouReset's WINDOW_UPDATE overflow, a bad
+  // PRIORITY, bad trailers) or a connection error: the stream's request is not handed over.
+  if (frame->hd.stream_id != 0) {
+    if (Stream* s = self->Find(frame->hd.stream_id)) s->doomed = true;
+  }
+  self->NoProgress(NoProgressKind::kInvalid);
   return 0;
 }
 
