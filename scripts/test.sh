@@ -30,13 +30,15 @@ end() {
     "$([[ $2 == 0 ]] && echo ok || echo "FAILED (exit $2)")")")
   [[ $2 == 0 ]] || failed+=("$1")
 }
-# run NAME COMMAND...: a test stage; its failure is recorded, the script goes on.
+# run NAME DIR COMMAND...: a test stage of build folder DIR; its failure is recorded (with the
+# failing tests' lines), the script goes on.
 run() {
-  local name=$1 status=0
-  shift
+  local name=$1 dir=$2 status=0
+  shift 2
   begin "$name"
   "$@" || status=$?
   end "$name" "$status"
+  [[ $status == 0 ]] || failure_lines "$dir"
 }
 # build NAME COMMAND...: a build stage; its failure ends the script.
 build() {
@@ -50,7 +52,26 @@ build() {
     exit 1
   fi
 }
+# The failing tests' own failure lines (unittest FAIL/ERROR and assertions, GoogleTest failures,
+# sanitizer reports) from the last ctest log of build folder $1, kept for the end of the output
+# where a CI log's tail shows them.
+digests=()
+failure_lines() {
+  local log=$1/Testing/Temporary/LastTest.log
+  [[ -f $log ]] || return 0
+  digests+=("$(awk -v dir="$1" '
+    / Testing: / { name = $3; n = 0; delete keep }
+    /^Command: / { next }
+    /^(FAIL|ERROR): |AssertionError|Error: |^[^ ]*:[0-9]+: Failure|^(Expected|Which is|  Actual)|SUMMARY: .*Sanitizer|^FAIL / {
+      if (n < 25) keep[n++] = substr($0, 1, 400)
+    }
+    /^Test Failed\./ {
+      print "test.sh: " dir ": " name " failed:"
+      for (i = 0; i < n; i++) print "    " keep[i]
+    }' "$log")")
+}
 report() {
+  (( ${#digests[@]} == 0 )) || printf '%s\n' "${digests[@]}" >&2
   echo "test.sh: stages (seconds of wall time; $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg) at the end)" >&2
   printf '  %s\n' "${summary[@]}" >&2
   echo "test.sh: total $SECONDS s" >&2
@@ -60,13 +81,13 @@ trap report EXIT
 build "Release build" bash -c '
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release &&
   cmake --build build -j "$1"' _ "$jobs"
-run "Release tests" ctest --test-dir build --output-on-failure -j "$test_jobs" --timeout 600
+run "Release tests" build ctest --test-dir build --output-on-failure -j "$test_jobs" --timeout 600
 
 build "ThreadSanitizer build (build-tsan)" bash -c '
   cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Release -DOFFLOAD_SANITIZER=thread \
     -DOFFLOAD_BUILD_BENCH=OFF &&
   cmake --build build-tsan -j "$1" --target offload_tsan_tests' _ "$jobs"
-run "ThreadSanitizer tests" \
+run "ThreadSanitizer tests" build-tsan \
   tests/sanitizers/run_sanitizer_ctest.sh build-tsan -L tsan -j "$test_jobs" --timeout 600
 
 build "AddressSanitizer build (build-asan, clang)" bash -c '
@@ -81,9 +102,9 @@ build "AddressSanitizer build (build-asan, clang)" bash -c '
 #   e2e.ts_client,         the TypeScript client under Node and in Chromium (issue 32): the code
 #   e2e.web_client         they test is JavaScript; they run in the Release stage.
 asan_skip='^(offload_c_ctypes_test|bench.peer_smoke|e2e.ts_client|e2e.web_client)$'
-run "AddressSanitizer + UBSan tests" tests/sanitizers/run_sanitizer_ctest.sh build-asan \
+run "AddressSanitizer + UBSan tests" build-asan tests/sanitizers/run_sanitizer_ctest.sh build-asan \
   -LE fuzz -E "$asan_skip" -j "$test_jobs" --timeout 300
-run "libFuzzer targets, 30 s each (ASan)" tests/sanitizers/run_sanitizer_ctest.sh build-asan \
+run "libFuzzer targets, 30 s each (ASan)" build-asan tests/sanitizers/run_sanitizer_ctest.sh build-asan \
   -L fuzz -j "$jobs" --timeout 300
 
 if (( ${#failed[@]} > 0 )); then

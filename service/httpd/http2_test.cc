@@ -25,6 +25,7 @@
 #include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "service/httpd/internal/idle_reset_filter.h"
 #include "service/httpd/server.h"
 #include "tests/testing/http_client.h"
 
@@ -258,6 +259,14 @@ class H2Client {
     nghttp2_submit_window_update(session_, NGHTTP2_FLAG_NONE, id, n);
   }
   void Reset(int32_t id) { nghttp2_submit_rst_stream(session_, NGHTTP2_FLAG_NONE, id, NGHTTP2_CANCEL); }
+  // Bytes written as they are, past nghttp2 (whatever it has queued goes first).
+  void SendRaw(const std::string& bytes) {
+    nghttp2_session_send(session_);
+    ASSERT_EQ(send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(bytes.size()));
+  }
+  // The next request takes stream `id` (ids below it are left unused).
+  void SetNextStreamId(int32_t id) { nghttp2_session_set_next_stream_id(session_, id); }
 
   // Sends and reads until `done` (true) or 10 s pass (false), or the connection ends.
   bool Run(const std::function<bool()>& done) { return RunUntil(done, std::chrono::seconds(10)); }
@@ -641,6 +650,80 @@ TEST_F(Http2Test, ResetsAfterAPatientWaitAreNotAbuse) {
             1u);
 }
 
+// Raw HTTP/2 frames, for what nghttp2's client session would not send.
+std::string Frame(uint8_t type, uint8_t flags, uint32_t stream, const std::string& payload) {
+  std::string f;
+  const uint32_t n = static_cast<uint32_t>(payload.size());
+  f += static_cast<char>(n >> 16);
+  f += static_cast<char>(n >> 8);
+  f += static_cast<char>(n);
+  f += static_cast<char>(type);
+  f += static_cast<char>(flags);
+  for (int shift = 24; shift >= 0; shift -= 8) f += static_cast<char>(stream >> shift);
+  return f + payload;
+}
+
+std::string RstStream(uint32_t stream) {
+  return Frame(NGHTTP2_RST_STREAM, 0, stream, std::string("\0\0\0\x08", 4));  // CANCEL
+}
+
+// The filter takes out exactly the resets of client streams no HEADERS has opened, wherever the
+// reads split the bytes (frame headers and payloads cut anywhere, one byte at a time).
+TEST(IdleResetFilterTest, DropsOnlyResetsOfStreamsNeverOpened) {
+  const std::string preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+  const std::string kept_before = preface + Frame(NGHTTP2_SETTINGS, 0, 0, "") +
+                                  Frame(NGHTTP2_HEADERS, 0x4, 1, "abc");
+  const std::string idle_reset = RstStream(3);
+  const std::string kept_after =
+      Frame(NGHTTP2_DATA, 0, 1, "hello") + RstStream(1) +           // a reset of an open stream
+      Frame(NGHTTP2_HEADERS, 0x5, 7, "xyz") + RstStream(5) +        // below the highest: kept
+      RstStream(2) +                                                 // a server stream: kept
+      Frame(NGHTTP2_RST_STREAM, 0, 9, "12345") +                    // a bad length: nghttp2's
+      Frame(NGHTTP2_DATA, 0, 7, std::string(300, 'd'));
+  const std::string trailing_idle = RstStream(11);
+  const std::string input = kept_before + idle_reset + kept_after + trailing_idle;
+  const std::string expected = kept_before + kept_after;
+  for (size_t cut = 0; cut <= input.size(); ++cut) {
+    for (size_t step : {size_t{1}, size_t{7}, input.size()}) {
+      internal::IdleResetFilter filter;
+      std::string out;
+      std::vector<int32_t> dropped;
+      const auto feed = [&](const uint8_t* p, size_t n) {
+        out.append(reinterpret_cast<const char*>(p), n);
+        return true;
+      };
+      const auto drop = [&](int32_t id) { dropped.push_back(id); };
+      const auto* bytes = reinterpret_cast<const uint8_t*>(input.data());
+      ASSERT_TRUE(filter.Filter(bytes, cut, feed, drop));
+      for (size_t at = cut; at < input.size(); at += step) {
+        ASSERT_TRUE(filter.Filter(bytes + at, std::min(step, input.size() - at), feed, drop));
+      }
+      ASSERT_EQ(out, expected) << "cut at " << cut << ", then reads of " << step;
+      ASSERT_THAT(dropped, ElementsAre(3, 11)) << "cut at " << cut << ", then reads of " << step;
+      EXPECT_EQ(filter.highest_opened(), 7);
+    }
+  }
+}
+
+// gRPC's C core, cancelling a call between taking its stream id and writing its HEADERS (a 1 ms
+// deadline), resets a stream it never opened (grpc/grpc#38758). RFC 9113 makes that a
+// connection error; like gRPC's own servers, the engine ignores it: the connection and its
+// later calls go on, and no defence fires.
+TEST_F(Http2Test, AResetOfAStreamNeverOpenedEndsNothing) {
+  Start();
+  H2Client c(server_->port());
+  c.RunFor(std::chrono::milliseconds(20));  // the preface and SETTINGS go first
+  c.SendRaw(RstStream(1));
+  c.SetNextStreamId(3);
+  const int32_t id = c.Submit("/unary", "after the reset");
+  ASSERT_EQ(id, 3);
+  ASSERT_TRUE(c.Run([&] { return c.results[id].closed; }));
+  EXPECT_EQ(c.results[id].status, 200);
+  EXPECT_EQ(c.results[id].body, "after the reset");
+  EXPECT_TRUE(c.goaways.empty()) << c.goaway_debug;
+  for (uint64_t count : server_->stats().abuse) EXPECT_EQ(count, 0u);
+}
+
 // A client that keeps its window shut: past the connection's answer budget its new requests are
 // refused to the handler (Refusal::kAnswersUnread, never REFUSED_STREAM), a request dispatched
 // before sees answers_over_budget(), and the answer over the budget still completes once read.
@@ -763,19 +846,6 @@ TEST_F(Http2Test, HeadersTooLargeOnAnOpenStreamAreAnsweredAndReset) {
   const int32_t next = c.Submit("/unary", "still here");
   ASSERT_TRUE(c.Run([&] { return c.results[next].closed; }));
   EXPECT_EQ(c.results[next].body, "still here");
-}
-
-// Raw HTTP/2 frames, for what no conforming client sends.
-std::string Frame(uint8_t type, uint8_t flags, uint32_t stream, const std::string& payload) {
-  std::string f;
-  const uint32_t n = static_cast<uint32_t>(payload.size());
-  f += static_cast<char>(n >> 16);
-  f += static_cast<char>(n >> 8);
-  f += static_cast<char>(n);
-  f += static_cast<char>(type);
-  f += static_cast<char>(flags);
-  for (int shift = 24; shift >= 0; shift -= 8) f += static_cast<char>(stream >> shift);
-  return f + payload;
 }
 
 // Work for a stream that is gone is not done: a request whose stream ends in the same read as the

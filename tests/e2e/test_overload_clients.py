@@ -20,8 +20,9 @@ every answer must say "invalid" for each item. Asserted, never a rate or a time:
     server gave no http_abuse verdict: no such log line, offload_http_abuse_total zero on both
     ports.
 The server runs its defaults but for: no per-client bound (every client here is 127.0.0.1), a
-queue deep enough (65536 items, seconds of work) that calls admitted last outlive their
-deadline, and the buckets of the defences that conforming clients tripped (issue 33) made tight
+queue sized from the measured capacity (the server restarts with it) to hold half of what the
+clients offer within one deadline, so that it fills and calls admitted last outlive their
+deadline however busy the cores (at most 65536 items), and the buckets of the defences that conforming clients tripped (issue 33) made tight
 - 20 frames without progress and 200 client resets (the clients reset thousands of calls here),
 each refilled at one per second, instead of 1000 and 33/s, and 20 streams for the
 premature-reset rule instead of 200 - so that a frame per call wrongly counted (gRPC's C core
@@ -56,7 +57,8 @@ OVERLOAD_SECONDS = 10
 CAPACITY_SECONDS = 3
 DEADLINE_MS = 2000
 # The server (see the module docstring).
-SERVER_ARGS = ["--max_client_inflight=0", "--max_queued_items=65536",
+QUEUE_ITEMS_MAX = 65536
+SERVER_ARGS = ["--max_client_inflight=0",
                "--http2_no_progress_burst=20", "--http2_no_progress_rate=1",
                "--http2_reset_burst=200", "--http2_reset_rate=1",
                "--http2_premature_reset_streams=20"]
@@ -93,7 +95,19 @@ class OverloadClientsTest(harness.ServerTestCase):
         # The Node clients' generated code (offload/v1 and google/rpc), as e2e.connect makes it.
         subprocess.run([self.node, "generate.mjs"], cwd=CONNECT_DIR, check=True,
                        stdout=subprocess.DEVNULL)
-        self.server = harness.Server("overload-clients", args=SERVER_ARGS)
+        self.start_server("overload-clients-capacity", QUEUE_ITEMS_MAX)
+        self.work = tempfile.mkdtemp(prefix="overload-clients-")
+        self.request = pb.ed.BatchVerifyRequest(items=bad_signatures(ITEMS))
+        self.request_file = os.path.join(self.work, "request.bin")
+        with open(self.request_file, "wb") as f:
+            f.write(self.request.SerializeToString())
+
+    def start_server(self, name, queue_items):
+        """(Re)starts the server with a queue of `queue_items` items."""
+        if getattr(self, "server", None) is not None:
+            self.server.stop()
+        self.server = harness.Server(name, args=SERVER_ARGS + [
+            "--max_queued_items=%d" % queue_items])
         self.servers = [self.server]
         self.server.start()
         self.addCleanup(self.server.stop)
@@ -101,11 +115,6 @@ class OverloadClientsTest(harness.ServerTestCase):
         self.grpc_address = self.server.address
         self.http_address = port_of("http_address")
         self.metrics_address = port_of("metrics_address")
-        self.work = tempfile.mkdtemp(prefix="overload-clients-")
-        self.request = pb.ed.BatchVerifyRequest(items=bad_signatures(ITEMS))
-        self.request_file = os.path.join(self.work, "request.bin")
-        with open(self.request_file, "wb") as f:
-            f.write(self.request.SerializeToString())
 
     def capacity(self):
         """Calls per second the server answers with 16 calls of ITEMS items in flight."""
@@ -131,6 +140,13 @@ class OverloadClientsTest(harness.ServerTestCase):
         self.assertGreater(capacity, 0)
         # 4x capacity in all: capacity per kind of client (python: half in each process).
         rate = max(capacity, 20.0)
+        # The queue holds half of what is offered within one deadline, so that it fills however
+        # busy the machine (calls whose client gave up leave it: a deeper queue offered 4x a
+        # capacity measured on busy cores never filled), and calls admitted last wait past
+        # their deadline.
+        queue_items = min(QUEUE_ITEMS_MAX,
+                          max(16 * ITEMS, int(4 * rate * DEADLINE_MS / 1000 / 2) * ITEMS))
+        self.start_server("overload-clients", queue_items)
         common = ["--request_file=" + self.request_file, "--items=%d" % ITEMS,
                   "--seconds=%d" % OVERLOAD_SECONDS, "--deadline_ms=%d" % DEADLINE_MS,
                   "--channels=2"]
@@ -160,8 +176,9 @@ class OverloadClientsTest(harness.ServerTestCase):
         after = scrape(self.metrics_address)
 
         print("\n  capacity %.0f calls/s of %d items; offered %.0f calls/s per kind of client, "
-              "4 kinds, %d s, deadline %d ms" % (capacity, ITEMS, rate, OVERLOAD_SECONDS,
-                                                  DEADLINE_MS), file=sys.stderr)
+              "4 kinds, %d s, deadline %d ms, queue %d items" % (
+                  capacity, ITEMS, rate, OVERLOAD_SECONDS, DEADLINE_MS, queue_items),
+              file=sys.stderr)
         for name, r in results.items():
             print("  %-18s sent %5d %s wrong %d retry delays %s%s" % (
                 name, r["sent"], r["codes"], r["wrong"], r["retry"],

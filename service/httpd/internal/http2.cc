@@ -24,6 +24,7 @@
 #include "absl/time/time.h"
 #include "service/common/log.h"
 #include "service/httpd/internal/engine.h"
+#include "service/httpd/internal/idle_reset_filter.h"
 
 namespace offload::httpd::internal {
 namespace {
@@ -140,6 +141,32 @@ const char* NoProgressKindName(NoProgressKind kind) {
     case NoProgressKind::kCount: break;
   }
   return "unknown";
+}
+
+// A frame type's name as RFC 9113 section 6 spells it, for log lines.
+const char* FrameTypeName(uint8_t type) {
+  switch (type) {
+    case NGHTTP2_DATA: return "DATA";
+    case NGHTTP2_HEADERS: return "HEADERS";
+    case NGHTTP2_PRIORITY: return "PRIORITY";
+    case NGHTTP2_RST_STREAM: return "RST_STREAM";
+    case NGHTTP2_SETTINGS: return "SETTINGS";
+    case NGHTTP2_PUSH_PROMISE: return "PUSH_PROMISE";
+    case NGHTTP2_PING: return "PING";
+    case NGHTTP2_GOAWAY: return "GOAWAY";
+    case NGHTTP2_WINDOW_UPDATE: return "WINDOW_UPDATE";
+    case NGHTTP2_CONTINUATION: return "CONTINUATION";
+    default: return "other";
+  }
+}
+
+// At most 128 bytes of `data` with anything but printable ASCII as '?', for a log line.
+std::string PrintableText(const uint8_t* data, size_t size) {
+  std::string out(reinterpret_cast<const char*>(data), std::min<size_t>(size, 128));
+  for (char& c : out) {
+    if (c < 0x20 || c > 0x7e) c = '?';
+  }
+  return out;
 }
 
 nghttp2_nv Nv(absl::string_view name, absl::string_view value) {
@@ -290,7 +317,9 @@ class Http2 final : public Protocol {
   Clock::time_point reset_refilled_;
   uint64_t patient_resets_ = 0;  // client resets after a patient wait (not counted)
   uint64_t reset_credit_ = 0;    // hasty resets earned by streams that ended well
-  std::array<uint64_t, 3> impatient_{};  // unknown stream, not dispatched, dispatched
+  // Resets of: an unknown stream, one not dispatched, one dispatched, one never opened.
+  std::array<uint64_t, 4> impatient_{};
+  IdleResetFilter idle_resets_;  // what Receive passes to nghttp2
   // Streams closed with our whole answer and not reset by the client: a reset that comes for one
   // later (it raced the answer) is free, up to this many banked (kMaxLateResetCredit).
   int late_reset_credit_ = 0;
@@ -393,8 +422,18 @@ void Http2::Closed() {
 bool Http2::Receive(const char* data, size_t size) {
   if (closing_ || fatal_) return false;
   in_receive_ = true;
-  const ssize_t rv =
-      nghttp2_session_mem_recv(session_, reinterpret_cast<const uint8_t*>(data), size);
+  ssize_t rv = 0;
+  idle_resets_.Filter(
+      reinterpret_cast<const uint8_t*>(data), size,
+      [&](const uint8_t* part, size_t n) {
+        rv = nghttp2_session_mem_recv(session_, part, n);
+        return rv >= 0;
+      },
+      [&](int32_t) {
+        // A reset of a call the client never sent (see IdleResetFilter): a client reset.
+        ++impatient_[3];
+        CountReset();
+      });
   in_receive_ = false;
   if (rv >= 0) HandOverComplete();
   complete_.clear();
@@ -403,7 +442,8 @@ bool Http2::Receive(const char* data, size_t size) {
     if (rv == NGHTTP2_ERR_FLOODED) reason = AbuseReason::kControlFlood;
     if (rv == NGHTTP2_ERR_TOO_MANY_CONTINUATIONS) reason = AbuseReason::kContinuations;
     if (rv == NGHTTP2_ERR_TOO_MANY_SETTINGS) reason = AbuseReason::kSettings;
-    conn_->Abuse(reason);
+    conn_->Abuse(reason, {{"nghttp2_error", nghttp2_strerror(static_cast<int>(rv))},
+                          {"last_frame", FrameTypeName(last_recv_type_)}});
     // A flood or a bad preface: nothing more is sent (nghttp2 may not be used again).
     fatal_ = closing_ = true;
     return false;
@@ -862,7 +902,8 @@ void Http2::CountReset() {
           {{"patient_resets", patient_resets_},
            {"resets_unknown_stream", impatient_[0]},
            {"resets_before_dispatch", impatient_[1]},
-           {"resets_soon_after_dispatch", impatient_[2]}});
+           {"resets_soon_after_dispatch", impatient_[2]},
+           {"resets_idle_stream", impatient_[3]}});
   }
 }
 
@@ -1118,8 +1159,13 @@ int Http2::OnFrameSend(nghttp2_session* session, const nghttp2_frame* frame, voi
       // nghttp2's own: a protocol error (its reset rate limit, out of reach since the reset
       // bucket is ours, would be reset_rate).
       self->conn_->Abuse(self->last_recv_type_ == NGHTTP2_RST_STREAM
-                                        ? AbuseReason::kResetRate
-                                        : AbuseReason::kProtocolError);
+                             ? AbuseReason::kResetRate
+                             : AbuseReason::kProtocolError,
+                         {{"goaway_error", nghttp2_http2_strerror(frame->goaway.error_code)},
+                          // nghttp2's reason, e.g. "DATA: stream in idle" (its own text)
+                          {"goaway_reason", PrintableText(frame->goaway.opaque_data,
+                                                          frame->goaway.opaque_data_len)},
+                          {"last_frame", FrameTypeName(self->last_recv_type_)}});
       self->closing_ = true;
       self->conn_->ReadStateChanged();
       break;
