@@ -483,8 +483,11 @@ absl::StatusOr<int> RunWrite(PGconn* conn, const char* sql, absl::string_view ke
 }  // namespace
 
 absl::Status PostgresKeyStore::Put(const KeyRecord& record) {
-  OFFLOAD_ASSIGN_OR_RETURN(std::vector<uint8_t> blob, SealRecord(record));
+  // Sealed under the mutex, as RewrapAll lists the rows: a record sealed under a KEK that a
+  // rotation has just replaced is then either in RewrapAll's listing or sealed anew, never
+  // written after the listing under the old KEK (and left there once the pass is over).
   absl::MutexLock lock(&mu_);
+  OFFLOAD_ASSIGN_OR_RETURN(std::vector<uint8_t> blob, SealRecord(record));
   return WriteLocked("put", [&](PGconn* conn) -> absl::StatusOr<std::string> {
     std::string xid;
     OFFLOAD_RETURN_IF_ERROR(
@@ -500,8 +503,11 @@ absl::Status PostgresKeyStore::Put(const KeyRecord& record) {
 }
 
 absl::Status PostgresKeyStore::Insert(const KeyRecord& record) {
-  OFFLOAD_ASSIGN_OR_RETURN(std::vector<uint8_t> blob, SealRecord(record));
+  // Sealed under the mutex, as RewrapAll lists the rows: a record sealed under a KEK that a
+  // rotation has just replaced is then either in RewrapAll's listing or sealed anew, never
+  // written after the listing under the old KEK (and left there once the pass is over).
   absl::MutexLock lock(&mu_);
+  OFFLOAD_ASSIGN_OR_RETURN(std::vector<uint8_t> blob, SealRecord(record));
   return WriteLocked("insert", [&](PGconn* conn) -> absl::StatusOr<std::string> {
     std::string xid;
     OFFLOAD_ASSIGN_OR_RETURN(

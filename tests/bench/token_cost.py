@@ -55,6 +55,16 @@ ALGS = {"EdDSA": (lambda: ed25519.Ed25519PrivateKey.generate(), OKPAlgorithm),
                   RSAAlgorithm)}
 
 
+def full_length_coordinates(jwk):
+    """`jwk` with an EC key's x and y at their full 32 bytes (RFC 7518 6.2.1.2): PyJWT 2.6 writes
+    a coordinate under 2^248 short (about 1 key in 128), and the server skips such a key."""
+    if jwk.get("kty") == "EC":
+        for c in ("x", "y"):
+            raw = base64.urlsafe_b64decode(jwk[c] + "=" * (-len(jwk[c]) % 4))
+            jwk[c] = base64.urlsafe_b64encode(raw.rjust(32, b"\0")).rstrip(b"=").decode()
+    return jwk
+
+
 class Server(OffloadServer):
     """offload_server with tokens on; `prefix` runs it under another program (valgrind)."""
 
@@ -62,7 +72,7 @@ class Server(OffloadServer):
         self.keys = {alg: make() for alg, (make, _) in ALGS.items()}
         jwks = {"keys": []}
         for alg, (_, algorithm) in ALGS.items():
-            j = json.loads(algorithm.to_jwk(self.keys[alg].public_key()))
+            j = full_length_coordinates(json.loads(algorithm.to_jwk(self.keys[alg].public_key())))
             j["kid"] = alg
             jwks["keys"].append(j)
         path = os.path.join(work, "jwks.json")
