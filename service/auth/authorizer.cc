@@ -44,12 +44,13 @@ void CollectKeyIds(const Message& message, int depth, absl::flat_hash_set<std::s
   }
 }
 
-absl::StatusOr<std::shared_ptr<const Policy>> ReadPolicy(const std::string& path) {
+absl::StatusOr<std::shared_ptr<const Policy>> ReadPolicy(const std::string& path,
+                                                         const OperationMap& operations) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::InvalidArgumentError(absl::StrCat("policy_file: cannot read ", path));
   std::ostringstream text;
   text << in.rdbuf();
-  absl::StatusOr<Policy> policy = Policy::Parse(text.str());
+  absl::StatusOr<Policy> policy = Policy::Parse(text.str(), operations);
   if (!policy.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("policy_file ", path, ": ", policy.status().message()));
@@ -240,7 +241,7 @@ absl::StatusOr<std::unique_ptr<Authorizer>> Authorizer::Create(Options options) 
   std::unique_ptr<Authorizer> a(new Authorizer(std::move(options)));
   if (!a->options_.policy_file.empty()) {
     const int64_t stamp = FileFingerprint(a->options_.policy_file);
-    absl::StatusOr<std::shared_ptr<const Policy>> policy = ReadPolicy(a->options_.policy_file);
+    absl::StatusOr<std::shared_ptr<const Policy>> policy = ReadPolicy(a->options_.policy_file, a->options_.operations);
     if (!policy.ok()) return policy.status();
     absl::MutexLock lock(&a->policy_mu_);
     a->policy_ = *std::move(policy);
@@ -350,7 +351,7 @@ std::shared_ptr<const Policy> Authorizer::CurrentPolicy() {
   const int64_t stamp = FileFingerprint(options_.policy_file);
   if (stamp == policy_stamp_) return policy_;
   policy_stamp_ = stamp;
-  absl::StatusOr<std::shared_ptr<const Policy>> policy = ReadPolicy(options_.policy_file);
+  absl::StatusOr<std::shared_ptr<const Policy>> policy = ReadPolicy(options_.policy_file, options_.operations);
   if (!policy.ok()) {
     Log(LogLevel::kError, "policy_reload_failed",
         {{"error", std::string(policy.status().message())}, {"kept", "previous policy"}});
@@ -404,7 +405,7 @@ absl::Status Authorizer::Authorize(const Peer& peer, absl::string_view path,
       refusal_done(refusal, written);
     };
   };
-  absl::StatusOr<Operation> op = OperationOf(path);
+  absl::StatusOr<Operation> op = OperationOf(options_.operations, path);
   if (!op.ok()) {
     const absl::Status status = absl::UnimplementedError(absl::StrCat("unknown method ", path));
     if (refusal_done) refusal_done(status, true);  // no line to wait for
@@ -463,7 +464,7 @@ void Authorizer::AuditUnauthenticated(const Peer& peer, absl::string_view path,
 void Authorizer::AuditKeyCall(const Peer& peer, absl::string_view path, const Message& request,
                               const absl::Status& status, uint32_t version,
                               absl::string_view transport, AuditSink::Done done) {
-  absl::StatusOr<Operation> op = OperationOf(path);
+  absl::StatusOr<Operation> op = OperationOf(options_.operations, path);
   if (!op.ok() || !op->admin) {
     if (done) done(true);
     return;

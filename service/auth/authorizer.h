@@ -21,7 +21,7 @@
 // messages.
 //
 // Data plane (issue 26): with `audit_data_plane` > 0, that fraction of the calls of the methods
-// that use a key (ops::kDataPlaneAudited: Sign, Derive, Box, AEAD...) is audited, one
+// that use a key (api::Method::data_plane: Sign, Derive, Box, AEAD...) is audited, one
 // "data_plane" line per call (AuditDataPlane): identity, peer, method, key id and the version
 // the call used, code, batch items, memo hits. With `audit_fail_closed`, a call that must be
 // audited is refused (UNAVAILABLE) while the audit file is known unwritable (AuditUnwritable),
@@ -99,6 +99,10 @@ class Authorizer {
     bool mtls = false;  // client certificates checked on the handshake
     std::string policy_file;
     std::string audit_file;
+    // Every RPC's operation by path (api::PolicyOperations()): what Authorize checks a call
+    // against and what a policy's operation patterns must match. A path not in it is refused
+    // (UNIMPLEMENTED) when anything is enforced.
+    OperationMap operations;
     bool tokens = false;            // bearer tokens checked (TokenVerifier)
     bool forwarded = false;         // identities forwarded by trusted proxies
     bool require_identity = false;  // no anonymous calls; key lifecycle for admins only

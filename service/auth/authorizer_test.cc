@@ -12,6 +12,7 @@
 #include "offload/v1/aead.pb.h"
 #include "offload/v1/ed25519.pb.h"
 #include "offload/v1/keys.pb.h"
+#include "service/api/method_table.h"
 
 namespace offload::auth {
 namespace {
@@ -19,6 +20,16 @@ namespace {
 std::string TempDir() {
   std::string pattern = ::testing::TempDir() + "authz-XXXXXX";
   return mkdtemp(pattern.data());
+}
+
+// Options with every RPC's operation, as the server gives them (service/api).
+Authorizer::Options Opts(bool mtls, std::string policy_file, std::string audit_file) {
+  Authorizer::Options options;
+  options.mtls = mtls;
+  options.policy_file = std::move(policy_file);
+  options.audit_file = std::move(audit_file);
+  options.operations = api::PolicyOperations();
+  return options;
 }
 
 std::string ReadAll(const std::string& path) {
@@ -49,7 +60,7 @@ TEST(AuthorizerTest, RefusesAuditsAndCountsAndReloadsThePolicy) {
   const std::string audit = dir + "/audit.jsonl";
   std::ofstream(policy) << R"({"admins": ["adm"], "grants": [
       {"client": "app-a", "keys": ["a-*"], "operations": ["aead.*"]}]})";
-  absl::StatusOr<std::unique_ptr<Authorizer>> a = Authorizer::Create({true, policy, audit});
+  absl::StatusOr<std::unique_ptr<Authorizer>> a = Authorizer::Create(Opts(true, policy, audit));
   ASSERT_TRUE(a.ok()) << a.status();
   v1::AeadOpenRequest open;
   open.set_key_id("a-1");
@@ -100,6 +111,7 @@ TEST(AuthorizerTest, AnonymousLifecycleLinesAndHeldRefusals) {
   const std::string dir = TempDir();
   const std::string audit = dir + "/audit.jsonl";
   Authorizer::Options options;
+  options.operations = api::PolicyOperations();
   options.audit_file = audit;
   options.forwarded = true;
   options.require_identity = true;
@@ -138,13 +150,13 @@ TEST(AuthorizerTest, AnonymousLifecycleLinesAndHeldRefusals) {
 }
 
 TEST(AuthorizerTest, WithoutMtlsEverythingPassesAndAPolicyIsRefused) {
-  absl::StatusOr<std::unique_ptr<Authorizer>> open = Authorizer::Create({false, "", ""});
+  absl::StatusOr<std::unique_ptr<Authorizer>> open = Authorizer::Create(Opts(false, "", ""));
   ASSERT_TRUE(open.ok());
   v1::CreateKeyRequest create;
   EXPECT_TRUE((*open)->Authorize({"", "x"}, "/offload.v1.KeyService/CreateKey", create, "grpc").ok());
-  EXPECT_EQ(Authorizer::Create({false, "/nonexistent.json", ""}).status().code(),
+  EXPECT_EQ(Authorizer::Create(Opts(false, "/nonexistent.json", "")).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Authorizer::Create({true, "/nonexistent.json", ""}).status().code(),
+  EXPECT_EQ(Authorizer::Create(Opts(true, "/nonexistent.json", "")).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 

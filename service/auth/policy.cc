@@ -4,52 +4,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 
 namespace offload::auth {
 namespace {
-
-const absl::flat_hash_map<std::string, Operation>& OperationsByPath() {
-  static const auto* const table = [] {
-    auto* t = new absl::flat_hash_map<std::string, Operation>;
-    const auto add = [t](absl::string_view service, absl::string_view method, Operation op) {
-      (*t)[absl::StrCat("/offload.v1.", service, "/", method)] = op;
-    };
-    add("KeyService", "CreateKey", {"keys.create", true, true});
-    add("KeyService", "ImportKey", {"keys.import", true, true});
-    add("KeyService", "RotateKey", {"keys.rotate", true, true});
-    add("KeyService", "DeleteKey", {"keys.delete", true, true});
-    add("KeyService", "CancelKeyDeletion", {"keys.restore", true, true});
-    add("KeyService", "DisableKey", {"keys.disable", true, true});
-    add("KeyService", "EnableKey", {"keys.enable", true, true});
-    add("KeyService", "DisableKeyVersion", {"keys.disable", true, true});
-    add("KeyService", "EnableKeyVersion", {"keys.enable", true, true});
-    add("KeyService", "DestroyKeyVersion", {"keys.delete", true, true});
-    add("KeyService", "RestoreKeyVersion", {"keys.restore", true, true});
-    add("KeyService", "SetMinDecryptionVersion", {"keys.configure", true, true});
-    add("KeyService", "GetKey", {"keys.get", false, true});
-    add("KeyService", "ListKeys", {"keys.list", false, false});
-    for (const char* m : {"Sign", "BatchSign"}) add("Ed25519Service", m, {"ed25519.sign"});
-    for (const char* m : {"Verify", "BatchVerify"}) {
-      add("Ed25519Service", m, {"ed25519.verify", false, false});
-    }
-    for (const char* m : {"Derive", "BatchDerive"}) add("X25519Service", m, {"x25519.derive"});
-    for (const char* m : {"Seal", "BatchSeal"}) {
-      add("BoxService", m, {"box.seal"});
-      add("AeadService", m, {"aead.seal"});
-    }
-    for (const char* m : {"Open", "BatchOpen"}) {
-      add("BoxService", m, {"box.open"});
-      add("AeadService", m, {"aead.open"});
-    }
-    for (const char* m : {"Rewrap", "BatchRewrap"}) add("AeadService", m, {"aead.rewrap"});
-    return t;
-  }();
-  return *table;
-}
 
 bool Matches(absl::string_view pattern, absl::string_view text) {
   const std::string p(pattern), s(text);
@@ -63,8 +23,8 @@ bool AnyMatches(const std::vector<std::string>& patterns, absl::string_view text
   return false;
 }
 
-bool IsKnownOperationPattern(absl::string_view pattern) {
-  for (const auto& [path, op] : OperationsByPath()) {
+bool IsKnownOperationPattern(absl::string_view pattern, const OperationMap& operations) {
+  for (const auto& [path, op] : operations) {
     if (Matches(pattern, op.name)) return true;
   }
   return false;
@@ -88,14 +48,13 @@ absl::StatusOr<std::vector<std::string>> StringList(const nlohmann::json& j,
 
 }  // namespace
 
-absl::StatusOr<Operation> OperationOf(absl::string_view path) {
-  const auto& table = OperationsByPath();
-  auto it = table.find(path);
-  if (it == table.end()) return absl::NotFoundError(absl::StrCat("no operation for ", path));
+absl::StatusOr<Operation> OperationOf(const OperationMap& operations, absl::string_view path) {
+  auto it = operations.find(path);
+  if (it == operations.end()) return absl::NotFoundError(absl::StrCat("no operation for ", path));
   return it->second;
 }
 
-absl::StatusOr<Policy> Policy::Parse(absl::string_view json) {
+absl::StatusOr<Policy> Policy::Parse(absl::string_view json, const OperationMap& operations) {
   nlohmann::json root = nlohmann::json::parse(json.begin(), json.end(), nullptr,
                                               /*allow_exceptions=*/false);
   if (root.is_discarded() || !root.is_object()) {
@@ -133,7 +92,7 @@ absl::StatusOr<Policy> Policy::Parse(absl::string_view json) {
         }
         if (grant.client.empty()) return absl::InvalidArgumentError(where + ".client: missing");
         for (const std::string& op : grant.operations) {
-          if (!IsKnownOperationPattern(op)) {
+          if (!IsKnownOperationPattern(op, operations)) {
             return absl::InvalidArgumentError(
                 absl::StrCat(where, ".operations: ", op, " matches no operation"));
           }

@@ -11,7 +11,8 @@
 //   }
 //
 // Clients, key ids and operations are shell-style patterns (fnmatch: `*`, `?`, `[...]`).
-// Operations: keys.create keys.import keys.rotate keys.delete keys.restore keys.disable
+// Operations (named per RPC by service/api/methods.h, the one list of methods; this folder lists
+// none): keys.create keys.import keys.rotate keys.delete keys.restore keys.disable
 // keys.enable keys.configure keys.get keys.list ed25519.sign ed25519.verify x25519.derive box.seal
 // box.open aead.seal aead.open aead.rewrap (a batch RPC is its single twin's operation; DeleteKey
 // and DestroyKeyVersion are keys.delete, CancelKeyDeletion and RestoreKeyVersion keys.restore,
@@ -19,8 +20,10 @@
 // keys.configure). The key-management operations are for admins; a grant may also give
 // keys.get (on its keys) and keys.list.
 //
-//   absl::StatusOr<Policy> policy = Policy::Parse(json_text);
-//   absl::Status s = policy->Check("app-a", Operation{"aead.open", /*admin=*/false}, {"app-a-1"});
+//   auth::OperationMap operations = api::PolicyOperations();   // every RPC's operation
+//   absl::StatusOr<Policy> policy = Policy::Parse(json_text, operations);
+//   absl::Status s = policy->Check("app-a", operations.at("/offload.v1.AeadService/Open"),
+//                                  {"app-a-1"});
 //
 // Thread-safety: immutable after Parse.
 #ifndef SERVICE_AUTH_POLICY_H_
@@ -29,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -42,13 +46,18 @@ struct Operation {
   bool uses_key = true;     // false for keys.list and for Verify without a key id
 };
 
-// The operation of the RPC at `path` ("/offload.v1.AeadService/BatchOpen"), or NotFound.
-absl::StatusOr<Operation> OperationOf(absl::string_view path);
+// Every RPC's operation by its path ("/offload.v1.AeadService/BatchOpen" -> aead.open), as
+// api::PolicyOperations() builds it from the method list.
+using OperationMap = absl::flat_hash_map<std::string, Operation>;
+
+// The operation of the RPC at `path` in `operations`, or NotFound.
+absl::StatusOr<Operation> OperationOf(const OperationMap& operations, absl::string_view path);
 
 class Policy {
  public:
-  // InvalidArgument naming the offending field for malformed JSON or unknown operations.
-  static absl::StatusOr<Policy> Parse(absl::string_view json);
+  // InvalidArgument naming the offending field for malformed JSON, or for an operation pattern
+  // that matches none of `operations`.
+  static absl::StatusOr<Policy> Parse(absl::string_view json, const OperationMap& operations);
 
   // OK if `identity` may perform `op` on every key in `key_ids`; PermissionDenied naming the
   // first key (or the operation) that is not granted otherwise.

@@ -1,6 +1,7 @@
 #include "service/auth/policy.h"
 
 #include "gtest/gtest.h"
+#include "service/api/method_table.h"
 
 namespace offload::auth {
 namespace {
@@ -14,10 +15,15 @@ constexpr char kPolicy[] = R"({
   ]
 })";
 
-Operation Op(absl::string_view path) { return *OperationOf(path); }
+// The RPCs' operations, as the server gives them to the policy (service/api).
+const OperationMap& Ops() {
+  static const OperationMap* const ops = new OperationMap(api::PolicyOperations());
+  return *ops;
+}
+Operation Op(absl::string_view path) { return *OperationOf(Ops(), path); }
 
 TEST(PolicyTest, GrantsMatchClientKeyAndOperationPatterns) {
-  absl::StatusOr<Policy> p = Policy::Parse(kPolicy);
+  absl::StatusOr<Policy> p = Policy::Parse(kPolicy, Ops());
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_TRUE(p->Check("app-a", Op("/offload.v1.AeadService/Open"), {"app-a-1"}).ok());
   EXPECT_TRUE(p->Check("app-a", Op("/offload.v1.AeadService/BatchSeal"), {"shared", "app-a-x"}).ok());
@@ -28,7 +34,7 @@ TEST(PolicyTest, GrantsMatchClientKeyAndOperationPatterns) {
 }
 
 TEST(PolicyTest, RefusesWhatIsNotGranted) {
-  absl::StatusOr<Policy> p = Policy::Parse(kPolicy);
+  absl::StatusOr<Policy> p = Policy::Parse(kPolicy, Ops());
   ASSERT_TRUE(p.ok());
   const auto denied = [&](absl::string_view who, absl::string_view path,
                           std::vector<std::string> keys) {
@@ -48,7 +54,7 @@ TEST(PolicyTest, RefusesWhatIsNotGranted) {
 }
 
 TEST(PolicyTest, AdminsManageKeysButDoNotUseThem) {
-  absl::StatusOr<Policy> p = Policy::Parse(kPolicy);
+  absl::StatusOr<Policy> p = Policy::Parse(kPolicy, Ops());
   ASSERT_TRUE(p.ok());
   for (const char* m : {"CreateKey", "ImportKey", "RotateKey", "DeleteKey", "GetKey", "ListKeys"}) {
     EXPECT_TRUE(p->Check("ops-admin", Op(std::string("/offload.v1.KeyService/") + m), {"k"}).ok())
@@ -59,11 +65,11 @@ TEST(PolicyTest, AdminsManageKeysButDoNotUseThem) {
 }
 
 TEST(PolicyTest, VerifyOfCallerSuppliedKeysIsOpenUnlessTurnedOff) {
-  absl::StatusOr<Policy> open = Policy::Parse(kPolicy);
+  absl::StatusOr<Policy> open = Policy::Parse(kPolicy, Ops());
   ASSERT_TRUE(open.ok());
   EXPECT_TRUE(open->Check("anyone", Op("/offload.v1.Ed25519Service/BatchVerify"), {}).ok());
   absl::StatusOr<Policy> closed = Policy::Parse(R"({"open_verify": false, "grants": [
-      {"client": "v", "keys": ["*"], "operations": ["ed25519.verify"]}]})");
+      {"client": "v", "keys": ["*"], "operations": ["ed25519.verify"]}]})", Ops());
   ASSERT_TRUE(closed.ok());
   EXPECT_EQ(closed->Check("anyone", Op("/offload.v1.Ed25519Service/Verify"), {}).code(),
             absl::StatusCode::kPermissionDenied);
@@ -82,7 +88,7 @@ TEST(PolicyTest, RejectsMalformedPoliciesNamingTheField) {
       {"{not json", "policy"},
   };
   for (const auto& [text, field] : cases) {
-    absl::StatusOr<Policy> p = Policy::Parse(text);
+    absl::StatusOr<Policy> p = Policy::Parse(text, Ops());
     ASSERT_FALSE(p.ok()) << text;
     EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(p.status().message().find(field), absl::string_view::npos) << p.status();
@@ -94,9 +100,9 @@ TEST(PolicyTest, EveryRpcHasAnOperation) {
        {"/offload.v1.KeyService/CreateKey", "/offload.v1.Ed25519Service/Verify",
         "/offload.v1.X25519Service/BatchDerive", "/offload.v1.BoxService/BatchOpen",
         "/offload.v1.AeadService/Seal"}) {
-    EXPECT_TRUE(OperationOf(path).ok()) << path;
+    EXPECT_TRUE(OperationOf(Ops(), path).ok()) << path;
   }
-  EXPECT_EQ(OperationOf("/offload.v1.AeadService/Nope").status().code(),
+  EXPECT_EQ(OperationOf(Ops(), "/offload.v1.AeadService/Nope").status().code(),
             absl::StatusCode::kNotFound);
 }
 

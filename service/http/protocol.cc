@@ -17,8 +17,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "google/rpc/error_details.pb.h"
 #include "google/rpc/status.pb.h"
-#include "service/ops/retry_delay.h"
 
 namespace offload::http {
 namespace {
@@ -364,6 +364,17 @@ std::string UnpaddedBase64(absl::string_view bytes) {
   return out;
 }
 
+// The delay of the google.rpc.RetryInfo payload `status` carries (as service/ops/retry_delay.h
+// puts it there), or nullopt: none, or one that does not parse.
+std::optional<absl::Duration> RetryInfoDelay(const absl::Status& status) {
+  const auto payload = status.GetPayload("type.googleapis.com/google.rpc.RetryInfo");
+  if (!payload.has_value()) return std::nullopt;
+  google::rpc::RetryInfo info;
+  if (!info.ParseFromString(std::string(*payload))) return std::nullopt;
+  return absl::Seconds(info.retry_delay().seconds()) +
+         absl::Nanoseconds(info.retry_delay().nanos());
+}
+
 }  // namespace
 
 std::string GrpcStatusDetailsBin(const absl::Status& status) {
@@ -385,13 +396,13 @@ void AppendGrpcStatusDetails(const absl::Status& status, bool pushback,
   if (details.empty()) return;
   out->emplace_back("grpc-status-details-bin", std::move(details));
   if (!pushback) return;
-  if (const std::optional<absl::Duration> delay = ops::RetryDelayOf(status)) {
+  if (const std::optional<absl::Duration> delay = RetryInfoDelay(status)) {
     out->emplace_back("grpc-retry-pushback-ms", absl::StrCat(absl::ToInt64Milliseconds(*delay)));
   }
 }
 
 std::optional<std::string> RetryAfterValue(const absl::Status& status) {
-  const std::optional<absl::Duration> delay = ops::RetryDelayOf(status);
+  const std::optional<absl::Duration> delay = RetryInfoDelay(status);
   if (!delay.has_value()) return std::nullopt;
   return absl::StrCat(std::max<int64_t>(0, absl::ToInt64Seconds(absl::Ceil(*delay, absl::Seconds(1)))));
 }

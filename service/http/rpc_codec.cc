@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/stubs/common.h"
+#include "service/http/answer.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace offload::http {
@@ -46,6 +47,94 @@ absl::StatusOr<CallOptions> ParseCallHeaders(Protocol protocol, HeaderLookup hea
     options.accept = NegotiateEncoding(header("grpc-accept-encoding"));
   }
   return options;
+}
+
+int64_t MaxBody(int64_t max_message_bytes) {
+  return ((max_message_bytes + int64_t{kFrameHeaderBytes} + 2) / 3) * 4 + 4096;
+}
+
+UnaryPost ReadUnaryPost(std::optional<absl::string_view> content_type, bool http2,
+                        HeaderLookup header, size_t body_size, bool body_too_large,
+                        int64_t max_message_bytes) {
+  UnaryPost post;
+  absl::StatusOr<ContentType> type = ParseContentType(content_type.value_or(""));
+  if (!type.ok() && IsGrpcContentType(content_type.value_or(""))) {
+    // gRPC with a codec we lack: gRPC's own answer.
+    post.type = ContentType{Protocol::kGrpc, Codec::kProto, false};
+    if (!http2) {
+      post.refusal = absl::UnimplementedError("gRPC requires HTTP/2");
+      post.http_status = 505;
+      return post;
+    }
+    post.refusal = absl::UnimplementedError(type.status().message());
+    return post;
+  }
+  if (!type.ok()) {
+    // Neither protocol: Connect says 415, and tells what it accepts.
+    post.refusal = absl::UnimplementedError(type.status().message());
+    post.http_status = 415;
+    post.headers = {{"accept-post", std::string(kAcceptPost)}};
+    return post;
+  }
+  post.type = *type;
+  if (post.type.protocol == Protocol::kGrpc && !http2) {
+    // gRPC is HTTP/2 only (PROTOCOL-HTTP2.md); grpc-go and connect-go answer 505 as well.
+    post.refusal = absl::UnimplementedError("gRPC requires HTTP/2");
+    post.http_status = 505;
+    return post;
+  }
+  absl::StatusOr<CallOptions> options = ParseCallHeaders(post.type.protocol, header);
+  if (!options.ok()) {
+    post.refusal = options.status();
+    return post;
+  }
+  post.options = *options;
+  int64_t limit = max_message_bytes;
+  if (post.type.protocol != Protocol::kConnect) limit += kFrameHeaderBytes;
+  if (post.type.text) limit = MaxBody(max_message_bytes);
+  post.body_limit = limit;
+  if (body_too_large) {
+    // Past what any protocol carries: the HTTP server never read it, the caller gets its
+    // protocol's own error (Connect 429 resource_exhausted, gRPC-Web grpc-status 8).
+    post.refusal = absl::ResourceExhaustedError(
+        absl::StrCat("request body: expected at most ", limit, " bytes, got more than ",
+                     MaxBody(max_message_bytes)));
+    return post;
+  }
+  if (static_cast<int64_t>(body_size) > limit) {
+    post.refusal = absl::ResourceExhaustedError(
+        absl::StrCat("request body: expected at most ", limit, " bytes, got ", body_size));
+  }
+  return post;
+}
+
+ConnectGet ReadConnectGet(absl::string_view query, HeaderLookup header,
+                          int64_t max_message_bytes) {
+  ConnectGet get;
+  get.type = ContentType{Protocol::kConnect, Codec::kProto, false};
+  absl::StatusOr<ConnectGetQuery> parsed =
+      ParseConnectGetQuery(query, static_cast<size_t>(max_message_bytes));
+  if (!parsed.ok()) {
+    get.refusal = parsed.status();
+    return get;
+  }
+  get.type.codec = parsed->codec;
+  if (absl::Status s = CheckConnectProtocolVersion(header("connect-protocol-version")); !s.ok()) {
+    get.refusal = s;
+    return get;
+  }
+  if (auto t = header("connect-timeout-ms")) {
+    absl::StatusOr<absl::Duration> timeout = ParseConnectTimeout(*t);
+    if (!timeout.ok()) {
+      get.refusal = timeout.status();
+      return get;
+    }
+    get.options.timeout = *timeout;
+  }
+  get.options.accept = NegotiateEncoding(header("accept-encoding"));
+  get.options.encoding = parsed->compression;
+  get.message = std::move(parsed->message);
+  return get;
 }
 
 namespace {

@@ -1,8 +1,11 @@
-// The transport-free middle of one HTTP RPC: a request's headers read into call options, its body
-// decoded into the request message, the response message encoded. The gateway (gateway.cc) calls
-// these on the HTTP server's loop threads; the HTTP fuzz target (tests/fuzz) calls the same functions
-// without a socket.
+// The transport-free middle of one HTTP RPC: a request's content type, headers and body size
+// read into what it asks for (ReadUnaryPost, ReadConnectGet), its body decoded into the request
+// message, the response message encoded. The gateway (service/gateway) calls these on the HTTP
+// server's loop threads; the HTTP fuzz target (tests/fuzz) calls the same functions without a
+// socket.
 //
+//   UnaryPost post = ReadUnaryPost(content_type, http2, header_lookup, body.size(), false, max);
+//   if (!post.refusal.ok()) ... answer UnaryError(post.type, post.refusal, post.http_status) ...
 //   absl::StatusOr<CallOptions> options = ParseCallHeaders(type->protocol, header_lookup);
 //   OFFLOAD_RETURN_IF_ERROR(DecodeRequest(*type, options->encoding, body, max, request.get()));
 //   ... run the method ...
@@ -48,6 +51,42 @@ using HeaderLookup = absl::FunctionRef<std::optional<absl::string_view>(const ch
 // grpc-encoding and grpc-accept-encoding (gRPC and gRPC-Web).
 // InvalidArgument for a malformed value, Unimplemented for an unknown encoding.
 absl::StatusOr<CallOptions> ParseCallHeaders(Protocol protocol, HeaderLookup header);
+
+// The largest body a request may have for a message of at most `max_message_bytes`: the
+// message, a gRPC-Web frame header, base64 for gRPC-Web text (with room for line breaks).
+int64_t MaxBody(int64_t max_message_bytes);
+
+// What a unary POST asks for, from its Content-Type, its headers and its body's size (or that
+// it was over what any protocol carries: `body_too_large`). `type` is the protocol of the
+// answer, also when the request is refused (a gRPC content type with a codec we lack is answered
+// as gRPC; one nobody speaks as Connect). `refusal` OK: the body is to be decoded with
+// `options.encoding`. Otherwise the call ends with it: Unimplemented for the content type (415
+// and Accept-Post for one nobody speaks; 505 for gRPC over HTTP/1.1, `http2` false), the
+// headers' errors (ParseCallHeaders), ResourceExhausted for a body over the message limit (a
+// frame header more for gRPC and gRPC-Web, base64's growth for gRPC-Web text).
+struct UnaryPost {
+  ContentType type;
+  CallOptions options;
+  absl::Status refusal;
+  int http_status = 0;  // the refusal's, when the protocol's own does not apply (0: it does)
+  HeaderList headers;   // more headers of the refusal's answer
+  int64_t body_limit = 0;  // the largest body of `type` (once the content type is read)
+};
+UnaryPost ReadUnaryPost(std::optional<absl::string_view> content_type, bool http2,
+                        HeaderLookup header, size_t body_size, bool body_too_large,
+                        int64_t max_message_bytes);
+
+// What a Connect GET asks for (its query: ParseConnectGetQuery; Connect-Protocol-Version,
+// Connect-Timeout-Ms, Accept-Encoding): `message` to decode with `options.encoding` (the query's
+// compression), or `refusal`.
+struct ConnectGet {
+  ContentType type;
+  CallOptions options;
+  std::string message;
+  absl::Status refusal;
+};
+ConnectGet ReadConnectGet(absl::string_view query, HeaderLookup header,
+                          int64_t max_message_bytes);
 
 // Decodes a whole request `body` into `request` (an empty message of the method's request type):
 // gRPC-Web text's base64, the single frame of gRPC and gRPC-Web, gzip (at most `max_message_bytes` of output), then binary protobuf or

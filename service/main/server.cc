@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "service/api/method_table.h"
 #include "service/auth/authorizer.h"
 #include "service/auth/forwarded_identity.h"
 #include "service/auth/tokens.h"
@@ -29,13 +30,14 @@
 #include "service/common/status_macros.h"
 #include "service/crypto/backend.h"
 #include "service/crypto/secure_heap.h"
-#include "service/http/gateway.h"
-#include "service/http/method_table.h"
+#include "service/gateway/gateway.h"
+#include "service/http/protocol.h"
 #include "service/keys/file_key_store.h"
 #include "service/keys/kek.h"
 #include "service/keys/kek_setup.h"
 #include "service/keys/key_manager.h"
 #include "service/keys/postgres_key_store.h"
+#include "service/main/metrics_endpoint.h"
 #include "service/memo/memo.h"
 #include "service/metrics/instrumented_key_store.h"
 #include "service/metrics/metrics.h"
@@ -460,7 +462,11 @@ absl::Status RunServer(const ServerConfig& config) {
   metrics.AddPullGauge("offload_ready", "1 once the key store is loaded and calls are served",
                        {}, [ready] { return ready->load() ? 1.0 : 0.0; });
   // Metrics are up first, so that a slow or failing key store load can be seen.
-  if (config.metrics_enabled) OFFLOAD_RETURN_IF_ERROR(metrics.StartExposer(config.metrics_address));
+  std::unique_ptr<MetricsEndpoint> metrics_endpoint;
+  if (config.metrics_enabled && !config.metrics_address.empty()) {
+    OFFLOAD_ASSIGN_OR_RETURN(metrics_endpoint,
+                             MetricsEndpoint::Start(&metrics, config.metrics_address));
+  }
 
   const absl::Time load_start = absl::Now();
   keys::KekOrigin kek_origin;
@@ -578,6 +584,7 @@ absl::Status RunServer(const ServerConfig& config) {
   auth_options.audit_file = config.audit_log_file;
   auth_options.audit_data_plane = config.audit_data_plane;
   auth_options.audit_fail_closed = config.audit_fail_closed;
+  auth_options.operations = api::PolicyOperations();
   auth_options.audit_checkpoint_interval = config.audit_checkpoint_interval;
   auth_options.audit_checkpoint_file = config.audit_checkpoint_file;
   if (!config.audit_chain_key_file.empty()) {
@@ -613,12 +620,12 @@ absl::Status RunServer(const ServerConfig& config) {
   RegisterPulledMetrics(metrics, memo, pool, *key_manager);
   RegisterGuardMetrics(metrics, admission, *authorizer, tokens.get());
   // One method table for every port and protocol: gRPC, gRPC-Web and Connect.
-  http::MethodTable http_methods(&operations, key_manager.get());
+  api::MethodTable http_methods(&operations, key_manager.get());
   OFFLOAD_ASSIGN_OR_RETURN(auth::TrustedProxies trusted_proxies,
                            auth::TrustedProxies::Parse(config.trusted_proxies));
   // The engine's options for a port: the HTTP port's flags, the same guards and TLS.
   const auto engine_options = [&](const std::string& address, const std::string& port) {
-    http::Gateway::Options http_options;
+    gateway::Gateway::Options http_options;
     http_options.port = port;
     http_options.http.address = address;
     http_options.max_message_bytes = config.max_message_bytes;
@@ -646,17 +653,17 @@ absl::Status RunServer(const ServerConfig& config) {
     http_options.inline_work = {config.inline_max_call, config.inline_turn_budget};
     return http_options;
   };
-  std::unique_ptr<http::Gateway> gateway;
+  std::unique_ptr<gateway::Gateway> http_gateway;
   if (!config.http_address.empty()) {
-    http::Gateway::Options http_options = engine_options(config.http_address, "http");
+    gateway::Gateway::Options http_options = engine_options(config.http_address, "http");
     OFFLOAD_ASSIGN_OR_RETURN(http_options.cors, http::CorsPolicy::Parse(config.http_cors_origins));
-    gateway = std::make_unique<http::Gateway>(
+    http_gateway = std::make_unique<gateway::Gateway>(
         &http_methods, &pool, config.metrics_enabled ? &metrics : nullptr, http_options);
-    OFFLOAD_RETURN_IF_ERROR(gateway->Start());
+    OFFLOAD_RETURN_IF_ERROR(http_gateway->Start());
   }
   // The gRPC port on the same engine: gRPC clients multiplex their calls on one connection, so
   // a connection may hold four of the largest messages at once.
-  http::Gateway::Options grpc_options = engine_options(config.grpc_address, "grpc");
+  gateway::Gateway::Options grpc_options = engine_options(config.grpc_address, "grpc");
   if (config.grpc_max_concurrent_streams > 0) {
     grpc_options.http.http2.max_concurrent_streams = config.grpc_max_concurrent_streams;
   }
@@ -667,12 +674,12 @@ absl::Status RunServer(const ServerConfig& config) {
   if (config.grpc_memory_budget_bytes >= 0) {
     grpc_options.http.memory_budget_bytes = config.grpc_memory_budget_bytes;
   }
-  http::Gateway grpc_gateway(&http_methods, &pool, config.metrics_enabled ? &metrics : nullptr,
+  gateway::Gateway grpc_gateway(&http_methods, &pool, config.metrics_enabled ? &metrics : nullptr,
                              grpc_options);
   OFFLOAD_RETURN_IF_ERROR(grpc_gateway.Start());
   ready->store(true);
   grpc_gateway.SetReady(true);
-  if (gateway != nullptr) gateway->SetReady(true);
+  if (http_gateway != nullptr) http_gateway->SetReady(true);
   LogStarted(config, grpc_gateway.port(), pool.size());
 
   const int signal_number = WaitForStopSignal();
@@ -686,16 +693,16 @@ absl::Status RunServer(const ServerConfig& config) {
   // connections closed, no new connection; then every request accepted is answered (until the
   // deadline) and the connections close.
   grpc_gateway.Drain();
-  if (gateway != nullptr) gateway->Drain();
+  if (http_gateway != nullptr) http_gateway->Drain();
   grpc_gateway.Stop(drain_deadline);
-  if (gateway != nullptr) gateway->Stop(drain_deadline);
+  if (http_gateway != nullptr) http_gateway->Stop(drain_deadline);
   // Tasks still queued (calls past the drain deadline) run now, while everything they use is
   // still here.
   pool.WaitIdle();
   // Answers held for their audit line (lifecycle calls; fail-closed) are delivered by the audit
   // writer thread: wait for it too, before the gateways' method tables go.
   authorizer->FlushAudit();
-  metrics.StopExposer();
+  if (metrics_endpoint != nullptr) metrics_endpoint->Stop();
   // How the drain ended, for operators who tune --drain_timeout: every call answered, or at the
   // deadline (calls still running then were cut).
   Log(LogLevel::kInfo, "server_stopped",

@@ -54,7 +54,7 @@ struct ServerConfig {
   absl::Duration drain_timeout = absl::Seconds(20);
   std::string metrics_address = "127.0.0.1:9464";  // empty: no /metrics exposer
   std::string http_address = "127.0.0.1:8080";     // empty: no HTTP gateway (Connect, gRPC-Web)
-  // The HTTP gateway (service/http/gateway.h, service/httpd/server.h).
+  // The HTTP gateway (service/gateway/gateway.h, service/httpd/server.h).
   std::string http_cors_origins;  // comma-separated exact origins; empty: no CORS headers
   int http_threads = 0;           // event loops; 0 = one per core, at most 4
   int http_max_connections = 10000;
@@ -117,7 +117,7 @@ struct ServerConfig {
   // and to this file when set, every interval (0: only on a change of file and at the stop).
   absl::Duration audit_checkpoint_interval = absl::Minutes(1);
   std::string audit_checkpoint_file;
-  // The fraction of data-plane calls (Sign, Derive, Box, AEAD: ops::kDataPlaneAudited) audited
+  // The fraction of data-plane calls (Sign, Derive, Box, AEAD: api::Method::data_plane) audited
   // one line each: 0 none, 1 all.
   double audit_data_plane = 0;
   // Refuse calls that must be audited (UNAVAILABLE) while the audit file is unwritable.

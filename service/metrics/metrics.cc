@@ -4,8 +4,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
-#include "service/httpd/server.h"
 #include "absl/synchronization/mutex.h"
 #include "prometheus/collectable.h"
 #include "prometheus/metric_family.h"
@@ -153,58 +151,6 @@ void Metrics::AddPullGauge(const std::string& name, const std::string& help, Lab
 
 void Metrics::SetInfo(const std::string& name, const std::string& help, Labels labels) {
   AddPullGauge(name, help, std::move(labels), [] { return 1.0; });
-}
-
-// GET /metrics (and HEAD); everything else 404 or 405.
-class Metrics::Exposer final : public httpd::Handler {
- public:
-  Exposer(const Metrics* metrics, const std::string& address) : metrics_(metrics) {
-    httpd::Server::Options options;
-    options.address = address;
-    options.threads = 1;
-    options.max_connections = 256;
-    options.max_body_bytes = 4096;
-    server_ = std::make_unique<httpd::Server>(std::move(options), this);
-  }
-  ~Exposer() override { Stop(); }
-
-  absl::Status Start() { return server_->Start(); }
-  int port() const { return server_->port(); }
-  void Stop() { server_->Stop(absl::Now() + absl::Seconds(2)); }
-
-  void Handle(std::shared_ptr<httpd::Exchange> exchange) override {
-    using Headers = httpd::Response::Headers;
-    if (exchange->path() != "/metrics") {
-      return exchange->Respond(httpd::Response(
-          404, Headers{{"content-type", "text/plain; charset=utf-8"}}, "not found: see /metrics\n"));
-    }
-    if (exchange->method() != "GET" && exchange->method() != "HEAD") {
-      return exchange->Respond(httpd::Response(
-          405, Headers{{"allow", "GET, HEAD"}, {"content-type", "text/plain; charset=utf-8"}},
-          "method not allowed\n"));
-    }
-    exchange->Respond(httpd::Response(
-        200, Headers{{"content-type", "text/plain; version=0.0.4; charset=utf-8"}},
-        metrics_->Scrape()));
-  }
-
- private:
-  const Metrics* const metrics_;
-  std::unique_ptr<httpd::Server> server_;
-};
-
-absl::Status Metrics::StartExposer(const std::string& address) {
-  if (address.empty()) return absl::OkStatus();
-  auto exposer = std::make_unique<Exposer>(this, address);
-  if (absl::Status s = exposer->Start(); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("metrics_address: ", s.message()));
-  }
-  exposer_ = std::move(exposer);
-  return absl::OkStatus();
-}
-
-void Metrics::StopExposer() {
-  if (exposer_ != nullptr) exposer_->Stop();
 }
 
 std::string Metrics::Scrape() const {

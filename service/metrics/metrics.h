@@ -6,11 +6,11 @@
 //   MethodMetrics* verify = metrics.Method("offload.v1.Ed25519Service", "BatchVerify", true);
 //   verify->Record(absl::StatusCode::kOk, 0.0004, ItemCounts{64, 0, 0}, /*batch_size=*/64);
 //   metrics.AddPullGauge("offload_worker_queue_depth", "Tasks waiting", {}, [&] { return q(); });
-//   OFFLOAD_RETURN_IF_ERROR(metrics.StartExposer("127.0.0.1:9464"));   // GET /metrics
+//   std::string text = metrics.Scrape();   // what GET /metrics answers (service/main)
 //
 // Names follow Prometheus conventions: `offload_` prefix, `_total` counters, `_seconds`
 // histograms, `_bytes` gauges. Labels are low-cardinality (service, method, code, cache, ...):
-// never a key id, never key material. Thread-safety: Method/AddPull*/StartExposer at start-up
+// never a key id, never key material. Thread-safety: Method/AddPull*/SetInfo at start-up
 // only; Record and Scrape from any thread.
 #ifndef SERVICE_METRICS_METRICS_H_
 #define SERVICE_METRICS_METRICS_H_
@@ -75,13 +75,8 @@ class Metrics final {
   // A gauge fixed at start-up, e.g. offload_build_info{version=...} 1.
   void SetInfo(const std::string& name, const std::string& help, Labels labels);
 
-  // Serves GET /metrics on `address` (host:port) from an
-  // event-loop thread of its own (httpd::Server). Empty address: no endpoint.
-  absl::Status StartExposer(const std::string& address);
-  // Stops the /metrics endpoint (also done by the destructor). Idempotent.
-  void StopExposer();
-
-  // The text exposition of everything, as Prometheus would scrape it.
+  // The text exposition of everything, as Prometheus would scrape it (served at GET /metrics
+  // by service/main/metrics_endpoint.h: this folder knows no transport).
   std::string Scrape() const;
 
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
@@ -96,8 +91,6 @@ class Metrics final {
   prometheus::Family<prometheus::Histogram>& batch_size_;
   prometheus::Family<prometheus::Counter>& items_;
   std::vector<std::unique_ptr<MethodMetrics>> methods_;
-  class Exposer;
-  std::unique_ptr<Exposer> exposer_;
 };
 
 // Latency buckets from 10 us to 10 s.

@@ -18,27 +18,27 @@ once (ctest bench.audit_cost_smoke), to check that the script works.
 
 import argparse
 import base64
-import json
 import os
 import secrets
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 from engine_ab import field  # noqa: E402
-from http_edge import cpu_seconds, free_port, h2load  # noqa: E402
+from bench_server import OffloadServer  # noqa: E402
+from http_edge import cpu_seconds, h2load  # noqa: E402
 
 MODES = ("off", "0.01", "all")
 
 
-class Server:
+class Server(OffloadServer):
+    """offload_server with a chained audit file and --audit_data_plane=`mode`."""
+
     def __init__(self, binary, work, mode):
         self.dir = os.path.join(work, mode)
         os.makedirs(self.dir)
@@ -47,51 +47,27 @@ class Server:
         with open(chain_key, "w") as f:
             f.write(secrets.token_hex(32) + "\n")
         os.chmod(chain_key, 0o600)
-        self.http = free_port()
-        self.proc = subprocess.Popen(
-            [binary, "--grpc_address=127.0.0.1:%d" % free_port(),
-             "--http_address=127.0.0.1:%d" % self.http,
-             "--metrics_address=127.0.0.1:%d" % free_port(),
-             "--data_dir=" + os.path.join(self.dir, "data"), "--backend=libsodium",
-             "--max_client_inflight=0", "--max_queued_items=0",
-             "--audit_log_file=" + self.audit, "--audit_chain_key_file=" + chain_key,
-             "--audit_data_plane=" + mode],
-            stderr=subprocess.DEVNULL, env=dict(os.environ, OFFLOAD_KEK=secrets.token_hex(32)))
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(self.url("/readyz"), timeout=2)
-                return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError("offload_server (%s) did not become ready" % mode)
-
-    def url(self, path):
-        return "http://127.0.0.1:%d%s" % (self.http, path)
-
-    def call(self, path, body):
-        req = urllib.request.Request(self.url(path), data=json.dumps(body).encode(),
-                                     headers={"content-type": "application/json"})
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return json.loads(r.read())
+        super().__init__(
+            binary, os.path.join(self.dir, "data"),
+            flags=["--backend=libsodium", "--max_client_inflight=0", "--max_queued_items=0",
+                   "--audit_log_file=" + self.audit, "--audit_chain_key_file=" + chain_key,
+                   "--audit_data_plane=" + mode],
+            name="offload_server (%s)" % mode)
 
     def audit_lines(self, event):
         with open(self.audit) as f:
             return sum(1 for line in f if '"event":"%s"' % event in line.replace(" ", ""))
-
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait(timeout=60)
 
 
 def request_bodies(server, work):
     """{name: (path, proto body file)}; the keys are created on `server` with fixed secrets, so
     that the same bodies work on every server."""
     seed = base64.b64encode(bytes(range(32))).decode()
-    server.call("/offload.v1.KeyService/ImportKey",
+    server.json("/offload.v1.KeyService/ImportKey",
                 {"keyId": "signer", "type": "KEY_TYPE_ED25519", "secret": seed})
-    server.call("/offload.v1.KeyService/ImportKey",
+    server.json("/offload.v1.KeyService/ImportKey",
                 {"keyId": "blobs", "type": "KEY_TYPE_XCHACHA20_POLY1305", "secret": seed})
-    sealed = server.call("/offload.v1.AeadService/Seal",
+    sealed = server.json("/offload.v1.AeadService/Seal",
                          {"keyId": "blobs", "plaintext": base64.b64encode(b"r" * 1024).decode()})
     bodies = {
         "Ed25519 Sign": ("/offload.v1.Ed25519Service/Sign",

@@ -25,24 +25,21 @@ same binary twice, to check that the script itself works (ctest bench.engine_ab_
 
 import argparse
 import base64
-import json
 import os
 import re
 import resource
-import secrets
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-from http_edge import cpu_seconds, free_port, h2load, rss_kib  # noqa: E402
+from bench_server import OffloadServer  # noqa: E402
+from http_edge import cpu_seconds, h2load, rss_kib  # noqa: E402
 
 
 def field(number, payload):
@@ -58,41 +55,14 @@ def field(number, payload):
     return bytes([number << 3 | 2]) + size + payload
 
 
-class Server:
-    """One offload_server process on free loopback ports."""
+class Server(OffloadServer):
+    """One offload_server process on free loopback ports, admission unbounded, no /metrics."""
 
     def __init__(self, binary, extra=()):
-        self.http = free_port()
         self.data = tempfile.mkdtemp(prefix="engine-ab-")
-        self.proc = subprocess.Popen(
-            [binary, "--grpc_address=127.0.0.1:%d" % free_port(),
-             "--http_address=127.0.0.1:%d" % self.http, "--metrics_address=",
-             "--data_dir=" + self.data, "--backend=libsodium", "--max_client_inflight=0",
-             "--max_queued_items=0"] + list(extra),
-            stderr=subprocess.DEVNULL, env=dict(os.environ, OFFLOAD_KEK=secrets.token_hex(32)))
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(self.url("/readyz"), timeout=2)
-                return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError("%s did not become ready" % binary)
-
-    def url(self, path):
-        return "http://127.0.0.1:%d%s" % (self.http, path)
-
-    def call(self, path, body, content_type="application/json"):
-        req = urllib.request.Request(self.url(path), data=body,
-                                     headers={"content-type": content_type})
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.read()
-
-    def json(self, path, obj):
-        return json.loads(self.call(path, json.dumps(obj).encode()))
-
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait(timeout=60)
+        super().__init__(binary, self.data, metrics=False,
+                         flags=["--backend=libsodium", "--max_client_inflight=0",
+                                "--max_queued_items=0"] + list(extra))
 
 
 def prepare(server, work, name):

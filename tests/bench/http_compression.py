@@ -26,25 +26,19 @@ import json
 import os
 import random
 import re
-import secrets
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_server import OffloadServer  # noqa: E402
+
 SIZE = 55000
 OPEN = "/offload.v1.AeadService/Open"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def json_like(n, seed=1):
@@ -91,53 +85,30 @@ def loadavg():
         return " / ".join(f.read().split()[:3])
 
 
-class Server:
+class Server(OffloadServer):
     def __init__(self, name, binary, flags, work):
-        self.name = name
         self.dir = tempfile.mkdtemp(dir=work)
-        self.http_port = free_port()
-        args = [binary, "--grpc_address=127.0.0.1:%d" % free_port(),
-                "--http_address=127.0.0.1:%d" % self.http_port,
-                "--metrics_address=127.0.0.1:%d" % free_port(),
-                "--data_dir=%s" % self.dir] + flags
-        env = dict(os.environ, OFFLOAD_KEK=secrets.token_hex(32))
         self.log = open(os.path.join(self.dir, "server.log"), "w")
-        self.proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=self.log)
-        self.url = "http://127.0.0.1:%d" % self.http_port
-        deadline = time.time() + 60
-        while True:
-            if self.proc.poll() is not None:
-                sys.exit("%s exited early; log in %s" % (name, self.log.name))
-            try:
-                with urllib.request.urlopen(self.url + "/readyz", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except (urllib.error.URLError, ConnectionError, OSError):
-                pass
-            if time.time() > deadline:
-                self.proc.kill()
-                sys.exit("%s not ready after 60 s" % name)
-            time.sleep(0.1)
+        try:
+            super().__init__(binary, self.dir, flags=flags, log=self.log, ready_seconds=60,
+                             name=name)
+        except RuntimeError as e:
+            sys.exit("%s; log in %s" % (e, self.log.name))
 
     def connect_json(self, path, message):
-        req = urllib.request.Request(self.url + path, data=json.dumps(message).encode(),
+        req = urllib.request.Request(self.url(path), data=json.dumps(message).encode(),
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=30) as r:
             return json.loads(r.read())
 
     def post(self, path, body, headers):
-        req = urllib.request.Request(self.url + path, data=body,
+        req = urllib.request.Request(self.url(path), data=body,
                                      headers=dict({"Content-Type": "application/proto"}, **headers))
         with urllib.request.urlopen(req, timeout=30) as r:
             return r.status, r.headers.get("Content-Encoding"), r.read()
 
     def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        super().stop(timeout=30)
         self.log.close()
 
 
@@ -205,7 +176,7 @@ def main():
                     sizes[(s, kind, gz)] = (enc or "identity", len(data))
                 # Warm-up: connections, allocator, memo.
                 for gz in (False, True):
-                    h2load(args, s.url, path, gz, min(1000, s.calls), args.clients)
+                    h2load(args, s.url(""), path, gz, min(1000, s.calls), args.clients)
 
         variants = [(k, gz) for k in plaintexts for gz in (False, True)]
         cpu = {}  # (server, kind, gz) -> [us per call, one per round]
@@ -217,7 +188,7 @@ def main():
             for s in servers:
                 for kind, gz in variants:
                     before = cpu_seconds(s.proc.pid)
-                    h2load(args, s.url, bodies[(s, kind)], gz, s.calls, args.clients)
+                    h2load(args, s.url(""), bodies[(s, kind)], gz, s.calls, args.clients)
                     us = (cpu_seconds(s.proc.pid) - before) / s.calls * 1e6
                     cpu.setdefault((s, kind, gz), []).append(us)
             print("round %d done, load average %s" % (r + 1, loadavg()), flush=True)

@@ -42,10 +42,7 @@ import grpc  # noqa: E402
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from bench_server import free_port  # noqa: E402,F401  (engine_ab and others import it from here)
 
 
 def cpu_seconds(pid):

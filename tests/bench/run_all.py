@@ -5,6 +5,8 @@ gRPC server (tests/bench/minimal_server.cc), the Node.js peer.
     tests/bench/run_all.sh                 # full: Release build, ~10 s per workload, ~12 min
     tests/bench/run_all.sh --short         # 2.5 s per workload, ~4 min
     tests/bench/run_all.sh --build_dir build-bench --skip_build --out /tmp/table.md
+    tests/bench/run_all.sh --baseline_ref main     # A/B against main's build, in one run
+    tests/bench/run_all.sh --baseline_server /tmp/before/bin/offload_server
 
 One run measures, on this machine:
   1. crypto_bench (in process): Ed25519 verify per backend, X25519 per backend, ChaCha20-Poly1305
@@ -26,6 +28,13 @@ One run measures, on this machine:
   4. issue 24 (the gRPC port on our engine): the same figures against issue 24's bounds, and
      raw_batch_verify - libsodium's crypto_sign_verify_detached over the very 64 triples of the
      h2load BatchVerify(64) body, once per h2load round - as the raw baseline for BatchVerify(64).
+  5. with --baseline_ref (a git ref: its tree is exported with `git archive` and its
+     offload_server built, Release, in <build_dir>-baseline) or --baseline_server (such a binary
+     built by hand): the build before a change, e.g. main against a branch. A fourth
+     server, started beside ours, takes every workload of ours right after it (before it, every
+     other workload) and every h2load row ours takes (alternated in each round, with its own
+     --memo=false twin); "A/B" tables then give both builds' figures and their ratio, so that a
+     change is judged against the noise of the same run.
 It prints a markdown report (figures, ratios, each issue-4 target met or missed) to stdout and
 writes it to --out. Server CPU per item is utime+stime of the server process (/proc/<pid>/stat)
 over the measured window, so it holds although the load generator shares the 2 cores; items/s and
@@ -72,6 +81,29 @@ def build(build_dir):
              'offload_server', 'offload_load', 'crypto_bench', 'minimal_server', 'memo_bench',
              'raw_batch_verify'],
             stdout=subprocess.DEVNULL)
+
+
+def build_baseline(ref, build_dir):
+    """offload_server of git `ref` (Release, ccache when present): its path."""
+    base = build_dir + '-baseline'
+    src = os.path.join(base, 'src')
+    shutil.rmtree(src, ignore_errors=True)
+    os.makedirs(src)
+    sha = subprocess.run(['git', '-C', ROOT, 'rev-parse', '--verify', ref + '^{commit}'],
+                         stdout=subprocess.PIPE, text=True, check=True).stdout.strip()
+    log(f'$ git archive {ref} ({sha[:12]}) | tar -x -C {src}')
+    archive = subprocess.Popen(['git', '-C', ROOT, 'archive', sha], stdout=subprocess.PIPE)
+    subprocess.run(['tar', '-x', '-C', src], stdin=archive.stdout, check=True)
+    if archive.wait() != 0:
+        raise RuntimeError(f'git archive {ref} failed')
+    cmake = ['cmake', '-S', src, '-B', os.path.join(base, 'build'), '-G', 'Ninja',
+             '-DCMAKE_BUILD_TYPE=Release', '-DOFFLOAD_BUILD_TESTS=OFF', '-DOFFLOAD_BUILD_BENCH=OFF']
+    if shutil.which('ccache'):
+        cmake += ['-DCMAKE_CXX_COMPILER_LAUNCHER=ccache', '-DCMAKE_C_COMPILER_LAUNCHER=ccache']
+    run_cmd(cmake, stdout=subprocess.DEVNULL)
+    run_cmd(['cmake', '--build', os.path.join(base, 'build'), '-j', str(os.cpu_count() or 2),
+             '--target', 'offload_server'], stdout=subprocess.DEVNULL)
+    return os.path.join(base, 'build', 'bin', 'offload_server'), sha
 
 
 def npm_ci():
@@ -335,12 +367,16 @@ def h2load_section(build_dir, workdir, servers, rounds, warmup, duration, runner
                                          '--cold_items=64'], body('batch64'))
     # BatchDerive names an X25519 key of the server that gets the body: one body per server.
     derive_flags = ['--workload=batch_derive', '--batch=64', '--mode=cold', '--cold_items=64']
+    ab = 'baseline' in servers
+    pairs = (('nomemo', 'ours_nomemo'), ('ours', 'ours'))
+    if ab:
+        pairs += (('baseline_nomemo', 'baseline_nomemo'), ('baseline', 'baseline'))
     derives = {name: write_request(runner, servers[key], derive_flags, body('derive64-' + name))
-               for name, key in (('nomemo', 'ours_nomemo'), ('ours', 'ours'))}
+               for name, key in pairs}
     open_flags = ['--workload=open', '--aead=chacha20', f'--size={B55000}', '--mode=warm',
                   '--warm_set=1']
     opens = {name: write_request(runner, servers[key], open_flags, body('open-' + name))
-             for name, key in (('minimal', 'minimal'), ('nomemo', 'ours_nomemo'), ('ours', 'ours'))}
+             for name, key in (('minimal', 'minimal'),) + pairs}
     V, BV, BD, OP = ('/offload.v1.Ed25519Service/Verify', '/offload.v1.Ed25519Service/BatchVerify',
                      '/offload.v1.X25519Service/BatchDerive', '/offload.v1.AeadService/Open')
     # (row, series, server, path, body, items per request, connect?, http/1.1?)
@@ -359,6 +395,24 @@ def h2load_section(build_dir, workdir, servers, rounds, warmup, duration, runner
         ('Open 55,000 B memo hit', 'ours Connect h2c', ours, OP, opens['ours'], 1, True, False),
         ('Open 55,000 B memo hit', 'ours Connect HTTP/1.1', ours, OP, opens['ours'], 1, True, True),
     ]
+    if ab:
+        # Every row of ours on the baseline build too, right after ours (its own bodies where
+        # they name its keys), as "<series> (baseline)".
+        twin = {id(nomemo): servers['baseline_nomemo'], id(ours): servers['baseline']}
+        # Bodies that name a server's keys, by that server's: ours -> the baseline's.
+        theirs = {derives['nomemo']: derives['baseline_nomemo'], derives['ours']: derives['baseline'],
+                  opens['nomemo']: opens['baseline_nomemo'], opens['ours']: opens['baseline']}
+        mirrored = []
+        for row, series, server, path, b, items, connect, h1 in plan:
+            mirrored.append((row, series, server, path, b, items, connect, h1))
+            if id(server) in twin:
+                b_other = b
+                for mine, other in theirs.items():
+                    if b == mine or b == mine + '.grpc':
+                        b_other = other + b[len(mine):]
+                mirrored.append((row, series + ' (baseline)', twin[id(server)], path, b_other,
+                                 items, connect, h1))
+        plan = mirrored
     for _, series, server, path, b, _, connect, _ in plan:
         if not connect and not grpc_call_ok(server.port, path, b):
             runner.failed.append(f'{series}: {path} did not answer grpc-status 0')
@@ -373,7 +427,15 @@ def h2load_section(build_dir, workdir, servers, rounds, warmup, duration, runner
             runner.failed.append('raw_batch_verify failed')
         else:
             raw_bv.append(json.loads(p.stdout)['cpu_us_per_verify'])
-        for row, series, server, path, b, items, connect, h1 in plan:
+        order = plan
+        if ab and r % 2 == 1:  # the baseline twin first in every other round
+            order = []
+            for entry in plan:
+                if entry[1].endswith(' (baseline)') and order and order[-1][0] == entry[0]:
+                    order.insert(len(order) - 1, entry)
+                else:
+                    order.append(entry)
+        for row, series, server, path, b, items, connect, h1 in order:
             port = server.http_port if connect else server.port
             log(f'[h2load round {r + 1}] {row}: {series}')
             res = h2load(server.pid, f'http://127.0.0.1:{port}{path}', b,
@@ -490,10 +552,51 @@ def report(ctx):
     for name, measured, limit, ok in targets(ctx):
         w(f"| {name} | {measured} | {limit} | {'met' if ok else ('missed' if ok is False else 'n/a')} |")
     report_issue15(ctx, w)
+    if ctx.get('baseline'):
+        report_ab(ctx, w)
     if ctx['failed']:
         w('')
         w('Runs that failed or reported errors: ' + '; '.join(ctx['failed']))
     return '\n'.join(lines) + '\n'
+
+
+def report_ab(ctx, w):
+    """This build against --baseline_server, every figure from the same run."""
+    ours, base, h2 = ctx['ours'], ctx['baseline'], ctx.get('h2') or {}
+    w('')
+    w('## A/B: this build against the baseline build (same run)')
+    w('')
+    w(f"This build: {ctx.get('this_commit') or '?'} (and its working tree). Baseline: "
+      f"{ctx.get('baseline_ref') or ctx['baseline_server']}"
+      f"{' (`' + ctx['baseline_server'] + '`)' if ctx.get('baseline_ref') else ''}, started beside "
+      "ours with the same flags; each "
+      'workload ran on both back to back (the baseline first every other workload), each h2load '
+      'row on both in every round (the baseline first every other round). Ratio: this build / '
+      'the baseline (server CPU per item: under 1 is cheaper).')
+    w('')
+    w('| workload | this CPU us/item | baseline CPU us/item | ratio | this items/s | '
+      'baseline items/s | this p99 ms | baseline p99 ms |')
+    w('| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |')
+    for label, o in ours.items():
+        b = base.get(label)
+        if not b:
+            continue
+        w(f"| {label} | {fmt(o['cpu'], 1)} | {fmt(b['cpu'], 1)} | "
+          f"{fmt(ratio(o['cpu'], b['cpu']), 2, 'x')} | {fmt(o['items_s'])} | "
+          f"{fmt(b['items_s'])} | {fmt(o['p99'], 2)} | {fmt(b['p99'], 2)} |")
+    w('')
+    w('| h2load row | series | this CPU us/item (median [min-max]) | baseline | ratio of medians |')
+    w('| --- | --- | ---: | ---: | ---: |')
+    for row, series_map in h2.items():
+        for series, cell in series_map.items():
+            twin = series_map.get(series + ' (baseline)')
+            if series.endswith(' (baseline)') or twin is None:
+                continue
+            xs = [x for x in cell['cpu'] if x is not None]
+            ys = [y for y in twin['cpu'] if y is not None]
+            spread = lambda v: f' [{min(v):.1f}-{max(v):.1f}]' if v else ''
+            w(f"| {row} | {series} | {fmt(median(xs), 1)}{spread(xs)} | "
+              f"{fmt(median(ys), 1)}{spread(ys)} | {fmt(ratio(median(xs), median(ys)), 2, 'x')} |")
 
 
 def report_issue15(ctx, w):
@@ -726,6 +829,10 @@ def main():
     ap.add_argument('--duration', type=float, default=None)
     ap.add_argument('--h2load_only', action='store_true',
                     help='only the issue-15 h2load rows and memo_bench (no offload_load, no peer)')
+    ap.add_argument('--baseline_server', default=None,
+                    help='an offload_server of the tree before a change: A/B against it, same run')
+    ap.add_argument('--baseline_ref', default=None,
+                    help='a git ref whose offload_server is built and used as --baseline_server')
     ap.add_argument('--h2load_rounds', type=int, default=3,
                     help='alternations of the servers in the h2load rows (median and spread)')
     args = ap.parse_args()
@@ -749,6 +856,11 @@ def main():
 
     if not args.skip_build:
         build(build_dir)
+    if args.baseline_ref:
+        args.baseline_server, sha = build_baseline(args.baseline_ref, build_dir)
+        ctx['baseline_ref'] = f'{args.baseline_ref} ({sha[:12]})'
+    ctx['this_commit'] = subprocess.run(['git', '-C', ROOT, 'rev-parse', '--short=12', 'HEAD'],
+                                        stdout=subprocess.PIPE, text=True).stdout.strip()
     npm_ci()
     node_info = subprocess.run(['node', '-p', 'JSON.stringify(process.versions)'],
                                stdout=subprocess.PIPE, text=True, check=True).stdout
@@ -768,7 +880,7 @@ def main():
         # during the run then hits the figures that a ratio compares alike.
         log('== servers: ours, the Node.js peer with key objects cached, and parsing per call')
         ctx['ours'], ctx['half'], ctx['peers'] = {}, {}, {'cached': {}, 'parse': {}}
-        ctx['minimal'] = {}
+        ctx['minimal'], ctx['baseline'] = {}, {}
         servers = {}
         try:
             servers['ours'] = start_ours(build_dir, workdir)
@@ -779,10 +891,17 @@ def main():
                 m = re.search(r'"choice":"([^"]*)"', f.read())
             ctx['backends'] = f'`{m.group(1)}`' if m else 'not logged'
             half_names = {'ours': 'ours', 'cached': 'Node peer (cached)', 'parse': 'Node peer (parse)'}
-            for label, flags, base, kind in ([] if args.h2load_only else workloads(peer=False)):
+            if args.baseline_server:
+                servers['baseline'] = start_ours(build_dir, workdir, 'baseline',
+                                                 binary=os.path.abspath(args.baseline_server))
+                ctx['baseline_server'] = os.path.abspath(args.baseline_server)
+            for i, (label, flags, base, kind) in enumerate(
+                    [] if args.h2load_only else workloads(peer=False)):
                 names = ('ours', 'cached', 'parse') if kind == 'cold' else ('ours',)
                 if kind == 'cold' and any(w in flags for w in MINIMAL_WORKLOADS):
                     names = ('ours', 'minimal', 'cached', 'parse')
+                if 'baseline' in servers:  # beside ours, first every other workload
+                    names = (('ours', 'baseline') if i % 2 == 0 else ('baseline', 'ours')) + names[1:]
                 for name in names:
                     row = runner.run(servers[name], label, flags)
                     if row is None:
@@ -790,6 +909,9 @@ def main():
                     row.update(base=base, kind=kind)
                     if name == 'minimal':
                         ctx['minimal'][label] = row
+                        continue
+                    if name == 'baseline':
+                        ctx['baseline'][label] = row
                         continue
                     (ctx['ours'] if name == 'ours' else ctx['peers'][name])[label] = row
                     if label == 'Verify cold':  # the p99 at half the capacity just measured
@@ -802,6 +924,10 @@ def main():
                     servers.pop(name).stop()
             log('== issue 15: h2load, fixed bodies (minimal server, ours memo off, ours memo on)')
             servers['ours_nomemo'] = start_ours(build_dir, workdir, 'ours-nomemo', ['--memo=false'])
+            if 'baseline' in servers:
+                servers['baseline_nomemo'] = start_ours(
+                    build_dir, workdir, 'baseline-nomemo', ['--memo=false'],
+                    binary=os.path.abspath(args.baseline_server))
             ctx['h2'], ctx['raw_bv'] = h2load_section(build_dir, workdir, servers, args.h2load_rounds,
                                        warmup, duration, runner)
         finally:

@@ -31,11 +31,9 @@ import os
 import re
 import secrets
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -46,7 +44,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa  # noqa: 
 from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm  # noqa: E402
 
 from engine_ab import field  # noqa: E402
-from http_edge import cpu_seconds, free_port, h2load  # noqa: E402
+from bench_server import OffloadServer  # noqa: E402
+from http_edge import cpu_seconds, h2load  # noqa: E402
 
 ISSUER = "https://id.bench.example"
 AUDIENCE = "crypto-offload"
@@ -66,7 +65,7 @@ def full_length_coordinates(jwk):
     return jwk
 
 
-class Server:
+class Server(OffloadServer):
     """offload_server with tokens on; `prefix` runs it under another program (valgrind)."""
 
     def __init__(self, binary, work, prefix=(), extra=(), ready_seconds=30):
@@ -79,26 +78,11 @@ class Server:
         path = os.path.join(work, "jwks.json")
         with open(path, "w") as f:
             json.dump(jwks, f)
-        self.http = free_port()
-        self.metrics = free_port()
-        self.proc = subprocess.Popen(
-            list(prefix) + [binary, "--grpc_address=127.0.0.1:%d" % free_port(),
-             "--http_address=127.0.0.1:%d" % self.http,
-             "--metrics_address=127.0.0.1:%d" % self.metrics,
-             "--data_dir=" + os.path.join(work, "data"), "--backend=libsodium",
-             "--max_client_inflight=0", "--max_queued_items=0", "--jwks_file=" + path,
-             "--token_issuer=" + ISSUER, "--token_audience=" + AUDIENCE] + list(extra),
-            stderr=subprocess.DEVNULL, env=dict(os.environ, OFFLOAD_KEK=secrets.token_hex(32)))
-        for _ in range(ready_seconds * 10):
-            try:
-                urllib.request.urlopen(self.url("/readyz"), timeout=2)
-                return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError("%s did not become ready" % binary)
-
-    def url(self, path):
-        return "http://127.0.0.1:%d%s" % (self.http, path)
+        super().__init__(
+            binary, os.path.join(work, "data"), prefix=prefix, ready_seconds=ready_seconds,
+            flags=["--backend=libsodium", "--max_client_inflight=0", "--max_queued_items=0",
+                   "--jwks_file=" + path, "--token_issuer=" + ISSUER,
+                   "--token_audience=" + AUDIENCE] + list(extra))
 
     def token(self, alg="EdDSA", jti=None):
         claims = {"iss": ISSUER, "aud": AUDIENCE, "sub": "bench-client",
@@ -106,23 +90,13 @@ class Server:
         return jwt.encode(claims, self.keys[alg], algorithm=alg, headers={"kid": alg})
 
     def call(self, path, body, content_type="application/json", token=None):
-        headers = {"content-type": content_type}
-        if token:
-            headers["authorization"] = "Bearer " + token
-        req = urllib.request.Request(self.url(path), data=body, headers=headers)
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.read()
+        return super().call(path, body, content_type,
+                            {"authorization": "Bearer " + token} if token else None)
 
     def signature_checks(self):
-        text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % self.metrics,
-                                      timeout=10).read().decode()
-        m = re.search(r'^offload_token_checks_total\{result="signature_checked"\} (\S+)$', text,
-                      re.M)
+        m = re.search(r'^offload_token_checks_total\{result="signature_checked"\} (\S+)$',
+                      self.scrape(), re.M)
         return float(m.group(1))
-
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait(timeout=60)
 
 
 def verify_body(server):

@@ -17,23 +17,11 @@
 namespace offload::fuzz {
 namespace {
 
-using crypto::Backend;
-using crypto::BackendChoice;
-
-World* Sodium() {
-  static World* w = NewWorld(BackendChoice::All(Backend::kLibsodium));
-  return w;
-}
-World* Ssl() {
-  static World* w = NewWorld(BackendChoice::All(Backend::kOpenSsl));
-  return w;
-}
-
 absl::Status CheckOpen(const v1::AeadOpenRequest& q, v1::AeadOpenResponse* a) {
   v1::AeadOpenResponse b, again;
-  const absl::Status sa = Sodium()->ops->AeadOpen(q, a);
-  const absl::Status sb = Ssl()->ops->AeadOpen(q, &b);
-  const absl::Status s2 = Sodium()->ops->AeadOpen(q, &again);
+  const absl::Status sa = SodiumWorld()->ops->AeadOpen(q, a);
+  const absl::Status sb = OpenSslWorld()->ops->AeadOpen(q, &b);
+  const absl::Status s2 = SodiumWorld()->ops->AeadOpen(q, &again);
   FUZZ_CHECK(IsOneOf(sa.code(), kOperationCodes), sa.ToString());
   FUZZ_CHECK(sa.code() == sb.code() && sa.code() == s2.code(), sa.ToString(), " vs ",
              sb.ToString(), " vs ", s2.ToString());
@@ -51,7 +39,7 @@ void CheckSeal(const v1::AeadSealRequest& q, const absl::Status& sa,
                const v1::AeadSealResponse& a) {
   FUZZ_CHECK(IsOneOf(sa.code(), kOperationCodes), sa.ToString());
   v1::AeadSealResponse b;
-  const absl::Status sb = Ssl()->ops->AeadSeal(q, &b);
+  const absl::Status sb = OpenSslWorld()->ops->AeadSeal(q, &b);
   FUZZ_CHECK(sa.code() == sb.code(), sa.ToString(), " vs ", sb.ToString());
   if (!sa.ok()) return;
   const std::string& e = a.envelope();
@@ -86,12 +74,6 @@ void CheckSeal(const v1::AeadSealRequest& q, const absl::Status& sa,
   FUZZ_CHECK(st.code() == absl::StatusCode::kInvalidArgument, "other aad: ", st.ToString());
 }
 
-template <typename Result>
-absl::Status ItemStatus(const Result& result) {
-  return absl::Status(static_cast<absl::StatusCode>(result.status().code()),
-                      result.status().message());
-}
-
 }  // namespace
 }  // namespace offload::fuzz
 
@@ -100,31 +82,28 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace offload::fuzz;  // NOLINT
   Input in(data, size);
   const uint8_t selector = in.Byte() % 5;
-  const int max_items = Sodium()->ops->options().max_batch_items;
+  const int max_items = SodiumWorld()->ops->options().max_batch_items;
   switch (selector) {
     case 0: {
       v1::AeadSealRequest q;
-      const absl::string_view rest = in.Rest();
-      if (!q.ParseFromArray(rest.data(), static_cast<int>(rest.size()))) return -1;
+      if (!ParseRest(in, &q)) return -1;
       v1::AeadSealResponse a;
-      CheckSeal(q, Sodium()->ops->AeadSeal(q, &a), a);
+      CheckSeal(q, SodiumWorld()->ops->AeadSeal(q, &a), a);
       break;
     }
     case 1: {
       v1::AeadOpenRequest q;
-      const absl::string_view rest = in.Rest();
-      if (!q.ParseFromArray(rest.data(), static_cast<int>(rest.size()))) return -1;
+      if (!ParseRest(in, &q)) return -1;
       v1::AeadOpenResponse a;
       CheckOpen(q, &a);
       break;
     }
     case 2: {
       v1::BatchAeadSealRequest q;
-      const absl::string_view rest = in.Rest();
-      if (!q.ParseFromArray(rest.data(), static_cast<int>(rest.size()))) return -1;
+      if (!ParseRest(in, &q)) return -1;
       v1::BatchAeadSealResponse r;
       const absl::Status s = WaitForBatch([&](ops::Operations::Done done) {
-        Sodium()->ops->BatchAeadSeal(q, &r, std::move(done));
+        SodiumWorld()->ops->BatchAeadSeal(q, &r, std::move(done));
       });
       FUZZ_CHECK(IsOneOf(s.code(), kBatchCallCodes), s.ToString());
       const int n = q.items_size();
@@ -138,11 +117,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     case 3: {
       v1::BatchAeadOpenRequest q;
-      const absl::string_view rest = in.Rest();
-      if (!q.ParseFromArray(rest.data(), static_cast<int>(rest.size()))) return -1;
+      if (!ParseRest(in, &q)) return -1;
       v1::BatchAeadOpenResponse r;
       const absl::Status s = WaitForBatch(
-          [&](ops::Operations::Done done) { Ssl()->ops->BatchAeadOpen(q, &r, std::move(done)); });
+          [&](ops::Operations::Done done) { OpenSslWorld()->ops->BatchAeadOpen(q, &r, std::move(done)); });
       FUZZ_CHECK(IsOneOf(s.code(), kBatchCallCodes), s.ToString());
       const int n = q.items_size();
       FUZZ_CHECK(s.ok() == (n > 0 && n <= max_items), n);

@@ -15,24 +15,12 @@
 namespace offload::fuzz {
 namespace {
 
-using crypto::Backend;
-using crypto::BackendChoice;
-
-World* Sodium() {
-  static World* w = NewWorld(BackendChoice::All(Backend::kLibsodium));
-  return w;
-}
-World* Ssl() {
-  static World* w = NewWorld(BackendChoice::All(Backend::kOpenSsl));
-  return w;
-}
-
 // Opens `q` on both worlds (twice on one); returns the libsodium world's result.
 absl::Status CheckOpen(const v1::BoxOpenRequest& q, v1::BoxOpenResponse* a) {
   v1::BoxOpenResponse b, again;
-  const absl::Status sa = Sodium()->ops->BoxOpen(q, a);
-  const absl::Status sb = Ssl()->ops->BoxOpen(q, &b);
-  const absl::Status s2 = Sodium()->ops->BoxOpen(q, &again);
+  const absl::Status sa = SodiumWorld()->ops->BoxOpen(q, a);
+  const absl::Status sb = OpenSslWorld()->ops->BoxOpen(q, &b);
+  const absl::Status s2 = SodiumWorld()->ops->BoxOpen(q, &again);
   FUZZ_CHECK(IsOneOf(sa.code(), kOperationCodes), sa.ToString());
   FUZZ_CHECK(sa.code() == sb.code() && sa.code() == s2.code(), sa.ToString(), " vs ",
              sb.ToString(), " vs ", s2.ToString());
@@ -47,7 +35,7 @@ absl::Status CheckOpen(const v1::BoxOpenRequest& q, v1::BoxOpenResponse* a) {
 void CheckSeal(const v1::BoxSealRequest& q, const absl::Status& sa, const v1::BoxSealResponse& a) {
   FUZZ_CHECK(IsOneOf(sa.code(), kOperationCodes), sa.ToString());
   v1::BoxSealResponse b;
-  const absl::Status sb = Ssl()->ops->BoxSeal(q, &b);
+  const absl::Status sb = OpenSslWorld()->ops->BoxSeal(q, &b);
   FUZZ_CHECK(sa.code() == sb.code(), sa.ToString(), " vs ", sb.ToString());
   if (!sa.ok()) return;
   FUZZ_CHECK(a.nonce().size() == 24, a.nonce().size());
@@ -73,12 +61,6 @@ void CheckSeal(const v1::BoxSealRequest& q, const absl::Status& sa, const v1::Bo
   FUZZ_CHECK(st.code() == absl::StatusCode::kInvalidArgument, "tampered box: ", st.ToString());
 }
 
-template <typename Result>
-absl::Status ItemStatus(const Result& result) {
-  return absl::Status(static_cast<absl::StatusCode>(result.status().code()),
-                      result.status().message());
-}
-
 }  // namespace
 }  // namespace offload::fuzz
 
@@ -87,31 +69,28 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace offload::fuzz;  // NOLINT
   Input in(data, size);
   const uint8_t selector = in.Byte() % 5;
-  const int max_items = Sodium()->ops->options().max_batch_items;
+  const int max_items = SodiumWorld()->ops->options().max_batch_items;
   switch (selector) {
     case 0: {
       v1::BoxSealRequest q;
-      const absl::string_view rest = in.Rest();
-      if (!q.ParseFromArray(rest.data(), static_cast<int>(rest.size()))) return -1;
+      if (!ParseRest(in, &q)) return -1;
       v1::BoxSealResponse a;
-      CheckSeal(q, Sodium()->ops->BoxSeal(q, &a), a);
+      CheckSeal(q, SodiumWorld()->ops->BoxSeal(q, &a), a);
       break;
     }
     case 1: {
       v1::BoxOpenRequest q;
-      const absl::string_view rest = in.Rest();
-      if (!q.ParseFromArray(rest.data(), static_cast<int>(rest.size()))) return -1;
+      if (!ParseRest(in, &q)) return -1;
       v1::BoxOpenResponse a;
       CheckOpen(q, &a);
       break;
     }
     case 2: {
       v1::BatchBoxSealRequest q;
-      const absl::string_view rest = in.Rest();
-      if (!q.ParseFromArray(rest.data(), static_cast<int>(rest.size()))) return -1;
+      if (!ParseRest(in, &q)) return -1;
       v1::BatchBoxSealResponse r;
       const absl::Status s = WaitForBatch(
-          [&](ops::Operations::Done done) { Sodium()->ops->BatchBoxSeal(q, &r, std::move(done)); });
+          [&](ops::Operations::Done done) { SodiumWorld()->ops->BatchBoxSeal(q, &r, std::move(done)); });
       FUZZ_CHECK(IsOneOf(s.code(), kBatchCallCodes), s.ToString());
       const int n = q.items_size();
       FUZZ_CHECK(s.ok() == (n > 0 && n <= max_items), n);
@@ -124,11 +103,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     case 3: {
       v1::BatchBoxOpenRequest q;
-      const absl::string_view rest = in.Rest();
-      if (!q.ParseFromArray(rest.data(), static_cast<int>(rest.size()))) return -1;
+      if (!ParseRest(in, &q)) return -1;
       v1::BatchBoxOpenResponse r;
       const absl::Status s = WaitForBatch(
-          [&](ops::Operations::Done done) { Ssl()->ops->BatchBoxOpen(q, &r, std::move(done)); });
+          [&](ops::Operations::Done done) { OpenSslWorld()->ops->BatchBoxOpen(q, &r, std::move(done)); });
       FUZZ_CHECK(IsOneOf(s.code(), kBatchCallCodes), s.ToString());
       const int n = q.items_size();
       FUZZ_CHECK(s.ok() == (n > 0 && n <= max_items), n);

@@ -15,18 +15,6 @@
 namespace offload::fuzz {
 namespace {
 
-using crypto::Backend;
-using crypto::BackendChoice;
-
-World* Sodium() {
-  static World* w = NewWorld(BackendChoice::All(Backend::kLibsodium));
-  return w;
-}
-World* Ssl() {
-  static World* w = NewWorld(BackendChoice::All(Backend::kOpenSsl));
-  return w;
-}
-
 bool SizesOk(const v1::VerifyRequest& q) {
   return q.public_key().size() == 32 && q.signature().size() == 64;
 }
@@ -35,15 +23,15 @@ bool SizesOk(const v1::VerifyRequest& q) {
 // handler's two-step path. Returns the common answer (`valid` false on INVALID_ARGUMENT).
 bool CheckVerify(const v1::VerifyRequest& q) {
   v1::VerifyResponse a, b, again;
-  const absl::Status sa = Sodium()->ops->Verify(q, &a);
-  const absl::Status sb = Ssl()->ops->Verify(q, &b);
+  const absl::Status sa = SodiumWorld()->ops->Verify(q, &a);
+  const absl::Status sb = OpenSslWorld()->ops->Verify(q, &b);
   FUZZ_CHECK(IsOneOf(sa.code(), {absl::StatusCode::kOk, absl::StatusCode::kInvalidArgument}),
              sa.ToString());
   FUZZ_CHECK(sa.code() == sb.code(), sa.ToString(), " vs ", sb.ToString());
   FUZZ_CHECK(sa.ok() == SizesOk(q), sa.ToString());
   FUZZ_CHECK(a.valid() == b.valid(), "libsodium says ", a.valid(), ", OpenSSL says ", b.valid());
   FUZZ_CHECK(a.valid() || !a.memo_hit(), "an invalid signature came from the memo");
-  const absl::Status s2 = Sodium()->ops->Verify(q, &again);
+  const absl::Status s2 = SodiumWorld()->ops->Verify(q, &again);
   FUZZ_CHECK(s2.code() == sa.code() && again.valid() == a.valid(), "repeat: ", again.valid());
   FUZZ_CHECK(!sa.ok() || again.memo_hit() == again.valid(), "memo_hit ", again.memo_hit());
 
@@ -51,8 +39,8 @@ bool CheckVerify(const v1::VerifyRequest& q) {
   v1::VerifyResponse split;
   memo::Digest digest;
   absl::Status status;
-  if (!Ssl()->ops->VerifyFromMemo(q, &split, &digest, &status)) {
-    status = Ssl()->ops->VerifyFresh(q, digest, &split);
+  if (!OpenSslWorld()->ops->VerifyFromMemo(q, &split, &digest, &status)) {
+    status = OpenSslWorld()->ops->VerifyFresh(q, digest, &split);
   }
   FUZZ_CHECK(status.code() == sa.code() && split.valid() == a.valid(), "split path: ",
              status.ToString(), " valid ", split.valid());
@@ -61,7 +49,7 @@ bool CheckVerify(const v1::VerifyRequest& q) {
 
 void CheckSign(const v1::SignRequest& q, const absl::Status& sa, const v1::SignResponse& a) {
   v1::SignResponse b;
-  const absl::Status sb = Ssl()->ops->Sign(q, &b);
+  const absl::Status sb = OpenSslWorld()->ops->Sign(q, &b);
   FUZZ_CHECK(IsOneOf(sa.code(), kOperationCodes), sa.ToString());
   FUZZ_CHECK(sa.code() == sb.code(), sa.ToString(), " vs ", sb.ToString());
   if (!sa.ok()) return;
@@ -88,46 +76,44 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   switch (selector) {
     case 0: {
       v1::SignRequest q;
-      if (!q.ParseFromArray(rest.data(), static_cast<int>(rest.size()))) return -1;
+      if (!ParseRest(in, &q)) return -1;
       v1::SignResponse a;
-      const absl::Status sa = Sodium()->ops->Sign(q, &a);
+      const absl::Status sa = SodiumWorld()->ops->Sign(q, &a);
       CheckSign(q, sa, a);
       break;
     }
     case 1: {
       v1::VerifyRequest q;
-      if (!q.ParseFromArray(rest.data(), static_cast<int>(rest.size()))) return -1;
+      if (!ParseRest(in, &q)) return -1;
       CheckVerify(q);
       break;
     }
     case 2: {
       v1::BatchSignRequest q;
-      if (!q.ParseFromArray(rest.data(), static_cast<int>(rest.size()))) return -1;
+      if (!ParseRest(in, &q)) return -1;
       v1::BatchSignResponse r;
       const absl::Status s = WaitForBatch(
-          [&](ops::Operations::Done done) { Sodium()->ops->BatchSign(q, &r, std::move(done)); });
+          [&](ops::Operations::Done done) { SodiumWorld()->ops->BatchSign(q, &r, std::move(done)); });
       FUZZ_CHECK(IsOneOf(s.code(), kBatchCallCodes), s.ToString());
       const int n = q.items_size();
-      FUZZ_CHECK(s.ok() == (n > 0 && n <= Sodium()->ops->options().max_batch_items), n);
+      FUZZ_CHECK(s.ok() == (n > 0 && n <= SodiumWorld()->ops->options().max_batch_items), n);
       if (!s.ok()) break;
       FUZZ_CHECK(r.results_size() == n, r.results_size(), " results for ", n, " items");
       for (int i = 0; i < n; ++i) {
         const auto& result = r.results(i);
-        const absl::Status item(static_cast<absl::StatusCode>(result.status().code()),
-                                result.status().message());
-        CheckSign(q.items(i), item, result.response());
+        CheckSign(q.items(i), ItemStatus(result), result.response());
       }
       break;
     }
     case 3: {
       v1::BatchVerifyRequest q;
-      if (!q.ParseFromArray(rest.data(), static_cast<int>(rest.size()))) return -1;
+      if (!ParseRest(in, &q)) return -1;
       v1::BatchVerifyResponse r;
       const absl::Status s = WaitForBatch(
-          [&](ops::Operations::Done done) { Ssl()->ops->BatchVerify(q, &r, std::move(done)); });
+          [&](ops::Operations::Done done) { OpenSslWorld()->ops->BatchVerify(q, &r, std::move(done)); });
       FUZZ_CHECK(IsOneOf(s.code(), kBatchCallCodes), s.ToString());
       const int n = q.items_size();
-      FUZZ_CHECK(s.ok() == (n > 0 && n <= Ssl()->ops->options().max_batch_items), n);
+      FUZZ_CHECK(s.ok() == (n > 0 && n <= OpenSslWorld()->ops->options().max_batch_items), n);
       if (!s.ok()) break;
       FUZZ_CHECK(r.results_size() == n, r.results_size(), " results for ", n, " items");
       for (int i = 0; i < n; ++i) {

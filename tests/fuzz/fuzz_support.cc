@@ -157,4 +157,14 @@ World* NewWorld(crypto::BackendChoice backends, int max_batch_items) {
   return world;
 }
 
+World* SodiumWorld() {
+  static World* w = NewWorld(crypto::BackendChoice::All(crypto::Backend::kLibsodium));
+  return w;
+}
+
+World* OpenSslWorld() {
+  static World* w = NewWorld(crypto::BackendChoice::All(crypto::Backend::kOpenSsl));
+  return w;
+}
+
 }  // namespace offload::fuzz

@@ -9,7 +9,9 @@
 //   FUZZ_CHECK(IsOneOf(s.code(), kOperationCodes), "Sign: undocumented code ", s.ToString());
 //
 // Every world of a process starts from one key set, copied file for file, so two worlds on
-// different crypto backends hold the same secrets and must give the same answers.
+// different crypto backends hold the same secrets and must give the same answers: the backend
+// targets cross-check SodiumWorld() against OpenSslWorld(). The selector-then-message input
+// format they share: Input, ParseRest, ItemStatus.
 // Thread-safety: NewWorld from one thread (the fuzzer's); a world's parts are thread-safe.
 #ifndef TESTS_FUZZ_FUZZ_SUPPORT_H_
 #define TESTS_FUZZ_FUZZ_SUPPORT_H_
@@ -28,6 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/notification.h"
+#include "google/protobuf/message.h"
 #include "service/common/secret_bytes.h"
 #include "service/crypto/backend.h"
 #include "service/keys/key_manager.h"
@@ -77,6 +80,11 @@ struct World {
 // wait (wait_seconds), measured on the world's clock. Never freed: it lives until the fuzzer exits. Aborts on failure.
 World* NewWorld(crypto::BackendChoice backends, int max_batch_items = 16);
 
+// The process's two cross-checked worlds: every primitive on libsodium, and every primitive on
+// OpenSSL (made on first use, the same keys in both).
+World* SodiumWorld();
+World* OpenSslWorld();
+
 // The key-encryption key of key_store_fuzzer's store (and of its seeds): fixed and public.
 SecretBytes KeyStoreFuzzKek();
 
@@ -115,6 +123,13 @@ absl::Status WaitForBatch(Start start) {
   return result;
 }
 
+// A batch item's result status (its `status` field: code and message) as an absl::Status.
+template <typename Result>
+absl::Status ItemStatus(const Result& result) {
+  return absl::Status(static_cast<absl::StatusCode>(result.status().code()),
+                      result.status().message());
+}
+
 // Consumes input bytes from the front: the selector bytes of a target's input format.
 class Input {
  public:
@@ -133,6 +148,13 @@ class Input {
   const uint8_t* data_;
   size_t size_;
 };
+
+// The rest of `in` parsed as `message` (binary protobuf): false when it is not one, and the
+// target rejects the input (returns -1, so that libFuzzer does not keep it).
+inline bool ParseRest(const Input& in, google::protobuf::Message* message) {
+  const absl::string_view rest = in.Rest();
+  return message->ParseFromArray(rest.data(), static_cast<int>(rest.size()));
+}
 
 }  // namespace offload::fuzz
 

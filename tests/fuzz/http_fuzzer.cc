@@ -1,13 +1,15 @@
-// The HTTP gateway's request path (service/http) without a socket: the same functions the
-// gateway's handler (Gateway::Handle / Call) calls, in its order. Input = a request in text form:
+// The HTTP request path (service/http) without a socket: the same mapping functions the gateway's
+// unary call (service/gateway/internal/unary_call.cc) calls, in its order. Input = a request in
+// text form:
 //   line 1: the path ("/offload.v1.AeadService/Open"), or "GET " and a path with a Connect GET
 //           query ("GET /offload.v1.KeyService/GetKey?encoding=json&message=...")
 //   then "Name: value" header lines, an empty line, and the body (bytes to the end)
-// Steps: method table lookup, ParseContentType (or ParseConnectGetQuery), ParseCallHeaders
-// (Connect / gRPC-Web headers), the body size limit, DecodeRequest (gRPC-Web text's base64,
-// gRPC-Web frame, gzip, binary or JSON protobuf), the method
-// call over Operations and the KeyManager (a world with the fixed keys), EncodeResponse, and the
-// error or response encodings (Connect JSON error, gRPC-Web frame and trailers, gzip).
+// Steps: method table lookup, ReadUnaryPost (content type, Connect / gRPC / gRPC-Web headers, the
+// body size limit) or ReadConnectGet (the GET query and headers), DecodeRequest (gRPC-Web text's
+// base64, gRPC-Web frame, gzip, binary or JSON protobuf), the method call over Operations and
+// the KeyManager (a world with the fixed keys), EncodeResponse, CompressResponse and the answer
+// (UnarySuccess), or the error's answer in each protocol (UnaryError: Connect JSON error, gRPC
+// Trailers-Only, gRPC-Web trailers).
 // Invariants: no crash; only codes a gateway call may end with; an error body is JSON with the
 // code's Connect name and an HTTP status of 4xx/5xx; percent-encoded messages are printable
 // ASCII; frames and gzip round-trip.
@@ -23,8 +25,9 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
-#include "service/http/method_table.h"
-#include "service/http/reflection.h"
+#include "service/api/method_table.h"
+#include "service/api/reflection.h"
+#include "service/http/answer.h"
 #include "service/http/protocol.h"
 #include "service/http/rpc_codec.h"
 #include "tests/fuzz/fuzz_support.h"
@@ -41,7 +44,7 @@ constexpr size_t kMaxKeys = 32;
 
 struct Fixture {
   World* world = NewWorld(crypto::BackendChoice{});
-  http::MethodTable table{world->ops.get(), world->keys.get()};
+  api::MethodTable table{world->ops.get(), world->keys.get()};
 };
 Fixture& F() {
   static Fixture* f = new Fixture;
@@ -89,6 +92,20 @@ void CheckErrorEncodings(const absl::Status& status) {
   FUZZ_CHECK(absl::StartsWith(trailers, absl::StrCat("grpc-status: ", static_cast<int>(status.code()),
                                                      "\r\n")),
              trailers);
+  // The answers the protocols make of it: Connect's status and JSON, gRPC's and gRPC-Web's
+  // Trailers-Only with the code in grpc-status.
+  const http::Answer connect = http::UnaryError(http::ContentType{}, status, 0);
+  FUZZ_CHECK(connect.status == http_status && connect.body == body, connect.status);
+  for (const http::ContentType type : {http::ContentType{Protocol::kGrpc, Codec::kProto, false},
+                                       http::ContentType{Protocol::kGrpcWeb, Codec::kProto, true}}) {
+    const http::Answer grpc = http::UnaryError(type, status, 0);
+    FUZZ_CHECK(grpc.status == 200 && grpc.body.empty() && grpc.trailers.empty(), grpc.status);
+    bool has_status = false;
+    for (const auto& [name, value] : grpc.headers) {
+      if (name == "grpc-status") has_status = value == absl::StrCat(static_cast<int>(status.code()));
+    }
+    FUZZ_CHECK(has_status, "grpc-status of ", status.ToString());
+  }
 }
 
 bool IsFixedKey(const google::protobuf::Message& request) {
@@ -117,33 +134,36 @@ absl::Status Serve(const Request& r, std::string* out) {
                                       ? path.substr(path.find('?') + 1)
                                       : absl::string_view();
   if (get) path = path.substr(0, path.find('?'));
-  const http::Method* method = F().table.Find(path);
+  const api::Method* method = F().table.Find(path);
   if (method == nullptr) {
     return absl::UnimplementedError(absl::StrCat("unknown method ", path.substr(0, 128)));
   }
-  absl::StatusOr<http::ContentType> type = http::ContentType{};
-  absl::StatusOr<http::CallOptions> options = http::CallOptions{};
-  absl::StatusOr<http::ConnectGetQuery> get_query;
+  http::ContentType type;
+  http::CallOptions options;
+  std::string get_message;
   absl::string_view body = r.body;
   if (get) {
     if (!method->no_side_effects) return absl::UnimplementedError("GET: POST only");
-    get_query = http::ParseConnectGetQuery(query, kMaxMessageBytes);
-    if (!get_query.ok()) return get_query.status();
-    FUZZ_CHECK(get_query->message.size() <= static_cast<size_t>(kMaxMessageBytes), "GET size");
-    type->codec = get_query->codec;
-    options->encoding = get_query->compression;
-    body = get_query->message;
+    http::ConnectGet g = http::ReadConnectGet(query, header, kMaxMessageBytes);
+    if (!g.refusal.ok()) return g.refusal;
+    FUZZ_CHECK(g.message.size() <= static_cast<size_t>(kMaxMessageBytes), "GET size");
+    type = g.type;
+    options = g.options;
+    get_message = std::move(g.message);
+    body = get_message;
   } else {
-    type = http::ParseContentType(header("Content-Type").value_or(""));
-    if (!type.ok()) return absl::UnimplementedError(type.status().message());
-    options = http::ParseCallHeaders(type->protocol, header);
-    if (!options.ok()) return options.status();
-    int64_t limit = kMaxMessageBytes +
-                    (type->protocol != Protocol::kConnect ? int64_t{http::kFrameHeaderBytes} : 0);
-    if (type->text) limit = (limit + 2) / 3 * 4 + 4096;
-    if (static_cast<int64_t>(body.size()) > limit) {
-      return absl::ResourceExhaustedError("request body: too large");
+    http::UnaryPost post = http::ReadUnaryPost(header("Content-Type"), /*http2=*/true, header,
+                                               body.size(), false, kMaxMessageBytes);
+    if (!post.refusal.ok()) {
+      FUZZ_CHECK(post.http_status == 0 || post.http_status == 415, post.http_status);
+      return post.refusal;
     }
+    int64_t limit = kMaxMessageBytes +
+                    (post.type.protocol != Protocol::kConnect ? int64_t{http::kFrameHeaderBytes} : 0);
+    if (post.type.text) limit = http::MaxBody(kMaxMessageBytes);
+    FUZZ_CHECK(static_cast<int64_t>(body.size()) <= limit, "body over the limit read");
+    type = post.type;
+    options = post.options;
   }
   std::unique_ptr<google::protobuf::Message> request(method->request_prototype->New());
   std::unique_ptr<google::protobuf::Message> response(method->response_prototype->New());
@@ -151,7 +171,7 @@ absl::Status Serve(const Request& r, std::string* out) {
   // reader says yes, protobuf's parser agrees, value for value (every type whose fields are all
   // strings or bytes is tried, not only AEAD Open's).
   if (std::optional<absl::string_view> message =
-          get ? std::nullopt : http::UncompressedProtoMessage(*type, options->encoding, body)) {
+          get ? std::nullopt : http::UncompressedProtoMessage(type, options.encoding, body)) {
     absl::string_view fields[16];
     const google::protobuf::Descriptor& d = *request->GetDescriptor();
     if (http::ParseBytesFieldsInPlace(*message, d, absl::MakeSpan(fields))) {
@@ -166,7 +186,7 @@ absl::Status Serve(const Request& r, std::string* out) {
     }
   }
   if (absl::Status s =
-          http::DecodeRequest(*type, options->encoding, body, kMaxMessageBytes, request.get());
+          http::DecodeRequest(type, options.encoding, body, kMaxMessageBytes, request.get());
       !s.ok()) {
     return s;
   }
@@ -189,17 +209,17 @@ absl::Status Serve(const Request& r, std::string* out) {
                method->path, ": ", status.ToString());
     return status;
   }
-  if (absl::Status s = http::EncodeResponse(type->codec, *response, kMaxMessageBytes, out);
+  if (absl::Status s = http::EncodeResponse(type.codec, *response, kMaxMessageBytes, out);
       !s.ok()) {
     FUZZ_CHECK(s.code() == absl::StatusCode::kResourceExhausted, s.ToString());
     return s;
   }
-  if (type->protocol != Protocol::kConnect) {
+  if (type.protocol != Protocol::kConnect) {
     const std::string frame = http::EncodeFrame(0, *out);
     bool compressed = true;
     const auto payload = http::ParseUnaryRequestFrame(frame, &compressed);
     FUZZ_CHECK(payload.ok() && *payload == *out && !compressed, "frame round trip");
-    if (type->text) {
+    if (type.text) {
       const absl::StatusOr<std::string> back =
           http::DecodeGrpcWebText(http::EncodeGrpcWebText(frame));
       FUZZ_CHECK(back.ok() && *back == frame, "grpc-web-text round trip");
@@ -208,17 +228,33 @@ absl::Status Serve(const Request& r, std::string* out) {
   // The response compression the gateway applies (to either protocol): what it sends decodes
   // to the message, and is only ever smaller.
   std::string sent = *out;
-  const http::Compression c = http::CompressResponse(options->accept, http::CompressionOptions{}, &sent);
+  const http::Compression c = http::CompressResponse(options.accept, http::CompressionOptions{}, &sent);
   if (c.encoding == http::Encoding::kGzip) {
-    FUZZ_CHECK(options->accept == http::Encoding::kGzip && sent.size() < out->size(), "gzip pays");
+    FUZZ_CHECK(options.accept == http::Encoding::kGzip && sent.size() < out->size(), "gzip pays");
     const absl::StatusOr<std::string> back = http::Gunzip(sent, out->size());
     FUZZ_CHECK(back.ok() && *back == *out, "gzip round trip");
   } else {
     FUZZ_CHECK(sent == *out, "an uncompressed response is unchanged");
   }
+  // The answer carries the message as sent: whole for Connect, in one frame (flagged when
+  // compressed) for gRPC and binary gRPC-Web.
+  std::optional<http::CacheHint> hint;
+  if (get) hint = http::CacheHint{method->immutable, false};
+  const http::Answer answer = http::UnarySuccess(type, sent, c.encoding == http::Encoding::kGzip, hint);
+  FUZZ_CHECK(answer.status == 200, answer.status);
+  if (type.protocol == Protocol::kConnect) {
+    FUZZ_CHECK(answer.body == sent, "Connect answer body");
+  } else if (!type.text) {
+    bool compressed = false;
+    const auto message = http::ParseUnaryRequestFrame(
+        absl::string_view(answer.body).substr(0, http::kFrameHeaderBytes + sent.size()), &compressed);
+    FUZZ_CHECK(message.ok() && *message == sent &&
+                   compressed == (c.encoding == http::Encoding::kGzip),
+               "answer frame");
+  }
   // What we encoded decodes to the same response.
   std::unique_ptr<google::protobuf::Message> decoded(method->response_prototype->New());
-  const absl::Status d = http::DecodeRequest(http::ContentType{Protocol::kConnect, type->codec},
+  const absl::Status d = http::DecodeRequest(http::ContentType{Protocol::kConnect, type.codec},
                                              http::Encoding::kIdentity, *out, kMaxMessageBytes,
                                              decoded.get());
   FUZZ_CHECK(d.ok(), "response does not decode: ", d.ToString());
@@ -248,9 +284,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // The streaming side (server reflection over gRPC): the body as a message stream, fed in
   // uneven pieces; each message that parses is a reflection request, and gets an answer.
   {
-    static const http::Reflection reflection(
+    static const api::Reflection reflection(
         {"offload.v1.KeyService", "offload.v1.Ed25519Service", "grpc.health.v1.Health"});
-    http::Reflection::Stream stream(&reflection);
+    api::Reflection::Stream stream(&reflection);
     http::FrameReader reader(64 << 10);
     const absl::string_view body = request.body;
     const size_t piece = 1 + size % 7;

@@ -13,18 +13,6 @@
 namespace offload::fuzz {
 namespace {
 
-using crypto::Backend;
-using crypto::BackendChoice;
-
-World* Sodium() {
-  static World* w = NewWorld(BackendChoice::All(Backend::kLibsodium));
-  return w;
-}
-World* Ssl() {
-  static World* w = NewWorld(BackendChoice::All(Backend::kOpenSsl));
-  return w;
-}
-
 bool AllZero(const std::string& s) {
   for (char c : s) {
     if (c != 0) return false;
@@ -36,9 +24,9 @@ bool AllZero(const std::string& s) {
 void CheckDerive(const v1::DeriveRequest& q, const absl::Status& sa, const v1::DeriveResponse& a) {
   FUZZ_CHECK(IsOneOf(sa.code(), kOperationCodes), sa.ToString());
   v1::DeriveResponse b, again;
-  const absl::Status sb = Ssl()->ops->Derive(q, &b);
+  const absl::Status sb = OpenSslWorld()->ops->Derive(q, &b);
   FUZZ_CHECK(sa.code() == sb.code(), sa.ToString(), " vs ", sb.ToString());
-  const absl::Status s2 = Sodium()->ops->Derive(q, &again);
+  const absl::Status s2 = SodiumWorld()->ops->Derive(q, &again);
   FUZZ_CHECK(s2.code() == sa.code(), "repeat: ", s2.ToString(), " vs ", sa.ToString());
   if (q.peer_public_key().size() != 32) {
     FUZZ_CHECK(sa.code() == absl::StatusCode::kInvalidArgument, sa.ToString());
@@ -64,31 +52,26 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   switch (selector) {
     case 0: {
       v1::DeriveRequest q;
-      const absl::string_view rest = in.Rest();
-      if (!q.ParseFromArray(rest.data(), static_cast<int>(rest.size()))) return -1;
+      if (!ParseRest(in, &q)) return -1;
       v1::DeriveResponse a;
-      const absl::Status sa = Sodium()->ops->Derive(q, &a);
+      const absl::Status sa = SodiumWorld()->ops->Derive(q, &a);
       CheckDerive(q, sa, a);
       break;
     }
     case 1: {
       v1::BatchDeriveRequest q;
-      const absl::string_view rest = in.Rest();
-      if (!q.ParseFromArray(rest.data(), static_cast<int>(rest.size()))) return -1;
+      if (!ParseRest(in, &q)) return -1;
       v1::BatchDeriveResponse r;
       const absl::Status s = WaitForBatch(
-          [&](ops::Operations::Done done) { Sodium()->ops->BatchDerive(q, &r, std::move(done)); });
+          [&](ops::Operations::Done done) { SodiumWorld()->ops->BatchDerive(q, &r, std::move(done)); });
       FUZZ_CHECK(IsOneOf(s.code(), kBatchCallCodes), s.ToString());
       const int n = q.items_size();
-      FUZZ_CHECK(s.ok() == (n > 0 && n <= Sodium()->ops->options().max_batch_items), n);
+      FUZZ_CHECK(s.ok() == (n > 0 && n <= SodiumWorld()->ops->options().max_batch_items), n);
       if (!s.ok()) break;
       FUZZ_CHECK(r.results_size() == n, r.results_size(), " results for ", n, " items");
       for (int i = 0; i < n; ++i) {
         const auto& result = r.results(i);
-        CheckDerive(q.items(i),
-                    absl::Status(static_cast<absl::StatusCode>(result.status().code()),
-                                 result.status().message()),
-                    result.response());
+        CheckDerive(q.items(i), ItemStatus(result), result.response());
       }
       break;
     }
@@ -99,7 +82,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       q.set_key_version(in.Byte() % 3);
       q.set_peer_public_key(std::string(in.Rest()));
       v1::DeriveResponse a;
-      const absl::Status sa = Sodium()->ops->Derive(q, &a);
+      const absl::Status sa = SodiumWorld()->ops->Derive(q, &a);
       CheckDerive(q, sa, a);
       break;
     }

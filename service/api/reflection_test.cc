@@ -1,4 +1,4 @@
-#include "service/http/reflection.h"
+#include "service/api/reflection.h"
 
 #include <string>
 #include <vector>
@@ -12,7 +12,7 @@
 #include "offload/store/v1/keystore.pb.h"
 #include "offload/v1/ed25519.pb.h"
 
-namespace offload::http {
+namespace offload::api {
 namespace {
 
 using google::protobuf::FileDescriptorProto;
@@ -141,4 +141,4 @@ TEST(Reflection, V1alphaIsV1UnderItsOwnName) {
 }
 
 }  // namespace
-}  // namespace offload::http
+}  // namespace offload::api

@@ -1,16 +1,19 @@
 // Every RPC of offload.v1, once: its service, name, request and response types, whether it is a
-// batch, and the operation that runs it. The gateway's method table (service/http: gRPC, gRPC-Web
-// and Connect on both ports) is built from this list, so adding an RPC is one line here plus its
-// proto (the table checks its entries against the proto's descriptors).
+// batch, the operation that runs it, and its traits (its operation in the grants policy, whether
+// it is for admins, whether it names keys, whether its answer depends on its request only). The
+// runtime method table (method_table.h: gRPC, gRPC-Web and Connect on both ports) and the grants
+// policy's operations (PolicyOperations, for auth::Authorizer) are built from this list, so adding
+// an RPC is one line here plus its proto (the table checks its entries against the proto's
+// descriptors). This folder is the only place that lists methods (ctest layout.rules).
 //
 //   struct Visitor {
 //     template <typename Request, typename Response>
-//     void Unary(absl::string_view service, absl::string_view name,
+//     void Unary(absl::string_view service, absl::string_view name, Traits traits,
 //                absl::Status (Operations::*op)(const Request&, Response*) const);
 //     ... Batch, MemoFirst, BatchMemoFirst, AeadOpen, Keys: see ForEachMethod ...
 //   };
 //   Visitor v;
-//   ops::ForEachMethod(v);
+//   api::ForEachMethod(v);
 //
 // The kinds, by how a transport runs them:
 //   Unary           one item on a worker;
@@ -20,15 +23,15 @@
 //   BatchMemoFirst  leading memo hits on the calling thread, the rest as Batch;
 //   AeadOpen        MemoFirst, and a transport may answer with the memo's plaintext buffer
 //                   (Operations::AeadOpenFromMemoShared / AeadOpenFreshShared);
-//   Keys            a key manager call on a worker; `audited` ones (lifecycle: create, import,
-//                   rotate, delete, disable, enable, ...) are audited by the transport.
-#ifndef SERVICE_OPS_METHODS_H_
-#define SERVICE_OPS_METHODS_H_
+//   Keys            a key manager call on a worker; the admin ones (lifecycle: create, import,
+//                   rotate, delete, disable, enable, ...) are audited per call.
+// A data-plane RPC that names keys (Sign, Derive, Box, AEAD: not Verify, not KeyService) is
+// audited per call under --audit_data_plane (auth::Authorizer::AuditDataPlane).
+#ifndef SERVICE_API_METHODS_H_
+#define SERVICE_API_METHODS_H_
 
 #include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "google/protobuf/descriptor.h"
 #include "offload/v1/aead.pb.h"
 #include "offload/v1/box.pb.h"
 #include "offload/v1/ed25519.pb.h"
@@ -37,7 +40,9 @@
 #include "service/keys/key_manager.h"
 #include "service/ops/operations.h"
 
-namespace offload::ops {
+namespace offload::api {
+
+using ops::Operations;
 
 inline constexpr absl::string_view kKeyService = "offload.v1.KeyService";
 inline constexpr absl::string_view kEd25519Service = "offload.v1.Ed25519Service";
@@ -48,38 +53,24 @@ inline constexpr absl::string_view kAeadService = "offload.v1.AeadService";
 inline constexpr absl::string_view kServices[] = {kKeyService, kEd25519Service, kX25519Service,
                                                   kBoxService, kAeadService};
 
-// The RPCs that use a key's secret, audited per call under --audit_data_plane (one line each:
-// identity, key id, the version used, outcome; auth::Authorizer::AuditDataPlane). A new RPC
-// that uses a key opts in with one line here. (Verify uses no key; KeyService is audited as
-// key lifecycle.)
-struct DataPlaneMethod {
-  absl::string_view service;
-  absl::string_view name;
+// What the grants policy, the audit and caches need to know of an RPC.
+struct Traits {
+  // Its operation in the grants policy (service/auth/policy.h): "aead.open" for Open and
+  // BatchOpen alike.
+  absl::string_view operation;
+  // For admins only (key lifecycle: create, import, rotate, delete, disable, enable, ...); such
+  // calls are audited, one line each.
+  bool admin = false;
+  // Names keys (false for keys.list, and for Verify of caller-supplied public keys).
+  bool uses_key = true;
+  // The answer depends on the request only (Verify): a Connect GET of it may be cached for good.
+  bool immutable = false;
 };
-inline constexpr DataPlaneMethod kDataPlaneAudited[] = {
-    {kEd25519Service, "Sign"},  {kEd25519Service, "BatchSign"},
-    {kX25519Service, "Derive"}, {kX25519Service, "BatchDerive"},
-    {kBoxService, "Seal"},      {kBoxService, "BatchSeal"},
-    {kBoxService, "Open"},      {kBoxService, "BatchOpen"},
-    {kAeadService, "Seal"},     {kAeadService, "BatchSeal"},
-    {kAeadService, "Open"},     {kAeadService, "BatchOpen"},
-    {kAeadService, "Rewrap"},   {kAeadService, "BatchRewrap"},
-};
+inline constexpr bool kAdmin = true;
 
 // A key manager call: fills `response` or returns the error.
 template <typename Request, typename Response>
 using KeyFn = absl::Status (*)(keys::KeyManager* keys, const Request& request, Response* response);
-
-// Whether the proto has `service`.`name` with these request and response types (each transport
-// checks its entries at start-up: a mismatch is a programming error).
-inline bool InProto(absl::string_view service, absl::string_view name,
-                    const google::protobuf::Descriptor* request,
-                    const google::protobuf::Descriptor* response) {
-  const google::protobuf::MethodDescriptor* d =
-      google::protobuf::DescriptorPool::generated_pool()->FindMethodByName(
-          absl::StrCat(service, ".", name));
-  return d != nullptr && d->input_type() == request && d->output_type() == response;
-}
 
 namespace methods_internal {
 inline absl::Status Store(absl::StatusOr<v1::KeyInfo> info, v1::KeyInfo* response) {
@@ -95,33 +86,33 @@ void ForEachMethod(Visitor& v) {
   using O = Operations;
   using methods_internal::Store;
   v.template Keys<v1::CreateKeyRequest, v1::KeyInfo>(
-      "CreateKey", /*audited=*/true,
+      "CreateKey", {"keys.create", kAdmin},
       [](keys::KeyManager* k, const v1::CreateKeyRequest& q, v1::KeyInfo* r) {
         return Store(k->CreateKey(q), r);
       });
   v.template Keys<v1::ImportKeyRequest, v1::KeyInfo>(
-      "ImportKey", /*audited=*/true,
+      "ImportKey", {"keys.import", kAdmin},
       [](keys::KeyManager* k, const v1::ImportKeyRequest& q, v1::KeyInfo* r) {
         return Store(k->ImportKey(q), r);
       });
   v.template Keys<v1::GetKeyRequest, v1::KeyInfo>(
-      "GetKey", /*audited=*/false,
+      "GetKey", {"keys.get"},
       [](keys::KeyManager* k, const v1::GetKeyRequest& q, v1::KeyInfo* r) {
         return Store(k->GetKey(q.key_id()), r);
       });
   v.template Keys<v1::ListKeysRequest, v1::ListKeysResponse>(
-      "ListKeys", /*audited=*/false,
+      "ListKeys", {"keys.list", false, /*uses_key=*/false},
       [](keys::KeyManager* k, const v1::ListKeysRequest&, v1::ListKeysResponse* r) {
         for (v1::KeyInfo& info : k->ListKeys()) *r->add_keys() = std::move(info);
         return absl::OkStatus();
       });
   v.template Keys<v1::RotateKeyRequest, v1::KeyInfo>(
-      "RotateKey", /*audited=*/true,
+      "RotateKey", {"keys.rotate", kAdmin},
       [](keys::KeyManager* k, const v1::RotateKeyRequest& q, v1::KeyInfo* r) {
         return Store(k->RotateKey(q.key_id()), r);
       });
   v.template Keys<v1::DeleteKeyRequest, v1::DeleteKeyResponse>(
-      "DeleteKey", /*audited=*/true,
+      "DeleteKey", {"keys.delete", kAdmin},
       [](keys::KeyManager* k, const v1::DeleteKeyRequest& q, v1::DeleteKeyResponse* r) {
         absl::StatusOr<v1::DeleteKeyResponse> done = k->DeleteKey(q);
         if (!done.ok()) return done.status();
@@ -129,67 +120,74 @@ void ForEachMethod(Visitor& v) {
         return absl::OkStatus();
       });
   v.template Keys<v1::CancelKeyDeletionRequest, v1::KeyInfo>(
-      "CancelKeyDeletion", /*audited=*/true,
+      "CancelKeyDeletion", {"keys.restore", kAdmin},
       [](keys::KeyManager* k, const v1::CancelKeyDeletionRequest& q, v1::KeyInfo* r) {
         return Store(k->CancelKeyDeletion(q.key_id()), r);
       });
   v.template Keys<v1::DisableKeyRequest, v1::KeyInfo>(
-      "DisableKey", /*audited=*/true,
+      "DisableKey", {"keys.disable", kAdmin},
       [](keys::KeyManager* k, const v1::DisableKeyRequest& q, v1::KeyInfo* r) {
         return Store(k->DisableKey(q.key_id()), r);
       });
   v.template Keys<v1::EnableKeyRequest, v1::KeyInfo>(
-      "EnableKey", /*audited=*/true,
+      "EnableKey", {"keys.enable", kAdmin},
       [](keys::KeyManager* k, const v1::EnableKeyRequest& q, v1::KeyInfo* r) {
         return Store(k->EnableKey(q.key_id()), r);
       });
   v.template Keys<v1::KeyVersionRequest, v1::KeyInfo>(
-      "DisableKeyVersion", /*audited=*/true,
+      "DisableKeyVersion", {"keys.disable", kAdmin},
       [](keys::KeyManager* k, const v1::KeyVersionRequest& q, v1::KeyInfo* r) {
         return Store(k->DisableKeyVersion(q), r);
       });
   v.template Keys<v1::KeyVersionRequest, v1::KeyInfo>(
-      "EnableKeyVersion", /*audited=*/true,
+      "EnableKeyVersion", {"keys.enable", kAdmin},
       [](keys::KeyManager* k, const v1::KeyVersionRequest& q, v1::KeyInfo* r) {
         return Store(k->EnableKeyVersion(q), r);
       });
   v.template Keys<v1::KeyVersionRequest, v1::KeyInfo>(
-      "DestroyKeyVersion", /*audited=*/true,
+      "DestroyKeyVersion", {"keys.delete", kAdmin},
       [](keys::KeyManager* k, const v1::KeyVersionRequest& q, v1::KeyInfo* r) {
         return Store(k->DestroyKeyVersion(q), r);
       });
   v.template Keys<v1::KeyVersionRequest, v1::KeyInfo>(
-      "RestoreKeyVersion", /*audited=*/true,
+      "RestoreKeyVersion", {"keys.restore", kAdmin},
       [](keys::KeyManager* k, const v1::KeyVersionRequest& q, v1::KeyInfo* r) {
         return Store(k->RestoreKeyVersion(q), r);
       });
   v.template Keys<v1::SetMinDecryptionVersionRequest, v1::KeyInfo>(
-      "SetMinDecryptionVersion", /*audited=*/true,
+      "SetMinDecryptionVersion", {"keys.configure", kAdmin},
       [](keys::KeyManager* k, const v1::SetMinDecryptionVersionRequest& q, v1::KeyInfo* r) {
         return Store(k->SetMinDecryptionVersion(q), r);
       });
 
-  v.Unary(kEd25519Service, "Sign", &O::Sign);
-  v.Batch(kEd25519Service, "BatchSign", &O::BatchSign);
-  v.MemoFirst(kEd25519Service, "Verify", &O::VerifyFromMemo, &O::VerifyFresh);
-  v.BatchMemoFirst(kEd25519Service, "BatchVerify", &O::BatchVerifyFromMemo, &O::BatchVerifyFresh);
+  const Traits sign{"ed25519.sign"};
+  const Traits verify{"ed25519.verify", false, /*uses_key=*/false, /*immutable=*/true};
+  v.Unary(kEd25519Service, "Sign", sign, &O::Sign);
+  v.Batch(kEd25519Service, "BatchSign", sign, &O::BatchSign);
+  v.MemoFirst(kEd25519Service, "Verify", verify, &O::VerifyFromMemo, &O::VerifyFresh);
+  v.BatchMemoFirst(kEd25519Service, "BatchVerify", verify, &O::BatchVerifyFromMemo,
+                   &O::BatchVerifyFresh);
 
-  v.MemoFirst(kX25519Service, "Derive", &O::DeriveFromMemo, &O::DeriveFresh);
-  v.BatchMemoFirst(kX25519Service, "BatchDerive", &O::BatchDeriveFromMemo, &O::BatchDeriveFresh);
+  const Traits derive{"x25519.derive"};
+  v.MemoFirst(kX25519Service, "Derive", derive, &O::DeriveFromMemo, &O::DeriveFresh);
+  v.BatchMemoFirst(kX25519Service, "BatchDerive", derive, &O::BatchDeriveFromMemo,
+                   &O::BatchDeriveFresh);
 
-  v.Unary(kBoxService, "Seal", &O::BoxSeal);
-  v.Batch(kBoxService, "BatchSeal", &O::BatchBoxSeal);
-  v.Unary(kBoxService, "Open", &O::BoxOpen);
-  v.Batch(kBoxService, "BatchOpen", &O::BatchBoxOpen);
+  const Traits box_seal{"box.seal"}, box_open{"box.open"};
+  v.Unary(kBoxService, "Seal", box_seal, &O::BoxSeal);
+  v.Batch(kBoxService, "BatchSeal", box_seal, &O::BatchBoxSeal);
+  v.Unary(kBoxService, "Open", box_open, &O::BoxOpen);
+  v.Batch(kBoxService, "BatchOpen", box_open, &O::BatchBoxOpen);
 
-  v.Unary(kAeadService, "Seal", &O::AeadSeal);
-  v.Batch(kAeadService, "BatchSeal", &O::BatchAeadSeal);
-  v.AeadOpen(kAeadService, "Open");
-  v.Batch(kAeadService, "BatchOpen", &O::BatchAeadOpen);
-  v.Unary(kAeadService, "Rewrap", &O::AeadRewrap);
-  v.Batch(kAeadService, "BatchRewrap", &O::BatchAeadRewrap);
+  const Traits aead_seal{"aead.seal"}, aead_open{"aead.open"}, aead_rewrap{"aead.rewrap"};
+  v.Unary(kAeadService, "Seal", aead_seal, &O::AeadSeal);
+  v.Batch(kAeadService, "BatchSeal", aead_seal, &O::BatchAeadSeal);
+  v.AeadOpen(kAeadService, "Open", aead_open);
+  v.Batch(kAeadService, "BatchOpen", aead_open, &O::BatchAeadOpen);
+  v.Unary(kAeadService, "Rewrap", aead_rewrap, &O::AeadRewrap);
+  v.Batch(kAeadService, "BatchRewrap", aead_rewrap, &O::BatchAeadRewrap);
 }
 
-}  // namespace offload::ops
+}  // namespace offload::api
 
-#endif  // SERVICE_OPS_METHODS_H_
+#endif  // SERVICE_API_METHODS_H_

@@ -1,7 +1,7 @@
-// Every unary RPC of offload.v1 as data: its path, request and response prototypes and a
-// function that runs it over the operations and the key manager, built from ops::ForEachMethod
-// (service/ops/methods.h: the one list of the API's methods, which the gRPC services are built
-// from too). Transport-independent: the HTTP gateway serves the table.
+// Every unary RPC of offload.v1 as data: its path, request and response prototypes, its traits
+// (policy operation, admin, audited, cacheable) and a function that runs it over the operations
+// and the key manager, built from api::ForEachMethod (methods.h: the one list of the API's
+// methods). Transport-independent: service/call runs its entries for every protocol and port.
 //
 //   MethodTable table(&operations, &key_manager);
 //   const Method* m = table.Find("/offload.v1.Ed25519Service/Verify");
@@ -17,8 +17,8 @@
 // thread.
 // Whether a method may be sent by HTTP GET comes from the proto (idempotency_level).
 // Thread-safety: immutable after construction; `call` may run concurrently.
-#ifndef SERVICE_HTTP_METHOD_TABLE_H_
-#define SERVICE_HTTP_METHOD_TABLE_H_
+#ifndef SERVICE_API_METHOD_TABLE_H_
+#define SERVICE_API_METHOD_TABLE_H_
 
 #include <functional>
 #include <string>
@@ -28,10 +28,11 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "google/protobuf/message.h"
+#include "service/auth/policy.h"
 #include "service/keys/key_manager.h"
 #include "service/ops/operations.h"
 
-namespace offload::http {
+namespace offload::api {
 
 struct Method {
   std::string service;  // "offload.v1.Ed25519Service"
@@ -40,8 +41,19 @@ struct Method {
   bool batch = false;   // a batch twin: `items` in, `results` out
   // The proto's `option idempotency_level = NO_SIDE_EFFECTS`: Connect may send it by GET.
   bool no_side_effects = false;
-  // A key lifecycle call (create, import, rotate, delete): audited.
+  // Its operation in the grants policy ("aead.open"; empty for health), for admins only, and
+  // whether it names keys (api::Traits).
+  std::string operation;
+  bool admin = false;
+  bool uses_key = false;
+  // A key lifecycle call (create, import, rotate, delete, ...: KeyService's admin calls):
+  // audited, one line each.
   bool key_lifecycle = false;
+  // A data-plane call that names keys (Sign, Derive, Box, AEAD): audited per call under
+  // --audit_data_plane.
+  bool data_plane = false;
+  // The answer depends on the request only (Verify): a Connect GET answer may be cached for good.
+  bool immutable = false;
   // Open to every caller, also while draining (grpc.health.v1): no identity, grants or admission.
   bool open = false;
   const google::protobuf::Message* request_prototype = nullptr;
@@ -85,7 +97,8 @@ struct Method {
 
 class MethodTable final {
  public:
-  // `operations` and `keys` must outlive the table.
+  // `operations` and `keys` must outlive the table (both may be null for a table whose calls
+  // are never run: its data only).
   MethodTable(const ops::Operations* operations, keys::KeyManager* keys);
 
   // The method at `path`, or nullptr.
@@ -97,6 +110,10 @@ class MethodTable final {
   absl::flat_hash_map<std::string, const Method*> by_path_;
 };
 
-}  // namespace offload::http
+// The grants policy's operation of every RPC, by path ("/offload.v1.AeadService/Open" ->
+// {"aead.open", ...}): what auth::Authorizer (and auth::Policy) check calls against.
+auth::OperationMap PolicyOperations();
 
-#endif  // SERVICE_HTTP_METHOD_TABLE_H_
+}  // namespace offload::api
+
+#endif  // SERVICE_API_METHOD_TABLE_H_

@@ -1,33 +1,31 @@
-// The HTTP face of the service: every unary RPC of offload.v1 over the Connect protocol
-// (application/proto and application/json, POST, and GET for side-effect-free methods), gRPC-Web
-// (binary and text) and gRPC (HTTP/2 only: application/grpc, +proto, +json), over HTTP/1.1 and
-// HTTP/2 (h2c, and TLS with ALPN), plus the gRPC health service (grpc.health.v1.Health: Check on
-// every protocol, Watch as a gRPC server stream), gRPC server reflection (v1 and v1alpha,
-// service/http/reflection.h) and GET /healthz and GET /readyz, on the
-// event-driven httpd::Server (nghttp2, Beast, Asio).
+// The glue between the engine, the protocols and the call: one httpd::Handler per port that
+// routes each request (GET /healthz and /readyz, health Watch and reflection streams, CORS
+// preflights, the method table's RPCs and health Check), reads it with the protocol mappings of
+// service/http (Connect unary POST and GET, gRPC-Web binary and text, gRPC over HTTP/2), runs it
+// as a call::Call (service/call: identity, grants, admission, deadline, memo first, pool, audit,
+// metrics) and writes the protocol's answer; plus the port's lifecycle, TLS and engine metrics.
 // Requests are decoded on a loop thread; memo hits of Verify, BatchVerify, Derive and AEAD Open
 // are answered there (no crypto primitive), every other call runs on the worker pool and its
-// answer is handed back to the loop. Same operations, limits, admission, grants, audit and metrics as the gRPC path.
-// Responses are gzipped for callers that ask, when it pays (CompressResponse, rpc_codec.h), where
-// the call finished (the loop for a memo hit).
+// answer is handed back to the loop. Responses are gzipped for callers that ask, when it pays
+// (CompressResponse, http/rpc_codec.h), where the call finished (the loop for a memo hit).
 //
-//   MethodTable table(&operations, &key_manager);
-//   Gateway::Options options;
-//   options.address = "127.0.0.1:8080";
-//   Gateway gateway(&table, &pool, &metrics, options);
+//   api::MethodTable table(&operations, &key_manager);
+//   gateway::Gateway::Options options;
+//   options.http.address = "127.0.0.1:8080";
+//   gateway::Gateway gateway(&table, &pool, &metrics, options);
 //   OFFLOAD_RETURN_IF_ERROR(gateway.Start());
 //   gateway.SetReady(true);            // /readyz 200
 //   ...
 //   gateway.Drain();                   // /readyz 503, health NOT_SERVING (Watch streams told
 //                                      // and ended), new RPCs UNAVAILABLE, idle connections closed
-//   ...                                // e.g. drain the gRPC server meanwhile
+//   ...                                // e.g. drain the other port meanwhile
 //   gateway.Stop(deadline);            // answers in flight (until `deadline`), then closes all
 //
 // Thread-safety: Start, Drain and Stop from one thread; SetReady from any. The table, pool,
 // metrics, authorizer and admission must outlive the gateway, and the pool must still run when
 // Stop() is called.
-#ifndef SERVICE_HTTP_GATEWAY_H_
-#define SERVICE_HTTP_GATEWAY_H_
+#ifndef SERVICE_GATEWAY_GATEWAY_H_
+#define SERVICE_GATEWAY_GATEWAY_H_
 
 #include <atomic>
 #include <cstdint>
@@ -35,15 +33,16 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "service/api/health.h"
+#include "service/api/method_table.h"
+#include "service/api/reflection.h"
 #include "service/auth/authorizer.h"
-#include "service/auth/tls.h"
 #include "service/auth/forwarded_identity.h"
+#include "service/auth/tls.h"
 #include "service/auth/tokens.h"
 #include "service/auth/trusted_proxies.h"
-#include "service/http/method_table.h"
 #include "service/http/protocol.h"
 #include "service/http/rpc_codec.h"
 #include "service/httpd/server.h"
@@ -52,7 +51,7 @@
 #include "service/ops/inline_rule.h"
 #include "service/ops/worker_pool.h"
 
-namespace offload::http {
+namespace offload::gateway {
 
 class Gateway final : public httpd::Handler {
  public:
@@ -67,13 +66,13 @@ class Gateway final : public httpd::Handler {
     // Largest request or response message (as the gRPC server's limit).
     int64_t max_message_bytes = 16 << 20;
     // Browser origins allowed by CORS (exact); empty: no CORS headers at all.
-    CorsPolicy cors;
+    http::CorsPolicy cors;
     // The HTTP server: address (IPv6 as [::1]:8080, port 0 picks a free one; see port()),
     // event loop threads, connection bound, timeouts, header limit, HTTP/2 streams. The gateway
     // sets its body limit (from max_message_bytes) and its TLS hooks (from `tls`).
     httpd::Server::Options http = DefaultHttp();
     // When responses are gzipped (for callers that ask: Accept-Encoding, grpc-accept-encoding).
-    CompressionOptions compression;
+    http::CompressionOptions compression;
     // Fraction of calls logged (method, code, latency, items; never payloads).
     double log_sample_rate = 0;
     // HTTPS when set (mTLS when it has client CAs; see auth::TlsFiles). Not owned.
@@ -97,7 +96,7 @@ class Gateway final : public httpd::Handler {
   };
 
   // `metrics` may be null (nothing counted).
-  Gateway(const MethodTable* table, ops::WorkerPool* pool, metrics::Metrics* metrics,
+  Gateway(const api::MethodTable* table, ops::WorkerPool* pool, metrics::Metrics* metrics,
           Options options);
   ~Gateway() override;  // Stop(now)
   Gateway(const Gateway&) = delete;
@@ -130,13 +129,11 @@ class Gateway final : public httpd::Handler {
   void HeaderTooLarge(absl::string_view peer_address) override;
 
   // The paths of the health service.
-  static constexpr absl::string_view kHealthCheckPath = "/grpc.health.v1.Health/Check";
-  static constexpr absl::string_view kHealthWatchPath = "/grpc.health.v1.Health/Watch";
+  static constexpr absl::string_view kHealthCheckPath = api::Health::kCheckPath;
+  static constexpr absl::string_view kHealthWatchPath = api::Health::kWatchPath;
   // Server reflection's one method, in both versions.
-  static constexpr absl::string_view kReflectionV1Path =
-      "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo";
-  static constexpr absl::string_view kReflectionV1alphaPath =
-      "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo";
+  static constexpr absl::string_view kReflectionV1Path = api::Reflection::kV1Path;
+  static constexpr absl::string_view kReflectionV1alphaPath = api::Reflection::kV1alphaPath;
 
   // What calls need after the gateway's own methods have returned: shared with every call in
   // flight, so that a call finishing on a worker never touches a destroyed gateway.
@@ -145,19 +142,14 @@ class Gateway final : public httpd::Handler {
  private:
   absl::Status ConfigureTls(SSL_CTX* ctx);
   // The method at `path`: the table's, or health Check and Watch.
-  const Method* FindMethod(absl::string_view path) const;
-  // A health Watch over gRPC (HTTP/2): the request read as it arrives, then the status now and
-  // each change.
-  void WatchHealth(std::shared_ptr<httpd::Exchange> exchange);
-  // Server reflection (v1 or v1alpha) over gRPC (HTTP/2): a bidirectional stream.
-  void Reflect(std::shared_ptr<httpd::Exchange> exchange);
+  const api::Method* FindMethod(absl::string_view path) const;
 
-  const MethodTable* const table_;
+  const api::MethodTable* const table_;
   const Options options_;
   std::shared_ptr<Shared> shared_;
   std::unique_ptr<httpd::Server> server_;
 };
 
-}  // namespace offload::http
+}  // namespace offload::gateway
 
-#endif  // SERVICE_HTTP_GATEWAY_H_
+#endif  // SERVICE_GATEWAY_GATEWAY_H_

@@ -1,4 +1,4 @@
-#include "service/http/reflection.h"
+#include "service/api/reflection.h"
 
 #include <utility>
 
@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/descriptor.pb.h"
 
-namespace offload::http {
+namespace offload::api {
 namespace {
 
 using google::protobuf::DescriptorPool;
@@ -202,4 +202,4 @@ ServerReflectionResponse Reflection::Stream::Answer(const ServerReflectionReques
   return response;
 }
 
-}  // namespace offload::http
+}  // namespace offload::api

@@ -1,4 +1,4 @@
-#include "service/http/refusals.h"
+#include "service/gateway/internal/refusals.h"
 
 #include <string>
 
@@ -6,7 +6,7 @@
 
 #include "service/ops/retry_delay.h"
 
-namespace offload::http {
+namespace offload::gateway {
 namespace {
 
 absl::Status ComeBackSoon(absl::Status status) {
@@ -16,11 +16,6 @@ absl::Status ComeBackSoon(absl::Status status) {
 }  // namespace
 
 absl::Status DrainingRefusal() { return ComeBackSoon(absl::UnavailableError("server is draining")); }
-
-absl::Status AuditUnwritableRefusal() {
-  return ComeBackSoon(absl::UnavailableError(
-      "audit log unwritable: calls that must be audited are refused (--audit_fail_closed)"));
-}
 
 absl::Status EngineRefusal(httpd::Exchange::Refusal why, int64_t max_body) {
   using Refusal = httpd::Exchange::Refusal;
@@ -50,4 +45,4 @@ absl::Status BusyRefusal(absl::string_view message) {
   return ComeBackSoon(absl::ResourceExhaustedError(message));
 }
 
-}  // namespace offload::http
+}  // namespace offload::gateway

@@ -1,7 +1,7 @@
 // gRPC server reflection (grpc/grpc doc/server-reflection.md), v1 and v1alpha, answered from the
 // descriptors compiled into this binary: what grpcurl, grpcui, Postman and `buf curl` use to
 // list our services and call them without .proto files. Free of any transport: the gateway feeds
-// it the messages of one ServerReflectionInfo stream (service/http/gateway.cc).
+// it the messages of one ServerReflectionInfo stream (service/gateway).
 //
 //   Reflection reflection({"offload.v1.Ed25519Service", "grpc.health.v1.Health"});
 //   Reflection::Stream stream(&reflection);           // one per ServerReflectionInfo call
@@ -16,8 +16,8 @@
 //
 // Thread-safety: Reflection is immutable after construction; a Stream is used by one thread at a
 // time.
-#ifndef SERVICE_HTTP_REFLECTION_H_
-#define SERVICE_HTTP_REFLECTION_H_
+#ifndef SERVICE_API_REFLECTION_H_
+#define SERVICE_API_REFLECTION_H_
 
 #include <memory>
 #include <string>
@@ -30,13 +30,18 @@
 #include "google/protobuf/descriptor.h"
 #include "grpc/reflection/v1/reflection.pb.h"
 
-namespace offload::http {
+namespace offload::api {
 
 class Reflection final {
  public:
   // The reflection services' own names, listed beside `services`.
   static constexpr absl::string_view kV1 = "grpc.reflection.v1.ServerReflection";
   static constexpr absl::string_view kV1alpha = "grpc.reflection.v1alpha.ServerReflection";
+  // Their one method (a bidirectional stream), in both versions.
+  static constexpr absl::string_view kV1Path =
+      "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo";
+  static constexpr absl::string_view kV1alphaPath =
+      "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo";
 
   // `services`: the full names of the services to list (each must be in the generated pool).
   explicit Reflection(std::vector<std::string> services);
@@ -85,6 +90,6 @@ class Reflection final {
   const google::protobuf::FileDescriptor* v1alpha_file_ = nullptr;
 };
 
-}  // namespace offload::http
+}  // namespace offload::api
 
-#endif  // SERVICE_HTTP_REFLECTION_H_
+#endif  // SERVICE_API_REFLECTION_H_

@@ -1,4 +1,4 @@
-#include "service/http/method_table.h"
+#include "service/api/method_table.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -7,16 +7,16 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/descriptor.pb.h"
-#include "service/ops/methods.h"
+#include "service/api/methods.h"
 
-namespace offload::http {
+namespace offload::api {
 namespace {
 
 using google::protobuf::Message;
 using ops::Operations;
 
 template <typename Request, typename Response>
-Method Make(absl::string_view service, absl::string_view name, bool batch,
+Method Make(absl::string_view service, absl::string_view name, const Traits& traits, bool batch,
             std::function<void(const Request&, Response*, Operations::Done, Operations::Alive)>
                 fn) {
   Method m;
@@ -24,6 +24,14 @@ Method Make(absl::string_view service, absl::string_view name, bool batch,
   m.method = std::string(name);
   m.path = absl::StrCat("/", service, "/", name);
   m.batch = batch;
+  m.operation = std::string(traits.operation);
+  m.admin = traits.admin;
+  m.uses_key = traits.uses_key;
+  m.immutable = traits.immutable;
+  // Key lifecycle calls are audited one by one; data-plane calls that name keys when
+  // --audit_data_plane draws them.
+  m.key_lifecycle = service == kKeyService && traits.admin;
+  m.data_plane = service != kKeyService && traits.uses_key;
   m.request_prototype = &Request::default_instance();
   m.response_prototype = &Response::default_instance();
   m.call = [fn = std::move(fn)](const Message& request, Message* response,
@@ -56,12 +64,12 @@ auto FromMemo(const Operations* ops,
 // transport thread; `fresh` runs on a worker with the lookup's probe.
 template <typename Request, typename Response, typename ProbeT>
 Method MemoFirst(const Operations* ops, absl::string_view service, absl::string_view name,
-                 bool (Operations::*from_memo)(const Request&, Response*, ProbeT*,
+                 const Traits& traits, bool (Operations::*from_memo)(const Request&, Response*, ProbeT*,
                                                absl::Status*) const,
                  absl::Status (Operations::*fresh)(const Request&, const ProbeT&,
                                                    Response*) const) {
   Method m = Make<Request, Response>(
-      service, name, false,
+      service, name, traits, false,
       [ops, from_memo, fresh](const Request& q, Response* r, Operations::Done done,
                               Operations::Alive) {
         ProbeT probe;
@@ -83,12 +91,12 @@ Method MemoFirst(const Operations* ops, absl::string_view service, absl::string_
 // pool.
 template <typename Request, typename Response, typename ProbeT>
 Method BatchMemoFirst(const Operations* ops, absl::string_view service, absl::string_view name,
-                      bool (Operations::*from_memo)(const Request&, Response*, ProbeT*,
+                      const Traits& traits, bool (Operations::*from_memo)(const Request&, Response*, ProbeT*,
                                                     absl::Status*) const,
                       void (Operations::*fresh)(const Request&, const ProbeT&, Response*,
                                                 Operations::Done, Operations::Alive) const) {
   Method m = Make<Request, Response>(
-      service, name, true,
+      service, name, traits, true,
       [ops, from_memo, fresh](const Request& q, Response* r, Operations::Done done,
                               Operations::Alive alive) {
         ProbeT probe;
@@ -108,8 +116,9 @@ Method BatchMemoFirst(const Operations* ops, absl::string_view service, absl::st
 // A single-item operation: runs here, then reports.
 template <typename Request, typename Response>
 Method Unary(const Operations* ops, absl::string_view service, absl::string_view name,
+             const Traits& traits,
              absl::Status (Operations::*op)(const Request&, Response*) const) {
-  return Make<Request, Response>(service, name, false,
+  return Make<Request, Response>(service, name, traits, false,
                                  [ops, op](const Request& q, Response* r, Operations::Done done,
                                            Operations::Alive) { std::move(done)((ops->*op)(q, r));
                                  });
@@ -117,54 +126,54 @@ Method Unary(const Operations* ops, absl::string_view service, absl::string_view
 
 template <typename Request, typename Response>
 Method Batch(const Operations* ops, absl::string_view service, absl::string_view name,
+             const Traits& traits,
              void (Operations::*op)(const Request&, Response*, Operations::Done,
                                     Operations::Alive) const) {
-  return Make<Request, Response>(service, name, true,
+  return Make<Request, Response>(service, name, traits, true,
                                  [ops, op](const Request& q, Response* r, Operations::Done done,
                                            Operations::Alive alive) {
                                    (ops->*op)(q, r, std::move(done), std::move(alive));
                                  });
 }
 
-// Builds the table's entries from ops::ForEachMethod.
+// Builds the table's entries from api::ForEachMethod.
 struct TableBuilder {
   const Operations* ops;
   keys::KeyManager* keys;
   std::vector<Method>* methods;
 
   template <typename Request, typename Response>
-  void Keys(absl::string_view name, bool audited, ops::KeyFn<Request, Response> fn) {
+  void Keys(absl::string_view name, const Traits& traits, KeyFn<Request, Response> fn) {
     methods->push_back(Make<Request, Response>(
-        ops::kKeyService, name, false,
+        kKeyService, name, traits, false,
         [k = keys, fn](const Request& q, Response* r, Operations::Done done, Operations::Alive) {
           std::move(done)(fn(k, q, r));
         }));
-    methods->back().key_lifecycle = audited;
   }
   template <typename Request, typename Response>
-  void Unary(absl::string_view service, absl::string_view name,
+  void Unary(absl::string_view service, absl::string_view name, const Traits& traits,
              absl::Status (Operations::*op)(const Request&, Response*) const) {
-    methods->push_back(http::Unary(ops, service, name, op));
+    methods->push_back(api::Unary(ops, service, name, traits, op));
   }
   template <typename Request, typename Response>
-  void Batch(absl::string_view service, absl::string_view name,
+  void Batch(absl::string_view service, absl::string_view name, const Traits& traits,
              void (Operations::*op)(const Request&, Response*, Operations::Done,
                                     Operations::Alive) const) {
-    methods->push_back(http::Batch(ops, service, name, op));
+    methods->push_back(api::Batch(ops, service, name, traits, op));
   }
   template <typename FromMemoFn, typename FreshFn>
-  void MemoFirst(absl::string_view service, absl::string_view name, FromMemoFn from_memo,
-                 FreshFn fresh) {
-    methods->push_back(http::MemoFirst(ops, service, name, from_memo, fresh));
+  void MemoFirst(absl::string_view service, absl::string_view name, const Traits& traits,
+                 FromMemoFn from_memo, FreshFn fresh) {
+    methods->push_back(api::MemoFirst(ops, service, name, traits, from_memo, fresh));
   }
   template <typename FromMemoFn, typename FreshFn>
-  void BatchMemoFirst(absl::string_view service, absl::string_view name, FromMemoFn from_memo,
-                      FreshFn fresh) {
-    methods->push_back(http::BatchMemoFirst(ops, service, name, from_memo, fresh));
+  void BatchMemoFirst(absl::string_view service, absl::string_view name, const Traits& traits,
+                      FromMemoFn from_memo, FreshFn fresh) {
+    methods->push_back(api::BatchMemoFirst(ops, service, name, traits, from_memo, fresh));
   }
-  void AeadOpen(absl::string_view service, absl::string_view name) {
-    methods->push_back(http::MemoFirst(ops, service, name, &Operations::AeadOpenFromMemo,
-                                       &Operations::AeadOpenFresh));
+  void AeadOpen(absl::string_view service, absl::string_view name, const Traits& traits) {
+    methods->push_back(api::MemoFirst(ops, service, name, traits, &Operations::AeadOpenFromMemo,
+                                      &Operations::AeadOpenFresh));
     methods->back().from_memo_shared = [o = ops](const Operations::OpenRequestView& q,
                                                  Operations::OpenResult* result,
                                                  Method::Probe* probe, absl::Status* status) {
@@ -186,7 +195,7 @@ struct TableBuilder {
 
 MethodTable::MethodTable(const Operations* ops, keys::KeyManager* keys) {
   TableBuilder builder{ops, keys, &methods_};
-  ops::ForEachMethod(builder);
+  ForEachMethod(builder);
 
   // The proto is the contract: every entry names one of its methods, with its types, and says
   // what its options say.
@@ -212,4 +221,13 @@ const Method* MethodTable::Find(absl::string_view path) const {
   return it == by_path_.end() ? nullptr : it->second;
 }
 
-}  // namespace offload::http
+auth::OperationMap PolicyOperations() {
+  const MethodTable table(/*operations=*/nullptr, /*keys=*/nullptr);
+  auth::OperationMap operations;
+  for (const Method& m : table.methods()) {
+    operations[m.path] = auth::Operation{m.operation, m.admin, m.uses_key};
+  }
+  return operations;
+}
+
+}  // namespace offload::api

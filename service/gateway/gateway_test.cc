@@ -1,7 +1,7 @@
 // The gateway over a real socket: raw HTTP/1.1 requests (tests/testing/http_client.h) to a gateway
 // serving real operations (file key store in a temporary folder, worker pool, memo). HTTP/2 and
 // real Connect / gRPC-Web clients are in tests/e2e/connect.
-#include "service/http/gateway.h"
+#include "service/gateway/gateway.h"
 
 #include <sodium.h>
 #include <stdlib.h>
@@ -26,7 +26,7 @@
 #include "offload/v1/ed25519.pb.h"
 #include "offload/v1/keys.pb.h"
 #include "service/crypto/backend.h"
-#include "service/http/method_table.h"
+#include "service/api/method_table.h"
 #include "service/http/protocol.h"
 #include "service/ops/admission.h"
 #include "service/ops/retry_delay.h"
@@ -34,10 +34,18 @@
 #include "tests/testing/http_client.h"
 #include "tests/testing/payloads.h"
 
-namespace offload::http {
+namespace offload::gateway {
 namespace {
 
 using ::testing::HasSubstr;
+using http::CorsPolicy;
+using http::EncodeFrame;
+using http::Gunzip;
+using http::Gzip;
+using http::ParseUnaryRequestFrame;
+using http::kFrameCompressed;
+using http::kFrameHeaderBytes;
+using http::kFrameTrailer;
 using testhttp::JsonLike;
 using testhttp::RandomBytes;
 
@@ -54,7 +62,7 @@ class GatewayTest : public ::testing::Test {
     keys_ = stack_->keys.get();
     pool_ = stack_->pool.get();
     ops_ = stack_->ops.get();
-    table_ = std::make_unique<MethodTable>(ops_, keys_);
+    table_ = std::make_unique<api::MethodTable>(ops_, keys_);
     metrics_ = std::make_unique<metrics::Metrics>();
     gateway_ = std::make_unique<Gateway>(table_.get(), pool_, metrics_.get(), BaseOptions());
     ASSERT_TRUE(gateway_->Start().ok());
@@ -126,7 +134,7 @@ class GatewayTest : public ::testing::Test {
   keys::KeyManager* keys_ = nullptr;
   ops::WorkerPool* pool_ = nullptr;
   ops::Operations* ops_ = nullptr;
-  std::unique_ptr<MethodTable> table_;
+  std::unique_ptr<api::MethodTable> table_;
   std::unique_ptr<metrics::Metrics> metrics_;
   std::unique_ptr<Gateway> gateway_;
   v1::VerifyRequest verify_;
@@ -699,4 +707,4 @@ TEST_F(GatewayTest, ConnectionHygiene) {
 }
 
 }  // namespace
-}  // namespace offload::http
+}  // namespace offload::gateway
