@@ -8,7 +8,8 @@
 //   OFFLOAD_PROTOC     protoc to run (default: protoc on PATH)
 // Several builds may run at once (the tests of two build trees, the examples): each writes into a
 // private folder and moves its files into place one by one (atomic renames), so none ever reads
-// a half-written file.
+// a half-written file. The private folder of the generated code lies outside src/: tsc takes
+// every file under src/, and another build's folder there vanished under it (TS6053).
 import { execFileSync } from "node:child_process";
 import { existsSync, mkdirSync, readdirSync, renameSync, rmSync, statSync } from "node:fs";
 import { dirname, join, relative, resolve } from "node:path";
@@ -45,7 +46,7 @@ const protos = [
   "google/rpc/status.proto",
   "google/rpc/error_details.proto",
 ];
-const genTmp = join(here, `src/gen-tmp-${process.pid}`);
+const genTmp = join(here, `.gen-tmp-${process.pid}`);
 rmSync(genTmp, { recursive: true, force: true });
 mkdirSync(genTmp, { recursive: true });
 execFileSync(
