@@ -1,5 +1,7 @@
 #include "service/call/call.h"
 
+#include <sodium.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -9,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "offload/v1/aead.pb.h"
 #include "offload/v1/keys.pb.h"
+#include "service/api/secret_fields.h"
 #include "service/common/log.h"
 #include "service/ops/retry_delay.h"
 
@@ -112,15 +115,45 @@ SharedMessage SharedOpenMessage(const ops::Operations::OpenResult& open) {
 
 }  // namespace
 
+namespace {
+void* NewArenaBlock(size_t size) { return ::operator new(size); }
+void FreeArenaBlock(void* block, size_t size) {
+  sodium_memzero(block, size);
+  ::operator delete(block);
+}
+
+google::protobuf::ArenaOptions BatchArenaOptions() {
+  google::protobuf::ArenaOptions options;
+  options.start_block_size = 4096;  // a batch of a few items in one block
+  options.max_block_size = 64 << 10;
+  options.block_alloc = &NewArenaBlock;
+  options.block_dealloc = &FreeArenaBlock;
+  return options;
+}
+}  // namespace
+
 Call::Call(std::shared_ptr<const Context> context, const api::Method* method)
     : context_(std::move(context)), method_(method), start_(Clock::now()) {}
 
-Call::~Call() = default;
+Call::~Call() {
+  // The bytes of secret fields are the fields' own buffers: zeroed before the messages go.
+  if (method_->secret_fields) {
+    if (request_ != nullptr) api::WipeSecretFields(request_);
+    if (response_ != nullptr) api::WipeSecretFields(response_);
+  }
+  if (!arena_.has_value()) {  // else the arena frees them, after this
+    delete request_;
+    delete response_;
+  }
+}
 
 Message* Call::NewRequest() {
-  request_.reset(method_->request_prototype->New());
-  response_.reset(method_->response_prototype->New());
-  return request_.get();
+  // A single call's messages are few and small: an arena's set-up would cost more than it saves.
+  google::protobuf::Arena* arena = nullptr;
+  if (method_->batch) arena = &arena_.emplace(BatchArenaOptions());
+  request_ = method_->request_prototype->New(arena);
+  response_ = method_->response_prototype->New(arena);
+  return request_;
 }
 
 // [issue 34] AEAD Open answered from its buffer: the protocol side takes shared bytes.
@@ -140,7 +173,7 @@ const std::string& Call::KeepBody(std::string body) {
 
 void Call::SetOpenInPlace(absl::string_view key_id, absl::string_view envelope,
                           absl::string_view associated_data) {
-  auto* open = static_cast<v1::AeadOpenRequest*>(request_.get());
+  auto* open = static_cast<v1::AeadOpenRequest*>(request_);
   open->set_key_id(key_id.data(), key_id.size());
   open->set_associated_data(associated_data.data(), associated_data.size());
   open_view_ = {open->key_id(), envelope, open->associated_data()};
@@ -151,7 +184,7 @@ void Call::Start(Caller caller, absl::Time deadline) {
   deadline_ = deadline;
   if (open_owner_ == nullptr && TakesOpenInPlace()) {
     // Decoded into the message: the envelope lies in it.
-    auto* open = static_cast<v1::AeadOpenRequest*>(request_.get());
+    auto* open = static_cast<v1::AeadOpenRequest*>(request_);
     open_view_ = {open->key_id(), open->envelope(), open->associated_data()};
     open_owner_ = open->mutable_envelope();
   }
@@ -348,10 +381,10 @@ void Call::Run(bool on_worker) {
     if (m->from_memo) {
       api::Method::Probe probe;
       absl::Status status;
-      if (m->from_memo(*request_, response_.get(), &probe, &status)) return Finish(status);
-      m->fresh(*request_, response_.get(), std::move(probe), DoneFn(), AliveFn());
+      if (m->from_memo(*request_, response_, &probe, &status)) return Finish(status);
+      m->fresh(*request_, response_, std::move(probe), DoneFn(), AliveFn());
     } else {
-      m->call(*request_, response_.get(), DoneFn(), AliveFn());
+      m->call(*request_, response_, DoneFn(), AliveFn());
     }
     return;
   }
@@ -363,7 +396,7 @@ void Call::Run(bool on_worker) {
       // [issue 15, 34] AEAD Open: the hit's plaintext is answered from the memo's buffer
       // (SharedMessage), never copied into the response message.
       if (m->from_memo_shared(open_view_, &shared_open_, &probe, &status)) return Finish(status);
-    } else if (m->from_memo(*request_, response_.get(), &probe, &status)) {
+    } else if (m->from_memo(*request_, response_, &probe, &status)) {
       return Finish(status);
     }
   }
@@ -407,9 +440,9 @@ void Call::RunOnWorker(api::Method::Probe probe) {
     return Finish(method_->fresh_shared(open_view_, open_owner_, probe, &shared_open_));
   }
   if (probe != nullptr) {
-    method_->fresh(*request_, response_.get(), std::move(probe), DoneFn(), nullptr);
+    method_->fresh(*request_, response_, std::move(probe), DoneFn(), nullptr);
   } else {
-    method_->call(*request_, response_.get(), DoneFn(), nullptr);
+    method_->call(*request_, response_, DoneFn(), nullptr);
   }
 }
 
@@ -455,14 +488,14 @@ void Call::Finish(absl::Status status, Challenge challenge) {
   metrics::ItemCounts counts;
   if (status.ok()) {
     counts = method_->batch ? CountBatch(*response_) : CountOne(absl::StatusCode::kOk,
-                                                                 response_.get());
+                                                                 response_);
     Reply reply;
     SharedMessage shared;
     if (shared_open_.plaintext != nullptr) {
       shared = SharedOpenMessage(shared_open_);
       reply.shared = &shared;
     } else {
-      reply.response = response_.get();
+      reply.response = response_;
     }
     status = Encode(reply);
   }
@@ -498,13 +531,13 @@ void Call::Finish(absl::Status status, Challenge challenge) {
 void Call::AuditCall(const absl::Status& status, auth::AuditSink::Done done) {
   auth::Authorizer* authorizer = context_->authorizer;
   if (method_->key_lifecycle) {
-    const auto* info = dynamic_cast<const v1::KeyInfo*>(response_.get());
+    const auto* info = dynamic_cast<const v1::KeyInfo*>(response_);
     return authorizer->AuditKeyCall(peer_, method_->path, *request_, status,
                                     status.ok() && info != nullptr ? info->current_version() : 0,
                                     Transport(), std::move(done));
   }
   auth::DataPlaneCall call = auth::DescribeDataPlaneCall(
-      *request_, status.ok() ? response_.get() : nullptr, method_->batch);
+      *request_, status.ok() ? response_ : nullptr, method_->batch);
   if (shared_open_.plaintext != nullptr && !call.keys.empty()) {
     // [issue 15] a memo hit answered from the memo's buffer: the response message is empty.
     call.keys.front().version = shared_open_.key_version;

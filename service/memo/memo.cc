@@ -69,6 +69,7 @@ Memo::~Memo() { sodium_memzero(salt_, sizeof(salt_)); }
 Digest Memo::VerifyDigest(absl::Span<const uint8_t> public_key,
                           absl::Span<const uint8_t> signature,
                           absl::Span<const uint8_t> message) const {
+  if (!options_.enabled) return Digest{};  // nothing is looked up or stored: no need to hash
   return DigestBuilder(salt_, kVerify).Add(public_key).Add(signature).Add(message).Finish();
 }
 
@@ -83,6 +84,7 @@ void Memo::VerifyInsert(const Digest& digest) {
 }
 
 Digest Memo::DeriveDigest(uint64_t instance, int output, absl::Span<const uint8_t> peer) const {
+  if (!options_.enabled) return Digest{};
   return DigestBuilder(salt_, kDerive)
       .AddNumber(instance)
       .AddNumber(static_cast<uint64_t>(output))
@@ -110,6 +112,7 @@ void Memo::DeriveInsert(const Digest& digest, absl::string_view key_id,
 Digest Memo::OpenDigest(uint64_t instance, absl::Span<const uint8_t> nonce,
                         absl::Span<const uint8_t> ciphertext_and_tag,
                         absl::Span<const uint8_t> aad) const {
+  if (!options_.enabled) return Digest{};
   // The nonce and the tag identify the ciphertext under one key; the full bytes are compared on
   // a hit, so hashing them all (slower than the decryption itself) is not needed.
   const size_t tag_at = ciphertext_and_tag.size() - std::min<size_t>(16, ciphertext_and_tag.size());

@@ -96,6 +96,9 @@ class Memo final {
   explicit Memo(MemoOptions options);
   ~Memo();
 
+  // The *Digest functions return an all-zero digest, unhashed, when the memo is off (`enabled`
+  // false): every lookup misses and nothing is stored, so the hash would be wasted work.
+
   // --- verify ---
   Digest VerifyDigest(absl::Span<const uint8_t> public_key, absl::Span<const uint8_t> signature,
                       absl::Span<const uint8_t> message) const;

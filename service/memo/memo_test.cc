@@ -493,6 +493,12 @@ TEST_F(MemoTest, DisabledMemoNeverHits) {
   Digest d = memo.VerifyDigest(Bytes(32, 1), Bytes(64, 1), Bytes(1, 1));
   memo.VerifyInsert(d);
   EXPECT_FALSE(memo.VerifyHit(d));
+  EXPECT_EQ(d, Digest{});  // not hashed: nothing would use it
+  const Digest shared = memo.DeriveDigest(1, 1, Bytes(32, 2));
+  uint8_t out[32];
+  memo.DeriveInsert(shared, "k", Bytes(32, 3));
+  EXPECT_FALSE(memo.DeriveLookup(shared, absl::MakeSpan(out)));
+  EXPECT_EQ(memo.derive_stats().entries, 0u);
 }
 
 // Many threads insert, look up and drop keys at once; run under ThreadSanitizer in CI

@@ -1,0 +1,79 @@
+#include "service/api/secret_fields.h"
+
+#include <sodium.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+
+namespace offload::api {
+namespace {
+
+using google::protobuf::Descriptor;
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+using google::protobuf::Reflection;
+
+bool IsSecret(const FieldDescriptor& field) {
+  if (field.type() != FieldDescriptor::TYPE_BYTES) return false;
+  const absl::string_view name = field.name();
+  return name == "plaintext" || name == "shared_key" || name == "secret";
+}
+
+bool HasSecretFieldsSeen(const Descriptor& type, std::vector<const Descriptor*>* seen) {
+  for (const Descriptor* s : *seen) {
+    if (s == &type) return false;  // recursive types: already being looked at
+  }
+  seen->push_back(&type);
+  for (int i = 0; i < type.field_count(); ++i) {
+    const FieldDescriptor& field = *type.field(i);
+    if (IsSecret(field)) return true;
+    if (field.type() == FieldDescriptor::TYPE_MESSAGE &&
+        HasSecretFieldsSeen(*field.message_type(), seen)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// The field's own std::string (not a copy: bytes fields are stored as std::string), zeroed.
+void Zero(const std::string& stored) {
+  if (!stored.empty()) sodium_memzero(const_cast<char*>(stored.data()), stored.size());
+}
+
+}  // namespace
+
+bool HasSecretFields(const Descriptor& type) {
+  std::vector<const Descriptor*> seen;
+  return HasSecretFieldsSeen(type, &seen);
+}
+
+void WipeSecretFields(Message* message) {
+  const Reflection& reflection = *message->GetReflection();
+  std::vector<const FieldDescriptor*> fields;
+  reflection.ListFields(*message, &fields);  // the fields set
+  std::string scratch;
+  for (const FieldDescriptor* field : fields) {
+    if (IsSecret(*field)) {
+      if (field->is_repeated()) {
+        for (int i = 0, n = reflection.FieldSize(*message, field); i < n; ++i) {
+          Zero(reflection.GetRepeatedStringReference(*message, field, i, &scratch));
+        }
+      } else {
+        Zero(reflection.GetStringReference(*message, field, &scratch));
+      }
+    } else if (field->type() == FieldDescriptor::TYPE_MESSAGE) {
+      if (field->is_repeated()) {
+        for (int i = 0, n = reflection.FieldSize(*message, field); i < n; ++i) {
+          WipeSecretFields(reflection.MutableRepeatedMessage(message, field, i));
+        }
+      } else {
+        WipeSecretFields(reflection.MutableMessage(message, field));
+      }
+    }
+  }
+  Zero(scratch);
+}
+
+}  // namespace offload::api
