@@ -33,6 +33,8 @@ struct Answer {
   std::vector<absl::string_view> shared_body;
   std::shared_ptr<const void> owner;
   HeaderList trailers;
+  // `body` holds a secret (httpd::Response::secret): the engine zeroes its copies.
+  bool secret = false;
 };
 
 // Sets `out`'s shared body: `body` (kept valid by `owner`), then `tail` (kept with it).

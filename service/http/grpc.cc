@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "service/common/secret_bytes.h"
 
 namespace offload::http {
 
@@ -47,6 +48,7 @@ Answer GrpcSuccess(const ContentType& type, std::string message, bool gzip) {
       out.owner = std::move(owned);
     } else {
       out.body = EncodeFrame(gzip ? kFrameCompressed : 0, message);
+      WipeString(&message);  // copied: a secret's copy is the answer's only (Answer::secret)
     }
     out.trailers = GrpcTrailers(absl::OkStatus());
     return out;
@@ -54,10 +56,16 @@ Answer GrpcSuccess(const ContentType& type, std::string message, bool gzip) {
   // gRPC-Web: the message frame's flag and grpc-encoding say it is compressed; trailers never
   // are.
   std::string body = EncodeFrame(gzip ? kFrameCompressed : 0, message);
+  WipeString(&message);  // the copies a step leaves behind are zeroed (a secret's, Answer::secret)
   body += EncodeFrame(kFrameTrailer, GrpcWebTrailers(absl::OkStatus()));
   out.headers.emplace_back("content-type", std::string(GrpcWebContentType(type)));
   if (gzip) out.headers.emplace_back("grpc-encoding", "gzip");
-  out.body = type.text ? EncodeGrpcWebText(body) : std::move(body);
+  if (type.text) {
+    out.body = EncodeGrpcWebText(body);
+    WipeString(&body);
+  } else {
+    out.body = std::move(body);
+  }
   return out;
 }
 

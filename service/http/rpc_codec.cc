@@ -6,8 +6,9 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/stubs/common.h"
-#include "service/http/answer.h"
 #include "google/protobuf/util/json_util.h"
+#include "service/common/secret_bytes.h"
+#include "service/http/answer.h"
 
 namespace offload::http {
 namespace {
@@ -335,6 +336,7 @@ Compression CompressResponse(Encoding accept, const CompressionOptions& options,
     c.result = CompressionResult::kNoGain;
     return c;
   }
+  WipeString(message);  // what it replaces may be a secret (Answer::secret)
   *message = *std::move(zipped);
   c.encoding = Encoding::kGzip;
   c.result = CompressionResult::kCompressed;

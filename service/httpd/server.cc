@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "service/common/secret_bytes.h"
 #include "service/httpd/internal/engine.h"
 #include "service/httpd/internal/loop.h"
 
@@ -127,6 +128,7 @@ Exchange::~Exchange() {
   // still lets Stop() finish.
   CountAnswered();
   internal::Access::StopReceiving(*this);
+  if (secret_) WipeString(&body_);
 }
 
 void Exchange::CountAnswered() {
@@ -169,6 +171,7 @@ void Exchange::Respond(Response response) {
   part.shared = std::move(response.shared_body);
   part.owner = std::move(response.owner);
   part.trailers = std::move(response.trailers);
+  part.secret = response.secret;
   Send(std::move(part));
   // Counted once written or queued to the loop ahead of any stop, so that Stop() never closes
   // a connection before its answer.
@@ -280,7 +283,8 @@ absl::Status Server::Start() {
     impl.io->tls = std::make_unique<asio::ssl::context>(asio::ssl::context::tls_server);
     SSL_CTX* ctx = impl.io->tls->native_handle();
     SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
-    SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE);
+    SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE |
+                                 SSL_OP_CLEANSE_PLAINTEXT);
     SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
     static const unsigned char kSessionContext[] = "crypto-offload";
     SSL_CTX_set_session_id_context(ctx, kSessionContext, sizeof(kSessionContext) - 1);

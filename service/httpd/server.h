@@ -104,6 +104,10 @@ struct Response {
   // Sent after the body: HTTP/2 trailers (HEADERS with END_STREAM); on HTTP/1.1 the body is
   // chunked and these are its trailer fields.
   Headers trailers;
+  // `body` holds a secret (a plaintext, a shared key): every copy the engine makes of it (its
+  // buffers, small pieces copied into a write) is zeroed before it is freed. `owner`'s bytes are
+  // the owner's to wipe.
+  bool secret = false;
 
   size_t body_size() const;
 };
@@ -151,6 +155,9 @@ class Exchange final : public std::enable_shared_from_this<Exchange> {
     out.swap(body_);
     return out;
   }
+  // The request body holds a secret (a plaintext to seal, a key to import): zeroed when the
+  // exchange frees it. (Its buffer is never left behind unzeroed when it grows.)
+  void MarkSecret() { secret_ = true; }
   // Why the engine refused the request before its body was read (kNone: it did not). The handler
   // gets a refused request at once, with body() empty, and answers in its protocol's terms; the
   // rest of the body is never read (HTTP/2: dropped as it comes, the stream reset after the
@@ -242,6 +249,7 @@ class Exchange final : public std::enable_shared_from_this<Exchange> {
   Span method_, path_, query_;
   absl::InlinedVector<HeaderSpan, 12> headers_;
   std::string body_;
+  bool secret_ = false;  // MarkSecret
   Refusal refusal_ = Refusal::kNone;
   int version_ = 0;
   bool tls_ = false;

@@ -9,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "absl/types/span.h"
 #include "service/call/call.h"
+#include "service/common/secret_bytes.h"
 #include "service/common/status_macros.h"
 #include "service/gateway/internal/refusals.h"
 #include "service/gateway/internal/shared.h"
@@ -49,6 +50,7 @@ class HttpCall final : public call::Call {
       return Fail(EngineRefusal(exchange_->refusal(), post.body_limit));
     }
     options_ = post.options;
+    if (method().secret_fields) exchange_->MarkSecret();  // zeroed with the exchange
     Decode(options_.encoding, exchange_->body());
   }
 
@@ -149,6 +151,7 @@ class HttpCall final : public call::Call {
         std::optional<http::CacheHint> get;
         if (get_) get = http::CacheHint{method().immutable, Identified()};
         answer_ = http::UnarySuccess(type_, std::move(message), gzip, get);
+        if (method().secret_fields) MarkSecret(&answer_);
       }
     } else {
       answer_ = http::UnaryError(type_, reply.status, refusal_http_status_, get_);
@@ -208,6 +211,21 @@ class HttpCall final : public call::Call {
                                     std::move(m->owner));
   }
 
+  // A secret answer: the engine zeroes its copies of the body, and the buffer the mapping
+  // shares with it (a large gRPC message: the answer's own, made for it) is zeroed when freed.
+  static void MarkSecret(http::Answer* answer) {
+    answer->secret = true;
+    if (answer->owner == nullptr) return;
+    answer->owner = std::shared_ptr<const void>(
+        answer->owner.get(), [owner = std::move(answer->owner), views = answer->shared_body](
+                                 const void*) mutable {
+          for (absl::string_view v : views) {
+            if (!v.empty()) sodium_memzero(const_cast<char*>(v.data()), v.size());
+          }
+          owner.reset();
+        });
+  }
+
   // Compresses the response `*message` when the caller asked and it pays (CompressResponse);
   // true if it did. Counts the decision.
   bool Compress(std::string* message) {
@@ -254,6 +272,7 @@ httpd::Response ToResponse(http::Answer answer) {
   out.shared_body = std::move(answer.shared_body);
   out.owner = std::move(answer.owner);
   out.trailers = std::move(answer.trailers);
+  out.secret = answer.secret;
   return out;
 }
 

@@ -7,6 +7,7 @@
 
 #include "absl/strings/ascii.h"
 #include "service/common/log.h"
+#include "service/common/secret_bytes.h"
 
 namespace offload::httpd {
 
@@ -71,7 +72,7 @@ namespace internal {
 // ---------------------------------------------------------------------------------------------
 // WriteBatch
 
-void WriteBatch::Copy(const void* data, size_t size) {
+void WriteBatch::Copy(const void* data, size_t size, bool secret) {
   if (size == 0) return;
   if (!segments_.empty() && segments_.back().own &&
       segments_.back().offset + segments_.back().size == own_.size()) {
@@ -79,14 +80,20 @@ void WriteBatch::Copy(const void* data, size_t size) {
   } else {
     segments_.push_back(Segment{true, own_.size(), nullptr, size});
   }
-  own_.append(static_cast<const char*>(data), size);
+  secret_ = secret_ || secret;
+  if (secret_) {
+    AppendWiping(&own_, static_cast<const char*>(data), size);
+  } else {
+    own_.append(static_cast<const char*>(data), size);
+  }
   size_ += size;
 }
 
-void WriteBatch::Ref(const char* data, size_t size, const std::shared_ptr<const void>& owner) {
+void WriteBatch::Ref(const char* data, size_t size, const std::shared_ptr<const void>& owner,
+                     bool secret) {
   if (size == 0) return;
   if (size < 512) {  // a small piece costs less copied than as an iovec of its own
-    Copy(data, size);
+    Copy(data, size, secret);
     return;
   }
   segments_.push_back(Segment{false, 0, data, size});
@@ -121,13 +128,17 @@ void WriteBatch::Consume(size_t n) {
 
 void WriteBatch::Release() {
   Clear();
-  std::string().swap(own_);
+  std::string().swap(own_);  // zeroed by Clear if it held a secret
   std::vector<Segment>().swap(segments_);
   std::vector<std::shared_ptr<const void>>().swap(owners_);
   std::vector<iovec>().swap(iov_);
 }
 
 void WriteBatch::Clear() {
+  if (secret_) {
+    WipeString(&own_);
+    secret_ = false;
+  }
   own_.clear();
   if (own_.capacity() > (256 << 10)) std::string().swap(own_);
   segments_.clear();
@@ -309,7 +320,14 @@ void Access::AddHeader(Exchange& e, absl::string_view name, absl::string_view va
   e.headers_.push_back(h);
 }
 
-void Access::ReleaseBody(Exchange& e) { std::string().swap(e.body_); }
+void Access::ReleaseBody(Exchange& e) {
+  WipeString(&e.body_);  // rare (a refused or dropped body): not worth knowing whether it is secret
+  std::string().swap(e.body_);
+}
+
+void Access::AppendBody(Exchange& e, absl::string_view data) {
+  AppendWiping(&e.body_, data.data(), data.size());
+}
 
 void Access::Read(Exchange& e, absl::string_view data, bool end) {
   if (e.reader_ == nullptr) return;
@@ -359,19 +377,24 @@ void ReleaseBodyCharge(Conn* conn, Stream* s) {
 }
 
 void AppendPieces(Exchange::Part& part, PieceQueue* out, int64_t* bytes, std::string* keep) {
-  if (!part.data.empty() && keep != nullptr && keep->empty()) {
+  // A secret body is never kept in the protocol's reused buffer: it goes in a buffer of its own,
+  // zeroed when the last write that references it is done.
+  if (!part.data.empty() && keep != nullptr && keep->empty() && !part.secret) {
     *keep = std::move(part.data);
     *bytes += static_cast<int64_t>(keep->size());
     out->push_back(Piece{keep->data(), keep->size(), nullptr});
   } else if (!part.data.empty()) {
-    auto owned = std::make_shared<std::string>(std::move(part.data));
+    std::shared_ptr<std::string> owned =
+        part.secret ? std::shared_ptr<std::string>(new std::string(std::move(part.data)),
+                                                   WipingDelete())
+                    : std::make_shared<std::string>(std::move(part.data));
     *bytes += static_cast<int64_t>(owned->size());
-    out->push_back(Piece{owned->data(), owned->size(), owned});
+    out->push_back(Piece{owned->data(), owned->size(), owned, part.secret});
   }
   for (absl::string_view piece : part.shared) {
     if (piece.empty()) continue;
     *bytes += static_cast<int64_t>(piece.size());
-    out->push_back(Piece{piece.data(), piece.size(), part.owner});
+    out->push_back(Piece{piece.data(), piece.size(), part.owner, part.secret});
   }
 }
 

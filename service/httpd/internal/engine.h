@@ -40,6 +40,7 @@ struct Exchange::Part {
   std::vector<absl::string_view> shared;   // more body bytes, kept by `owner`
   std::shared_ptr<const void> owner;
   Headers trailers;
+  bool secret = false;  // Response::secret: `data` is zeroed wherever the engine frees it
   size_t size() const;
 };
 
@@ -117,6 +118,7 @@ struct Piece {
   const char* data = nullptr;
   size_t size = 0;
   std::shared_ptr<const void> owner;
+  bool secret = false;  // a copy of it (WriteBatch) is zeroed once written
 };
 
 // Pieces in order, taken from the front: a vector and a read index (no allocation until the
@@ -149,11 +151,15 @@ class PieceQueue {
 };
 
 // What one write sends: bytes copied into the batch (frame headers, HTTP/1.1 heads, HEADERS
-// frames) and pieces of response bodies referenced without a copy, in order.
+// frames) and pieces of response bodies referenced without a copy, in order. `secret` bytes
+// copied in are zeroed when the batch is cleared or released (and never left in a buffer that
+// growth frees).
 class WriteBatch {
  public:
-  void Copy(const void* data, size_t size);
-  void Ref(const char* data, size_t size, const std::shared_ptr<const void>& owner);
+  ~WriteBatch() { Release(); }
+  void Copy(const void* data, size_t size, bool secret = false);
+  void Ref(const char* data, size_t size, const std::shared_ptr<const void>& owner,
+           bool secret = false);
   bool empty() const { return size_ == 0; }
   size_t size() const { return size_; }
   // The unwritten rest as iovecs (valid until the next change).
@@ -178,6 +184,7 @@ class WriteBatch {
   size_t first_ = 0;       // first unwritten segment
   size_t first_done_ = 0;  // bytes of it written
   size_t size_ = 0;        // unwritten bytes
+  bool secret_ = false;    // own_ holds secret bytes
 };
 
 // One request and its answer within a connection (an HTTP/2 stream, or HTTP/1.1's current
@@ -356,6 +363,8 @@ struct Access {
   static void AddHeader(Exchange& e, absl::string_view name, absl::string_view value,
                         bool lower_name);
   static std::string& body(Exchange& e) { return e.body_; }
+  // Appends request body bytes (a growing buffer's old copy is zeroed before it is freed).
+  static void AppendBody(Exchange& e, absl::string_view data);
   static void SetDispatched(Exchange& e) {
     StopReceiving(e);
     e.dispatched_.store(true, std::memory_order_release);

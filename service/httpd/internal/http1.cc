@@ -408,7 +408,7 @@ void Http1::OnBody(absl::string_view data) {
     conn_->ReleaseGrant();
     return;
   }
-  Access::body(*s->exchange).append(data.data(), data.size());
+  Access::AppendBody(*s->exchange, absl::string_view(data.data(), data.size()));
   ChargeBody(conn_, s, 0, static_cast<int64_t>(data.size()));
   UpdateBodyPause();
 }
@@ -557,7 +557,7 @@ void Http1::Collect(WriteBatch* batch) {
     batch->Copy(kContinue.data(), kContinue.size());
     pending_interim_ = false;
   }
-  for (const Piece& p : out_) batch->Ref(p.data, p.size, p.owner);
+  for (const Piece& p : out_) batch->Ref(p.data, p.size, p.owner, p.secret);
   written_pending_ += out_bytes_;
   out_.clear();
   out_bytes_ = 0;

@@ -704,7 +704,7 @@ int Http2::OnDataChunk(nghttp2_session* session, uint8_t, int32_t stream_id, con
     self->Refuse(s, Exchange::Refusal::kBodyTooLarge);
     return 0;
   }
-  Access::body(*s->exchange).append(chunk.data(), chunk.size());
+  Access::AppendBody(*s->exchange, chunk);
   self->ChargeBody(s, 0, static_cast<int64_t>(len));
   self->SetUnconsumed(s, s->unconsumed + static_cast<int32_t>(len));
   self->TakeBody(s);
@@ -1098,9 +1098,9 @@ int Http2::OnSendData(nghttp2_session*, nghttp2_frame* frame, const uint8_t* fra
     Piece& p = s->out.front();
     const size_t n = std::min(left, p.size);
     if (p.owner == nullptr) {
-      self->batch_->Copy(p.data, n);  // the stream's own bytes: it may close before the write
+      self->batch_->Copy(p.data, n, p.secret);  // the stream's own bytes: it may close first
     } else {
-      self->batch_->Ref(p.data, n, p.owner);
+      self->batch_->Ref(p.data, n, p.owner, p.secret);
     }
     p.data += n;
     p.size -= n;
