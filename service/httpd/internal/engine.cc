@@ -321,7 +321,9 @@ void Access::AddHeader(Exchange& e, absl::string_view name, absl::string_view va
 }
 
 void Access::ReleaseBody(Exchange& e) {
-  WipeString(&e.body_);  // rare (a refused or dropped body): not worth knowing whether it is secret
+  // Handed over, the handler has said whether the body is secret (Exchange::MarkSecret); one
+  // dropped before (refused: rare) is zeroed whatever it is.
+  if (e.secret_ || !e.dispatched_.load(std::memory_order_acquire)) WipeString(&e.body_);
   std::string().swap(e.body_);
 }
 

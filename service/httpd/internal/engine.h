@@ -269,6 +269,7 @@ class Conn {
   // progress grant (kProgressGrants for the whole server, taken here if one is free), so that
   // requests under way can still complete and free their memory while the rest wait.
   bool MayTakeBody();
+  bool holds_grant() const { return grant_; }
   // The grant goes back (no body under way any more, or the connection is closing).
   void ReleaseGrant();
   static constexpr int kProgressGrants = 4;
@@ -376,7 +377,7 @@ struct Access {
   static void SetRefusal(Exchange& e, Exchange::Refusal why) { e.refusal_ = why; }
   // Exchange::SetDeadline's deadline, or InfiniteFuture.
   static absl::Time Deadline(const Exchange& e);
-  // After Handle: the body's memory goes.
+  // After Handle (or a refusal): the body's memory goes, zeroed if it may hold a secret.
   static void ReleaseBody(Exchange& e);
   static bool Streaming(const Exchange& e) { return e.reader_ != nullptr; }
   static void Read(Exchange& e, absl::string_view data, bool end);

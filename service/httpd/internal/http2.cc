@@ -753,7 +753,8 @@ bool Http2::BodyUnderWay() const {
 }
 
 void Http2::MaybeReleaseGrant() {
-  if (!BodyUnderWay()) conn_->ReleaseGrant();
+  // Looks at the streams only when there is a grant to give back: this runs per request.
+  if (conn_->holds_grant() && !BodyUnderWay()) conn_->ReleaseGrant();
 }
 
 void Http2::UpdateReadPause() {
