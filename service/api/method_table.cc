@@ -35,7 +35,8 @@ Method Make(absl::string_view service, absl::string_view name, const Traits& tra
   m.data_plane = service != kKeyService && traits.uses_key;
   m.request_prototype = &Request::default_instance();
   m.response_prototype = &Response::default_instance();
-  m.secret_fields = HasSecretFields(*Request::descriptor()) || HasSecretFields(*Response::descriptor());
+  m.secret_request = HasSecretFields(*Request::descriptor());
+  m.secret_response = HasSecretFields(*Response::descriptor());
   m.call = [fn = std::move(fn)](const Message& request, Message* response,
                                 Operations::Done done, Operations::Alive alive) {
     fn(static_cast<const Request&>(request), static_cast<Response*>(response), std::move(done),

@@ -58,9 +58,11 @@ struct Method {
   bool open = false;
   const google::protobuf::Message* request_prototype = nullptr;
   const google::protobuf::Message* response_prototype = nullptr;
-  // The request or the response type holds a secret (api/secret_fields.h: a plaintext, a shared
-  // key, a key to import): a call zeroes those fields before its messages are freed.
-  bool secret_fields = false;
+  // The request type, or the response type, holds a secret (api/secret_fields.h: a plaintext, a
+  // shared key, a key to import): a call zeroes those fields, and the transport its copies of
+  // that message, before they are freed.
+  bool secret_request = false;
+  bool secret_response = false;
   // Runs the call: `request` and `response` are of the prototypes' types and stay alive until
   // `done` has been called. `alive` (may be null) lets a batch skip items once the caller has
   // gone or its deadline has passed.

@@ -50,11 +50,11 @@ bool HasSecretFields(const Descriptor& type) {
 }
 
 void WipeSecretFields(Message* message) {
+  const Descriptor& type = *message->GetDescriptor();
   const Reflection& reflection = *message->GetReflection();
-  std::vector<const FieldDescriptor*> fields;
-  reflection.ListFields(*message, &fields);  // the fields set
-  std::string scratch;
-  for (const FieldDescriptor* field : fields) {
+  std::string scratch;  // unused for bytes fields: GetStringReference returns the field's own
+  for (int f = 0; f < type.field_count(); ++f) {
+    const FieldDescriptor* field = type.field(f);
     if (IsSecret(*field)) {
       if (field->is_repeated()) {
         for (int i = 0, n = reflection.FieldSize(*message, field); i < n; ++i) {
@@ -63,12 +63,13 @@ void WipeSecretFields(Message* message) {
       } else {
         Zero(reflection.GetStringReference(*message, field, &scratch));
       }
-    } else if (field->type() == FieldDescriptor::TYPE_MESSAGE) {
+    } else if (field->type() == FieldDescriptor::TYPE_MESSAGE &&
+               HasSecretFields(*field->message_type())) {
       if (field->is_repeated()) {
         for (int i = 0, n = reflection.FieldSize(*message, field); i < n; ++i) {
           WipeSecretFields(reflection.MutableRepeatedMessage(message, field, i));
         }
-      } else {
+      } else if (reflection.HasField(*message, field)) {
         WipeSecretFields(reflection.MutableMessage(message, field));
       }
     }

@@ -32,15 +32,19 @@ TEST(SecretFields, FoundByTypeAtAnyDepth) {
 // or a key to import, and no other.
 TEST(SecretFields, MarkTheMethodsThatCarrySecrets) {
   const MethodTable table(/*operations=*/nullptr, /*keys=*/nullptr);
-  std::set<std::string> marked;
+  std::set<std::string> requests, responses;
   for (const Method& m : table.methods()) {
-    if (m.secret_fields) marked.insert(m.service.substr(m.service.rfind('.') + 1) + "/" + m.method);
+    const std::string name = m.service.substr(m.service.rfind('.') + 1) + "/" + m.method;
+    if (m.secret_request) requests.insert(name);
+    if (m.secret_response) responses.insert(name);
   }
-  EXPECT_EQ(marked, (std::set<std::string>{
-                        "AeadService/Seal", "AeadService/BatchSeal", "AeadService/Open",
-                        "AeadService/BatchOpen", "BoxService/Seal", "BoxService/BatchSeal",
-                        "BoxService/Open", "BoxService/BatchOpen", "X25519Service/Derive",
-                        "X25519Service/BatchDerive", "KeyService/ImportKey"}));
+  EXPECT_EQ(requests, (std::set<std::string>{"AeadService/Seal", "AeadService/BatchSeal",
+                                             "BoxService/Seal", "BoxService/BatchSeal",
+                                             "KeyService/ImportKey"}));
+  EXPECT_EQ(responses, (std::set<std::string>{"AeadService/Open", "AeadService/BatchOpen",
+                                              "BoxService/Open", "BoxService/BatchOpen",
+                                              "X25519Service/Derive",
+                                              "X25519Service/BatchDerive"}));
 }
 
 // Zeroed where they lie (the bytes a pointer taken before sees), sizes and other fields kept.

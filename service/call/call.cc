@@ -137,10 +137,8 @@ Call::Call(std::shared_ptr<const Context> context, const api::Method* method)
 
 Call::~Call() {
   // The bytes of secret fields are the fields' own buffers: zeroed before the messages go.
-  if (method_->secret_fields) {
-    if (request_ != nullptr) api::WipeSecretFields(request_);
-    if (response_ != nullptr) api::WipeSecretFields(response_);
-  }
+  if (method_->secret_request && request_ != nullptr) api::WipeSecretFields(request_);
+  if (method_->secret_response && response_ != nullptr) api::WipeSecretFields(response_);
   if (!arena_.has_value()) {  // else the arena frees them, after this
     delete request_;
     delete response_;

@@ -215,7 +215,7 @@ class Call : public std::enable_shared_from_this<Call> {
   absl::Time deadline_ = absl::InfiniteFuture();
   // The request and response messages. [issue 34] A batch's live in arena_ with their items
   // (one allocation per block instead of several per item; blocks zeroed before they are
-  // freed); a single call's on the heap. Secret fields (api::Method::secret_fields) are zeroed
+  // freed); a single call's on the heap. Secret fields (api::Method::secret_request, secret_response) are zeroed
   // before either is freed.
   std::optional<google::protobuf::Arena> arena_;
   google::protobuf::Message* request_ = nullptr;

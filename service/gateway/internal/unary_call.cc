@@ -50,7 +50,7 @@ class HttpCall final : public call::Call {
       return Fail(EngineRefusal(exchange_->refusal(), post.body_limit));
     }
     options_ = post.options;
-    if (method().secret_fields) exchange_->MarkSecret();  // zeroed with the exchange
+    if (method().secret_request) exchange_->MarkSecret();  // zeroed with the exchange
     Decode(options_.encoding, exchange_->body());
   }
 
@@ -151,7 +151,7 @@ class HttpCall final : public call::Call {
         std::optional<http::CacheHint> get;
         if (get_) get = http::CacheHint{method().immutable, Identified()};
         answer_ = http::UnarySuccess(type_, std::move(message), gzip, get);
-        if (method().secret_fields) MarkSecret(&answer_);
+        if (method().secret_response) MarkSecret(&answer_);
       }
     } else {
       answer_ = http::UnaryError(type_, reply.status, refusal_http_status_, get_);
