@@ -13,9 +13,8 @@ namespace {
 using google::protobuf::Descriptor;
 using google::protobuf::FieldDescriptor;
 using google::protobuf::Message;
-using google::protobuf::Reflection;
 
-bool IsSecret(const FieldDescriptor& field) {
+bool IsSecretField(const FieldDescriptor& field) {
   if (field.type() != FieldDescriptor::TYPE_BYTES) return false;
   const absl::string_view name = field.name();
   return name == "plaintext" || name == "shared_key" || name == "secret";
@@ -28,7 +27,7 @@ bool HasSecretFieldsSeen(const Descriptor& type, std::vector<const Descriptor*>*
   seen->push_back(&type);
   for (int i = 0; i < type.field_count(); ++i) {
     const FieldDescriptor& field = *type.field(i);
-    if (IsSecret(field)) return true;
+    if (IsSecretField(field)) return true;
     if (field.type() == FieldDescriptor::TYPE_MESSAGE &&
         HasSecretFieldsSeen(*field.message_type(), seen)) {
       return true;
@@ -38,7 +37,7 @@ bool HasSecretFieldsSeen(const Descriptor& type, std::vector<const Descriptor*>*
 }
 
 // The field's own std::string (not a copy: bytes fields are stored as std::string), zeroed.
-void Zero(const std::string& stored) {
+void ZeroStored(const std::string& stored) {
   if (!stored.empty()) sodium_memzero(const_cast<char*>(stored.data()), stored.size());
 }
 
@@ -51,17 +50,18 @@ bool HasSecretFields(const Descriptor& type) {
 
 void WipeSecretFields(Message* message) {
   const Descriptor& type = *message->GetDescriptor();
-  const Reflection& reflection = *message->GetReflection();
+  // Qualified: api has a Reflection of its own (the gRPC reflection service).
+  const google::protobuf::Reflection& reflection = *message->GetReflection();
   std::string scratch;  // unused for bytes fields: GetStringReference returns the field's own
   for (int f = 0; f < type.field_count(); ++f) {
     const FieldDescriptor* field = type.field(f);
-    if (IsSecret(*field)) {
+    if (IsSecretField(*field)) {
       if (field->is_repeated()) {
         for (int i = 0, n = reflection.FieldSize(*message, field); i < n; ++i) {
-          Zero(reflection.GetRepeatedStringReference(*message, field, i, &scratch));
+          ZeroStored(reflection.GetRepeatedStringReference(*message, field, i, &scratch));
         }
       } else {
-        Zero(reflection.GetStringReference(*message, field, &scratch));
+        ZeroStored(reflection.GetStringReference(*message, field, &scratch));
       }
     } else if (field->type() == FieldDescriptor::TYPE_MESSAGE &&
                HasSecretFields(*field->message_type())) {
@@ -74,7 +74,7 @@ void WipeSecretFields(Message* message) {
       }
     }
   }
-  Zero(scratch);
+  ZeroStored(scratch);
 }
 
 }  // namespace offload::api
