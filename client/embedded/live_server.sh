@@ -13,7 +13,9 @@
 SERVER_PID=
 
 free_port() {
-  /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+  # below the kernel's ephemeral range (tests/loopback_ports.py)
+  PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../tests" && pwd)" \
+    /usr/bin/python3 -c 'from loopback_ports import free_port; print(free_port())'
 }
 
 # The ports are free when picked, not reserved: a test running beside this one may take one

@@ -133,12 +133,17 @@ google::protobuf::ArenaOptions BatchArenaOptions() {
 }  // namespace
 
 Call::Call(std::shared_ptr<const Context> context, const api::Method* method)
-    : context_(std::move(context)), method_(method), start_(Clock::now()) {}
+    : context_(std::move(context)),
+      method_(method),
+      start_(Clock::now()),
+      secret_request_(method->secret_request),
+      secret_response_(method->secret_response) {}
 
 Call::~Call() {
-  // The bytes of secret fields are the fields' own buffers: zeroed before the messages go.
-  if (method_->secret_request && request_ != nullptr) api::WipeSecretFields(request_);
-  if (method_->secret_response && response_ != nullptr) api::WipeSecretFields(response_);
+  // The bytes of secret fields are the fields' own buffers: zeroed before the messages go. (The
+  // flags are the call's own: the last reference may go on a worker after the method table.)
+  if (secret_request_ && request_ != nullptr) api::WipeSecretFields(request_);
+  if (secret_response_ && response_ != nullptr) api::WipeSecretFields(response_);
   if (!arena_.has_value()) {  // else the arena frees them, after this
     delete request_;
     delete response_;

@@ -217,6 +217,8 @@ class Call : public std::enable_shared_from_this<Call> {
   // (one allocation per block instead of several per item; blocks zeroed before they are
   // freed); a single call's on the heap. Secret fields (api::Method::secret_request, secret_response) are zeroed
   // before either is freed.
+  const bool secret_request_;   // method_->secret_request
+  const bool secret_response_;  // method_->secret_response
   std::optional<google::protobuf::Arena> arena_;
   google::protobuf::Message* request_ = nullptr;
   google::protobuf::Message* response_ = nullptr;

@@ -70,8 +70,11 @@ def h2load(args, calls):
     if run.returncode != 0 or not m or not codes or int(m.group(4)) != calls or \
             int(codes.group(1)) != calls:
         raise RuntimeError("h2load %s:\n%s" % (" ".join(args), out))
-    took = re.search(r"finished in ([\d.]+)(ms|s)", out)
-    seconds = float(took.group(1)) / (1000 if took.group(2) == "ms" else 1)
+    # h2load prints the time in us, ms or s: a smoke run on a fast machine can take under 1 ms.
+    took = re.search(r"finished in ([\d.]+)(us|ms|s)\b", out)
+    if not took:
+        raise RuntimeError("h2load %s: no elapsed time in:\n%s" % (" ".join(args), out))
+    seconds = float(took.group(1)) / {"us": 1e6, "ms": 1e3, "s": 1}[took.group(2)]
     return calls, seconds
 
 

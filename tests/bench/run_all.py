@@ -114,10 +114,8 @@ def npm_ci():
         run_cmd(['npm', 'ci', '--no-audit', '--no-fund', '--loglevel=error'], cwd=PEER_DIR)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from loopback_ports import free_port  # noqa: E402  (below the ephemeral range)
 
 
 # ------------------------------------------------------------------------------------------------

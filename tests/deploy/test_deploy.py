@@ -52,10 +52,8 @@ def tool(env_name, default):
     return path
 
 
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from loopback_ports import free_port  # noqa: E402  (below the ephemeral range)
 
 
 def wait_port(port, deadline_s=10):

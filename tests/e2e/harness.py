@@ -41,6 +41,9 @@ import unittest
 
 import grpc
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from loopback_ports import free_port  # noqa: E402,F401  (tests use harness.free_port)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 _REPO = os.path.dirname(os.path.dirname(HERE))
 
@@ -142,32 +145,6 @@ def load_json(*parts):
 
 def h(hexstr):
     return bytes.fromhex(hexstr)
-
-
-def _ephemeral_low():
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def free_port():
-    """A loopback TCP port free now, drawn at random below the kernel's ephemeral range: a port
-    from that range (bind to port 0) can be taken by any outgoing connection's source port before
-    the server binds it ("cannot listen on ...: Address already in use" under a busy ctest -j)."""
-    high = _ephemeral_low() - 1
-    for _ in range(200):
-        port = random.randint(10000, high)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rpc_error(fn, *args, **kwargs):

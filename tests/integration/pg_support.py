@@ -32,10 +32,8 @@ START_TIMEOUT_S = 30.0
 USER = "offload"
 
 
-def _free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from loopback_ports import free_port as _free_port  # noqa: E402  (below the ephemeral range)
 
 
 def find_bindir():
