@@ -1,6 +1,5 @@
 #include "service/common/secret_bytes.h"
 
-#include <memory>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -36,13 +35,6 @@ TEST(SecretStrings, AppendWipingKeepsTheBytesAcrossGrowth) {
   AppendWiping(&reserved, "0123456789", 10);
   EXPECT_EQ(reserved.data(), at);  // room enough: no new buffer
   EXPECT_EQ(reserved, "0123456789");
-}
-
-TEST(SecretStrings, WipingDeleteFreesASharedString) {
-  std::shared_ptr<std::string> s(new std::string(64, 's'), WipingDelete());
-  std::weak_ptr<std::string> w = s;
-  s.reset();
-  EXPECT_TRUE(w.expired());
 }
 
 }  // namespace
