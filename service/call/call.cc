@@ -334,8 +334,12 @@ absl::Status Call::Admit() {
     peer_.forwarded_client =
         context_->trusted_proxies.ClientOf(peer_.Host(), Metadata("x-forwarded-for"));
   }
+  // The request's bytes, as its message holds them (an open read in place: the bytes kept).
+  const int64_t bytes = !body_.empty() ? static_cast<int64_t>(body_.size())
+                        : request_ != nullptr ? static_cast<int64_t>(request_->ByteSizeLong())
+                                              : 0;
   absl::StatusOr<ops::Admission::Ticket> ticket =
-      admission->Admit(peer_.ClientName(), std::max(1, batch_size_));
+      admission->Admit(peer_.ClientName(), std::max(1, batch_size_), bytes);
   if (!ticket.ok()) return ticket.status();
   ticket_ = *std::move(ticket);
   return absl::OkStatus();

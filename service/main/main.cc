@@ -256,6 +256,10 @@ ABSL_FLAG(bool, audit_fail_closed, false,
 ABSL_FLAG(int64_t, max_queued_items, 16384,
           "Items admitted and not yet finished, all callers; beyond: RESOURCE_EXHAUSTED at once. "
           "0 = no bound.");
+ABSL_FLAG(int64_t, max_queued_bytes, int64_t{256} << 20,
+          "Bytes of the requests admitted and not yet finished, all callers; beyond: "
+          "RESOURCE_EXHAUSTED at once (a larger call still runs when nothing else is queued). "
+          "0 = no bound.");
 ABSL_FLAG(int, max_client_inflight, 256,
           "Calls in flight per client (mTLS identity, else peer address); 0 = no bound.");
 // Retired with gRPC 1.51's server (issue 24): still accepted, so that an old flags file starts
@@ -455,6 +459,7 @@ int main(int argc, char** argv) {
   config.audit_fail_closed = absl::GetFlag(FLAGS_audit_fail_closed);
   config.max_queued_items = absl::GetFlag(FLAGS_max_queued_items);
   config.max_client_inflight = absl::GetFlag(FLAGS_max_client_inflight);
+  config.max_queued_bytes = absl::GetFlag(FLAGS_max_queued_bytes);
   config.grpc_max_concurrent_streams = absl::GetFlag(FLAGS_grpc_max_concurrent_streams);
   if (!absl::GetFlag(FLAGS_grpc_transport).empty()) {
     offload::Log(offload::LogLevel::kWarning, "flag_retired",
@@ -495,6 +500,7 @@ int main(int argc, char** argv) {
       g.memo_derive_bytes = given("memo_derive_bytes");
       g.memo_open_bytes_total = given("memo_open_bytes_total");
       g.memo_open_bytes_per_key = given("memo_open_bytes_per_key");
+      g.max_queued_bytes = given("max_queued_bytes");
       nlohmann::json chosen = offload::SizeToMemoryLimit(**limit, g, &config);
       chosen["memory_limit_file"] = path;
       offload::Log(offload::LogLevel::kInfo, "memory_sizing", std::move(chosen));

@@ -68,10 +68,16 @@ nlohmann::json SizeToMemoryLimit(int64_t limit, const MemorySizing::Given& given
         std::min(defaults.memo_open_bytes_per_key, config->memo_open_bytes_total);
   }
   chosen["memo_open_bytes_per_key"] = config->memo_open_bytes_per_key;
+  if (given.max_queued_bytes) {
+    kept.push_back("max_queued_bytes");
+  } else {
+    config->max_queued_bytes = std::min(defaults.max_queued_bytes, limit / 16);
+  }
+  chosen["max_queued_bytes"] = config->max_queued_bytes;
   chosen["given_by_flags"] = std::move(kept);
   chosen["fractions"] =
-      "each port's memory budget 1/8, open memo 1/4, verify memo 1/32, derive memo 1/64 of the "
-      "limit, each at most its default";
+      "each port's memory budget 1/8, open memo 1/4, verify memo 1/32, derive memo 1/64, queued "
+      "requests 1/16 of the limit, each at most its default";
   return chosen;
 }
 

@@ -11,9 +11,9 @@
 // The fractions of the limit L, each at most its default (a larger limit never raises a bound):
 // each port's --http_memory_budget_bytes L/8 (both ports L/4), --memo_open_bytes_total L/4,
 // --memo_verify_bytes L/32, --memo_derive_bytes L/64, --memo_open_bytes_per_key at most the open
-// total. Together at most 35/64 (55%) of L; the rest is the process itself, requests in flight
-// (admission bounds them), the token memo, the allocator's slack. A 1 GiB pod: 128 MiB per port,
-// 256 + 32 + 16 MiB of memos.
+// total, --max_queued_bytes L/16. Together at most 39/64 (61%) of L; the rest is the process itself, answers being written, the token
+// memo, the allocator's slack. A 1 GiB pod: 128 MiB per port, 256 + 32 + 16 MiB of memos, 64 MiB
+// of queued requests.
 #ifndef SERVICE_MAIN_MEMORY_SIZING_H_
 #define SERVICE_MAIN_MEMORY_SIZING_H_
 
@@ -37,6 +37,7 @@ struct MemorySizing {
     bool memo_derive_bytes = false;
     bool memo_open_bytes_total = false;
     bool memo_open_bytes_per_key = false;
+    bool max_queued_bytes = false;
   };
 };
 

@@ -40,14 +40,16 @@ TEST(MemorySizingTest, OneGibibytePodGetsTheStatedFractions) {
   EXPECT_EQ(config.memo_verify_bytes, 32 << 20);
   EXPECT_EQ(config.memo_derive_bytes, 16 << 20);
   EXPECT_EQ(config.memo_open_bytes_per_key, 8 << 20);
+  EXPECT_EQ(config.max_queued_bytes, 64 << 20);
+  EXPECT_EQ(chosen["max_queued_bytes"], 64 << 20);
   EXPECT_EQ(chosen["limit_bytes"], int64_t{1} << 30);
   EXPECT_EQ(chosen["http_memory_budget_bytes"], 128 << 20);
   EXPECT_TRUE(chosen["given_by_flags"].empty());
-  // Together they leave the process over 45% of the limit.
+  // Together they leave the process over 39% of the limit.
   const int64_t bounds = config.http_memory_budget_bytes + config.grpc_memory_budget_bytes +
                          config.memo_open_bytes_total + config.memo_verify_bytes +
-                         config.memo_derive_bytes;
-  EXPECT_LE(bounds, (int64_t{1} << 30) * 35 / 64);
+                         config.memo_derive_bytes + config.max_queued_bytes;
+  EXPECT_LE(bounds, (int64_t{1} << 30) * 39 / 64);
 }
 
 TEST(MemorySizingTest, SmallLimitsShrinkEverythingLargeOnesRaiseNothing) {
@@ -57,12 +59,14 @@ TEST(MemorySizingTest, SmallLimitsShrinkEverythingLargeOnesRaiseNothing) {
   EXPECT_EQ(small.memo_open_bytes_total, 4 << 20);
   EXPECT_EQ(small.memo_open_bytes_per_key, 4 << 20);  // at most the total
   EXPECT_EQ(small.memo_verify_bytes, 512 << 10);
+  EXPECT_EQ(small.max_queued_bytes, 1 << 20);
   ServerConfig large;
   SizeToMemoryLimit(int64_t{64} << 30, {}, &large);
   const ServerConfig defaults;
   EXPECT_EQ(large.http_memory_budget_bytes, defaults.http_memory_budget_bytes);
   EXPECT_EQ(large.memo_open_bytes_total, defaults.memo_open_bytes_total);
   EXPECT_EQ(large.memo_verify_bytes, defaults.memo_verify_bytes);
+  EXPECT_EQ(large.max_queued_bytes, defaults.max_queued_bytes);
 }
 
 TEST(MemorySizingTest, BoundsGivenByFlagsAreKept) {

@@ -106,8 +106,10 @@ absl::Status CheckConfig(const ServerConfig& config) {
           "forwarded_identity_header: needs trusted_proxies (the proxies allowed to send it)");
     }
   }
-  if (config.max_queued_items < 0 || config.max_client_inflight < 0) {
-    return absl::InvalidArgumentError("max_queued_items, max_client_inflight: expected >= 0");
+  if (config.max_queued_items < 0 || config.max_client_inflight < 0 ||
+      config.max_queued_bytes < 0) {
+    return absl::InvalidArgumentError(
+        "max_queued_items, max_client_inflight, max_queued_bytes: expected >= 0");
   }
   if (config.max_queued_items > 0 && config.max_queued_items < config.max_batch_items) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -310,7 +312,8 @@ void RegisterGuardMetrics(metrics::Metrics& m, ops::Admission& admission,
       {"answers_unread", &ops::Admission::Counts::answers_unread}};
   for (const auto& [reason, field] : drops) {
     m.AddPullCounter("offload_dropped_total",
-                     "Calls refused (queue_full, client_limit: RESOURCE_EXHAUSTED) or dropped "
+                     "Calls refused (queue_full: by items or request bytes queued, client_limit: "
+                     "RESOURCE_EXHAUSTED) or dropped "
                      "unrun (deadline: passed while queued; client_gone: the caller's stream or "
                      "connection ended first; answers_unread: refused RESOURCE_EXHAUSTED before "
                      "it ran, its connection holding more unread answers than its budget)",
@@ -319,6 +322,9 @@ void RegisterGuardMetrics(metrics::Metrics& m, ops::Admission& admission,
   }
   m.AddPullGauge("offload_queued_items", "Items admitted and not yet finished", {},
                  [&admission] { return double(admission.queued_items()); });
+  m.AddPullGauge("offload_queued_bytes",
+                 "Bytes of the requests admitted and not yet finished (--max_queued_bytes)", {},
+                 [&admission] { return double(admission.queued_bytes()); });
   using AuthRead = uint64_t auth::Authorizer::Counts::*;
   const std::pair<const char*, AuthRead> denials[] = {
       {"unauthenticated", &auth::Authorizer::Counts::unauthenticated},
@@ -397,6 +403,7 @@ void LogStarted(const ServerConfig& config, int grpc_port, size_t workers) {
                        {"require_identity", config.require_identity}}},
        {"max_queued_items", config.max_queued_items},
        {"max_client_inflight", config.max_client_inflight},
+       {"max_queued_bytes", config.max_queued_bytes},
        {"grpc_max_concurrent_streams", config.grpc_max_concurrent_streams},
        {"memo", {{"enabled", config.memo_enabled},
                  {"verify_bytes", config.memo_verify_bytes},
@@ -611,7 +618,8 @@ absl::Status RunServer(const ServerConfig& config) {
         {{"advice", "mTLS without --policy_file: every client with a valid certificate may use "
                     "every key and manage keys"}});
   }
-  ops::Admission admission({config.max_queued_items, config.max_client_inflight});
+  ops::Admission admission(
+      {config.max_queued_items, config.max_client_inflight, config.max_queued_bytes});
 
   // Declared before the server so that it outlives it: the server's calls finish on the pool.
   ops::WorkerPool pool(config.workers);

@@ -125,6 +125,7 @@ struct ServerConfig {
   // Overload protection (service/ops/admission.h); 0 = no bound.
   int64_t max_queued_items = 16384;
   int max_client_inflight = 256;
+  int64_t max_queued_bytes = int64_t{256} << 20;  // request bytes of the items admitted
   // HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS per connection on the gRPC port: a client's calls
   // beyond it wait in the client. 0 = the HTTP port's value (http2.max_concurrent_streams).
   int grpc_max_concurrent_streams = 256;

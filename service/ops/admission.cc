@@ -14,6 +14,7 @@ Admission::Ticket& Admission::Ticket::operator=(Ticket&& other) noexcept {
     Release();
     owner_ = std::exchange(other.owner_, nullptr);
     items_ = std::exchange(other.items_, 0);
+    bytes_ = std::exchange(other.bytes_, 0);
     client_ = std::exchange(other.client_, 0);
   }
   return *this;
@@ -21,32 +22,48 @@ Admission::Ticket& Admission::Ticket::operator=(Ticket&& other) noexcept {
 
 void Admission::Ticket::Release() {
   if (owner_ == nullptr) return;
-  std::exchange(owner_, nullptr)->Return(client_, items_);
+  std::exchange(owner_, nullptr)->Return(client_, items_, bytes_);
 }
 
-absl::StatusOr<Admission::Ticket> Admission::Admit(absl::string_view client, int64_t items) {
+bool Admission::TryAdd(std::atomic<int64_t>& queued, int64_t n, int64_t max) {
+  if (max <= 0) {
+    queued.fetch_add(n, std::memory_order_relaxed);
+    return true;
+  }
+  // A call larger than the whole bound is still admitted when nothing else waits, so that a
+  // batch of max_batch_items (a message of max_message_bytes) can always run on an idle server.
+  int64_t now = queued.load(std::memory_order_relaxed);
+  do {
+    if (now > 0 && now + n > max) return false;
+  } while (!queued.compare_exchange_weak(now, now + n, std::memory_order_relaxed));
+  return true;
+}
+
+absl::StatusOr<Admission::Ticket> Admission::Admit(absl::string_view client, int64_t items,
+                                                   int64_t bytes) {
   if (items < 1) items = 1;
-  const int64_t max = options_.max_queued_items;
-  if (max > 0) {
-    // A call larger than the whole bound is still admitted when nothing else waits, so that a
-    // batch of max_batch_items can always run on an idle server.
-    int64_t queued = queued_items_.load(std::memory_order_relaxed);
-    do {
-      if (queued > 0 && queued + items > max) {
-        queue_full_.fetch_add(1, std::memory_order_relaxed);
-        return WithRetryDelay(absl::ResourceExhaustedError(absl::StrCat(
-                                  "server overloaded: ", queued, " items queued, limit ", max,
-                                  "; retry later")),
-                              RetryDelay());
-      }
-    } while (!queued_items_.compare_exchange_weak(queued, queued + items,
-                                                  std::memory_order_relaxed));
-  } else {
-    queued_items_.fetch_add(items, std::memory_order_relaxed);
+  if (bytes < 0) bytes = 0;
+  if (!TryAdd(queued_items_, items, options_.max_queued_items)) {
+    queue_full_.fetch_add(1, std::memory_order_relaxed);
+    return WithRetryDelay(
+        absl::ResourceExhaustedError(absl::StrCat(
+            "server overloaded: ", queued_items_.load(std::memory_order_relaxed),
+            " items queued, limit ", options_.max_queued_items, "; retry later")),
+        RetryDelay());
+  }
+  if (!TryAdd(queued_bytes_, bytes, options_.max_queued_bytes)) {
+    queued_items_.fetch_sub(items, std::memory_order_relaxed);
+    queue_full_.fetch_add(1, std::memory_order_relaxed);
+    return WithRetryDelay(
+        absl::ResourceExhaustedError(absl::StrCat(
+            "server overloaded: ", queued_bytes_.load(std::memory_order_relaxed),
+            " bytes of requests queued, limit ", options_.max_queued_bytes, "; retry later")),
+        RetryDelay());
   }
   Ticket ticket;
   ticket.owner_ = this;
   ticket.items_ = items;
+  ticket.bytes_ = bytes;
   if (options_.max_client_inflight > 0) {
     const uint64_t key = absl::HashOf(client);
     bool over = false;
@@ -59,6 +76,7 @@ absl::StatusOr<Admission::Ticket> Admission::Admit(absl::string_view client, int
     if (over) {
       ticket.owner_ = nullptr;
       queued_items_.fetch_sub(items, std::memory_order_relaxed);
+      queued_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
       client_limit_.fetch_add(1, std::memory_order_relaxed);
       return WithRetryDelay(absl::ResourceExhaustedError(absl::StrCat(
                                 "client over its concurrency limit: ",
@@ -96,8 +114,9 @@ absl::Duration Admission::RetryDelay() {
   return JitteredRetryDelay(base);
 }
 
-void Admission::Return(uint64_t client, int64_t items) {
+void Admission::Return(uint64_t client, int64_t items, int64_t bytes) {
   queued_items_.fetch_sub(items, std::memory_order_relaxed);
+  queued_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
   finished_items_.fetch_add(items, std::memory_order_relaxed);
   if (options_.max_client_inflight <= 0) return;
   absl::MutexLock lock(&mu_);

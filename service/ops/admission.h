@@ -2,13 +2,17 @@
 // is refused at once (RESOURCE_EXHAUSTED) instead of queueing without bound.
 //
 //   Admission admission({/*max_queued_items=*/16384, /*max_client_inflight=*/256});
-//   absl::StatusOr<Admission::Ticket> ticket = admission.Admit("spiffe://app-a", /*items=*/64);
+//   absl::StatusOr<Admission::Ticket> ticket =
+//       admission.Admit("spiffe://app-a", /*items=*/64, /*bytes=*/request.ByteSizeLong());
 //   if (!ticket.ok()) return ticket.status();          // RESOURCE_EXHAUSTED, counted
 //   ... run the call; destroying (or Release()-ing) the ticket gives the room back ...
 //
-// Two bounds: the items admitted and not yet finished, over every caller (a batch counts its
-// items, so memory and queueing delay stay bounded whatever the mix), and the calls in flight per
-// client identity (one caller cannot take the whole queue). 0 disables a bound.
+// Three bounds: the items admitted and not yet finished, over every caller (a batch counts its
+// items, so queueing delay stays bounded whatever the mix); the bytes of those calls' requests,
+// over every caller (so that the memory calls waiting for a worker hold is bounded whatever
+// their size: a few large calls fill it before their count would); and the calls in flight per
+// client identity (one caller cannot take the whole queue). 0 disables a bound. A call larger
+// than a whole bound is admitted when nothing else is queued.
 // A refusal says when to come back (a RetryInfo payload, ops/retry_delay.h): the queue's
 // expected drain time - the items queued over the items finished per second, measured over the
 // last quarter-second or more (1 s when unknown: nothing measured in the last second) - jittered
@@ -35,10 +39,11 @@ class Admission final {
   struct Options {
     int64_t max_queued_items = 16384;  // items admitted and not finished, all callers; 0 = no bound
     int max_client_inflight = 256;    // calls in flight per client identity; 0 = no bound
+    int64_t max_queued_bytes = int64_t{256} << 20;  // request bytes of those items; 0 = no bound
   };
   // Why calls were refused or dropped, for metrics.
   struct Counts {
-    uint64_t queue_full = 0;
+    uint64_t queue_full = 0;  // by items or by bytes
     uint64_t client_limit = 0;
     uint64_t deadline = 0;     // see CountDeadlineDrop
     uint64_t client_gone = 0;  // see CountClientGoneDrop
@@ -58,6 +63,7 @@ class Admission final {
     friend class Admission;
     Admission* owner_ = nullptr;
     int64_t items_ = 0;
+    int64_t bytes_ = 0;
     uint64_t client_ = 0;  // the client's hash (see inflight_)
   };
 
@@ -65,9 +71,10 @@ class Admission final {
   Admission(const Admission&) = delete;
   Admission& operator=(const Admission&) = delete;
 
-  // A ticket for a call of `items` items (1 for a unary call) from `client`, or
-  // ResourceExhausted naming the bound that is full, with a retry delay (RetryDelay()).
-  absl::StatusOr<Ticket> Admit(absl::string_view client, int64_t items);
+  // A ticket for a call of `items` items (1 for a unary call) and `bytes` bytes of request from
+  // `client`, or ResourceExhausted naming the bound that is full, with a retry delay
+  // (RetryDelay()).
+  absl::StatusOr<Ticket> Admit(absl::string_view client, int64_t items, int64_t bytes = 0);
 
   // The delay a refusal now tells its caller to wait (the rule above); never below
   // kMinRetryDelay nor above kMaxRetryDelay.
@@ -83,14 +90,19 @@ class Admission final {
   void CountAnswersUnreadDrop() { answers_unread_drops_.fetch_add(1, std::memory_order_relaxed); }
 
   int64_t queued_items() const { return queued_items_.load(std::memory_order_relaxed); }
+  int64_t queued_bytes() const { return queued_bytes_.load(std::memory_order_relaxed); }
   Counts counts() const;
   const Options& options() const { return options_; }
 
  private:
-  void Return(uint64_t client, int64_t items);
+  void Return(uint64_t client, int64_t items, int64_t bytes);
+  // Adds `n` to `queued` unless that passes `max` (0: no bound) while something is queued;
+  // false when it would.
+  static bool TryAdd(std::atomic<int64_t>& queued, int64_t n, int64_t max);
 
   const Options options_;
   std::atomic<int64_t> queued_items_{0};
+  std::atomic<int64_t> queued_bytes_{0};
   std::atomic<int64_t> finished_items_{0};  // items whose tickets were given back, ever
   // The drain rate's last sample (RetryDelay): when, finished_items_ then, and items per second.
   absl::Mutex rate_mu_;

@@ -36,6 +36,54 @@ TEST(AdmissionTest, AdmitsACallLargerThanTheBoundOnlyWhenIdle) {
   EXPECT_TRUE(admission.Admit("c", 1).ok());
 }
 
+TEST(AdmissionTest, RefusesRequestBytesOverTheirBoundAndTakesThemBackOnRelease) {
+  Admission admission({/*max_queued_items=*/100, /*max_client_inflight=*/0,
+                       /*max_queued_bytes=*/1000});
+  absl::StatusOr<Admission::Ticket> a = admission.Admit("c", 1, 600);
+  ASSERT_TRUE(a.ok());
+  absl::StatusOr<Admission::Ticket> b = admission.Admit("c", 1, 400);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(admission.queued_bytes(), 1000);
+  absl::StatusOr<Admission::Ticket> c = admission.Admit("c", 1, 1);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(c.status().message().find("1000 bytes of requests queued, limit 1000"),
+            absl::string_view::npos);
+  EXPECT_TRUE(RetryDelayOf(c.status()).has_value());
+  EXPECT_EQ(admission.counts().queue_full, 1u);
+  EXPECT_EQ(admission.queued_items(), 2);  // the refused call's item was given back
+  a->Release();
+  EXPECT_EQ(admission.queued_bytes(), 400);
+  absl::StatusOr<Admission::Ticket> d = admission.Admit("c", 1, 600);
+  ASSERT_TRUE(d.ok());
+  // Moved tickets carry their bytes; destroying the last holder gives them back.
+  Admission::Ticket moved = *std::move(d);
+  b->Release();
+  EXPECT_EQ(admission.queued_bytes(), 600);
+  moved = Admission::Ticket();
+  EXPECT_EQ(admission.queued_bytes(), 0);
+  EXPECT_EQ(admission.queued_items(), 0);
+}
+
+TEST(AdmissionTest, AdmitsARequestLargerThanTheByteBoundOnlyWhenIdle) {
+  Admission admission({/*max_queued_items=*/0, /*max_client_inflight=*/0,
+                       /*max_queued_bytes=*/100});
+  absl::StatusOr<Admission::Ticket> big = admission.Admit("c", 1, 5000);
+  ASSERT_TRUE(big.ok());
+  EXPECT_FALSE(admission.Admit("c", 1, 1).ok());
+  big->Release();
+  EXPECT_TRUE(admission.Admit("c", 1, 100).ok());
+}
+
+TEST(AdmissionTest, ARefusalByClientGivesTheBytesBack) {
+  Admission admission({/*max_queued_items=*/0, /*max_client_inflight=*/1,
+                       /*max_queued_bytes=*/1000});
+  Admission::Ticket held = *admission.Admit("a", 1, 300);
+  EXPECT_FALSE(admission.Admit("a", 1, 300).ok());
+  EXPECT_EQ(admission.queued_bytes(), 300);
+  EXPECT_EQ(admission.counts().client_limit, 1u);
+  EXPECT_EQ(admission.counts().queue_full, 0u);
+}
+
 TEST(AdmissionTest, LimitsCallsInFlightPerClient) {
   Admission admission({/*max_queued_items=*/0, /*max_client_inflight=*/2});
   std::vector<Admission::Ticket> held;

@@ -130,6 +130,41 @@ class OverloadTest(harness.ServerTestCase):
         # The flood is over: a call is answered normally.
         self.assertEqual(len(server.ed.BatchVerify(batch, timeout=60).results), 1024)
 
+    def test_byte_bound_refuses_requests_past_it_and_counts_them(self):
+        # No item bound, a byte bound below one call's request: each 1024-item batch of 1 KiB
+        # messages (~1.1 MiB, tens of ms of verification on one worker) is admitted only when
+        # nothing else is queued, so of calls arriving together those that come while one runs
+        # are refused - by the byte bound, which their message names.
+        server = self.start("--max_queued_bytes=1048576", "--max_queued_items=0",
+                            "--max_batch_items=1024", "--max_client_inflight=0")
+        batch = pb.ed.BatchVerifyRequest(items=bad_signatures(1024, size=1024))
+        self.assertGreater(batch.ByteSize(), 1048576)
+        grpc.channel_ready_future(server.channel).result(timeout=30)
+        futures = self.sent_while_stopped(server, lambda: [
+            server.ed.BatchVerify.future(batch, timeout=120) for _ in range(12)])
+        ok, refused = 0, []
+        for f in futures:
+            try:
+                self.assertEqual(len(f.result().results), 1024)
+                ok += 1
+            except grpc.RpcError as e:
+                self.assertEqual(e.code(), grpc.StatusCode.RESOURCE_EXHAUSTED, e.details())
+                refused.append(e)
+        self.assertGreater(ok, 0)
+        self.assertGreater(len(refused), 0)
+        for e in refused:
+            self.assertIn("bytes of requests queued, limit 1048576; retry later", e.details())
+            trailers = dict(e.trailing_metadata() or ())
+            self.assertIn("grpc-status-details-bin", trailers)  # the retry delay (RetryInfo)
+        self.assertEqual(metric(server, "offload_dropped_total", 'reason="queue_full"'),
+                         len(refused))
+        queued = re.search(r"^offload_queued_bytes (\S+)$", urllib.request.build_opener(
+            urllib.request.ProxyHandler({})).open("http://%s/metrics" % server.metrics_address,
+                                                  timeout=5).read().decode(), re.M)
+        self.assertEqual(float(queued.group(1)), 0.0)  # every ticket gave its bytes back
+        # The flood is over: a call is answered normally.
+        self.assertEqual(len(server.ed.BatchVerify(batch, timeout=60).results), 1024)
+
     # The sized configuration of tests/load/README.md ("Memory while the server stalls"), whose
     # stated bound is 64 MiB of RSS.
     SIZED = ["--max_queued_items=2048", "--max_client_inflight=32",
