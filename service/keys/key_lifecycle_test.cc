@@ -272,6 +272,35 @@ TEST_F(KeyLifecycleTest, MinDecryptionVersion) {
   EXPECT_EQ(m_->GetKey("a")->min_decryption_version(), 2u);
 }
 
+TEST_F(KeyLifecycleTest, MinDecryptionVersionIsNotLoweredOverADestroyedVersion) {
+  ASSERT_TRUE(m_->CreateKey(CreateReq("a", v1::KEY_TYPE_CHACHA20_POLY1305)).ok());
+  ASSERT_TRUE(m_->RotateKey("a").ok());
+  ASSERT_TRUE(m_->RotateKey("a").ok());
+  v1::SetMinDecryptionVersionRequest req;
+  req.set_key_id("a");
+  req.set_min_decryption_version(3);
+  ASSERT_TRUE(m_->SetMinDecryptionVersion(req).ok());
+  ASSERT_TRUE(m_->DisableKeyVersion(VersionReq("a", 1)).ok());
+  ASSERT_TRUE(m_->DestroyKeyVersion(VersionReq("a", 1)).ok());
+  clock_.Advance(kWait);
+  ASSERT_EQ(*m_->DestroyDue(), 1);
+  ASSERT_EQ(m_->GetKey("a")->versions(0).state(), v1::KEY_VERSION_STATE_DESTROYED);
+  // Down to 2 takes back only version 2 (not destroyed): allowed.
+  req.set_min_decryption_version(2);
+  ASSERT_TRUE(m_->SetMinDecryptionVersion(req).ok());
+  // Down to 1 or 0 would take back version 1, destroyed: refused, nothing changed.
+  for (uint32_t lowest : {1u, 0u}) {
+    req.set_min_decryption_version(lowest);
+    const absl::Status refused = m_->SetMinDecryptionVersion(req).status();
+    EXPECT_TRUE(absl::IsFailedPrecondition(refused)) << refused;
+    EXPECT_THAT(Msg(refused), HasSubstr("version 1 of key \"a\", which was destroyed"));
+  }
+  EXPECT_EQ(m_->GetKey("a")->min_decryption_version(), 2u);
+  // Raising it stays allowed.
+  req.set_min_decryption_version(3);
+  EXPECT_TRUE(m_->SetMinDecryptionVersion(req).ok());
+}
+
 TEST_F(KeyLifecycleTest, MinDecryptionVersionRefusesAKeyPendingDeletion) {
   ASSERT_TRUE(m_->CreateKey(CreateReq("a", v1::KEY_TYPE_XCHACHA20_POLY1305)).ok());
   ASSERT_TRUE(m_->RotateKey("a").ok());

@@ -783,7 +783,20 @@ absl::StatusOr<v1::KeyInfo> KeyManager::SetMinDecryptionVersion(
           "min_decryption_version: ", request.min_decryption_version(),
           " is above the current version ", stored->current_version));
     }
-    stored->min_decryption_version = request.min_decryption_version();
+    // Lowering it is allowed while the versions it takes back in are not destroyed (the proto):
+    // a destroyed version's secret is gone, and a minimum below it would promise otherwise.
+    const uint32_t lowest = request.min_decryption_version();
+    if (lowest < stored->min_decryption_version) {
+      for (const KeyVersionRecord& v : stored->versions) {
+        if (v.version >= lowest && v.version < stored->min_decryption_version &&
+            v.state == v1::KEY_VERSION_STATE_DESTROYED) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "min_decryption_version: lowering it to ", lowest, " would take back version ",
+              v.version, " of key \"", key_id, "\", which was destroyed"));
+        }
+      }
+    }
+    stored->min_decryption_version = lowest;
     return absl::OkStatus();
   });
 }
