@@ -239,8 +239,9 @@ class Http2 final : public Protocol {
   void Refuse(Stream* s, Exchange::Refusal why);
   void SubmitHeaders(Stream* s);
   void SubmitTrailers(Stream* s);
-  // Gives back the window of `s`'s held-back body bytes while the budgets allow.
-  void TakeBody(Stream* s);
+  // Gives back the window of `s`'s held-back body bytes while the budgets allow. `oldest`:
+  // Oldest() when the caller has it (null: looked up when needed).
+  void TakeBody(Stream* s, Stream* oldest = nullptr);
   void TakeHeldBack();
   // Gives back the window of `s`'s held-back body bytes.
   void TakeStreamWindow(Stream* s);
@@ -720,26 +721,37 @@ Stream* Http2::Oldest() {
   return oldest;
 }
 
-void Http2::TakeBody(Stream* s) {
+void Http2::TakeBody(Stream* s, Stream* oldest) {
   if (s->unconsumed == 0) return;
   // A stream (bidirectional) takes more of its request only while its answers are being read:
   // at most a stream window of them waiting (Written() looks again).
   if (s->streaming && s->out_bytes > options_.http2.stream_window_bytes) return;
   // A stream's window is given back while the connection's other streams hold less than its
   // budget, and always for its oldest request under way, so that a request of the largest
-  // size completes whatever else the connection sends. Past the server's budget only with a
-  // progress grant (Conn::MayTakeBody).
+  // size completes whatever else the connection sends. Past the server's budget only for
+  // that oldest request, and only with a progress grant (Conn::MayTakeBody): a grant lets a
+  // connection finish one request at a time, not every body it has started (up to its own
+  // budget each, four grants held), which would carry the server that far past its budget.
   const int64_t budget = conn_->budget();
   const int64_t others = conn_->held() - s->held;
-  if (budget > 0 && others >= budget && s != Oldest()) return;
+  if ((budget > 0 && others >= budget) || conn_->ServerOverBudget()) {
+    if (oldest == nullptr) oldest = Oldest();
+    if (s != oldest) return;
+  }
   if (!conn_->MayTakeBody()) return;
   TakeStreamWindow(s);
 }
 
 void Http2::TakeHeldBack() {
   if (holding_ == 0) return;
+  Stream* oldest = nullptr;  // looked up once, when a budget asks for it
   for (auto& [id, s] : streams_) {
-    if (s->unconsumed > 0) TakeBody(s.get());
+    if (s->unconsumed == 0) continue;
+    if (oldest == nullptr && (conn_->ServerOverBudget() ||
+                              (conn_->budget() > 0 && conn_->held() - s->held >= conn_->budget()))) {
+      oldest = Oldest();
+    }
+    TakeBody(s.get(), oldest);
   }
 }
 
