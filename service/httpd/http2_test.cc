@@ -650,6 +650,46 @@ TEST_F(Http2Test, ResetsAfterAPatientWaitAreNotAbuse) {
             1u);
 }
 
+// A client at its stream limit (SETTINGS_MAX_CONCURRENT_STREAMS) queues its calls, their
+// deadlines running, and resets a call soon after it got a slot and was sent: an overloaded
+// client, not Rapid Reset. The same resets on a connection below its limit still end it.
+TEST_F(Http2Test, ResetsOfCallsThatWaitedForAStreamSlotAreNotAbuse) {
+  Server::Options options;
+  options.http2.max_concurrent_streams = 8;
+  options.http2.premature_reset_streams = 10;
+  options.http2.reset_burst = 5;
+  options.http2.reset_rate = 1;
+  Start(options);
+  // The client keeps its 8 slots full: each time it resets a call it sends the next at once
+  // (into the slot just freed, the last one), and resets that one 20 ms later (handed over by
+  // then, well within kPatientReset).
+  H2Client queued(server_->port());
+  std::vector<int32_t> open;
+  for (int i = 0; i < 8; ++i) open.push_back(queued.Submit("/hold", "call"));
+  queued.RunFor(std::chrono::milliseconds(20));
+  int32_t last = open[0];  // the first reset is hasty, its call not at the limit: 1 of the 5
+  for (int i = 0; i < 32; ++i) {
+    queued.Reset(last);
+    last = queued.Submit("/hold", "call");
+    queued.RunFor(std::chrono::milliseconds(20));
+  }
+  queued.Reset(last);
+  queued.RunFor(std::chrono::milliseconds(100));
+  EXPECT_TRUE(queued.goaways.empty());
+  EXPECT_EQ(server_->stats().abuse[static_cast<int>(AbuseReason::kPrematureResets)], 0u);
+  EXPECT_EQ(server_->stats().abuse[static_cast<int>(AbuseReason::kResetRate)], 0u);
+  // The same pace of resets, each call alone on its connection's slots: ended.
+  H2Client below(server_->port());
+  for (int i = 0; i < 40 && below.goaways.empty(); ++i) {
+    const int32_t id = below.Submit("/hold", "call");
+    below.RunFor(std::chrono::milliseconds(20));
+    below.Reset(id);
+    below.RunFor(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(below.Run([&] { return !below.goaways.empty(); }));
+  EXPECT_EQ(below.goaway_error, static_cast<uint32_t>(NGHTTP2_ENHANCE_YOUR_CALM));
+}
+
 // Raw HTTP/2 frames, for what nghttp2's client session would not send.
 std::string Frame(uint8_t type, uint8_t flags, uint32_t stream, const std::string& payload) {
   std::string f;

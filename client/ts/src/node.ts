@@ -17,16 +17,24 @@ export interface NodeTransportOptions {
   httpVersion?: "1.1" | "2";
   /** Binary protobuf (default true); false: JSON. */
   binary?: boolean;
-  /** TLS and socket options of node:http2 / node:https (a CA, a client certificate...). */
+  /**
+   * TLS and socket options of node:http2 / node:https (a CA, a client certificate...). Over
+   * HTTP/2, `maxSessionMemory` defaults to unbounded here (see createNodeTransport).
+   */
   nodeOptions?: Record<string, unknown>;
 }
 
 /** A connect-es transport on Node's HTTP/2 (or HTTP/1.1). */
 export function createNodeTransport(o: NodeTransportOptions): Transport {
   const useBinaryFormat = o.binary ?? true;
-  const nodeOptions = o.nodeOptions as never;
-  if (o.protocol === "grpc") return createGrpcTransport({ baseUrl: o.baseUrl, useBinaryFormat, nodeOptions });
   const httpVersion = o.httpVersion ?? "2";
+  // Node's HTTP/2 session refuses response headers while its memory is past maxSessionMemory
+  // (10 MB by default) and resets the call (NGHTTP2_ENHANCE_YOUR_CALM): a client with many calls
+  // queued at the server's stream limit would cut its own calls. Lifted, as grpc-js lifts it
+  // for its sessions; the caller's nodeOptions.maxSessionMemory wins.
+  const h2 = o.protocol === "grpc" || httpVersion === "2";
+  const nodeOptions = (h2 ? { maxSessionMemory: Number.MAX_SAFE_INTEGER, ...o.nodeOptions } : o.nodeOptions) as never;
+  if (o.protocol === "grpc") return createGrpcTransport({ baseUrl: o.baseUrl, useBinaryFormat, nodeOptions });
   const common = { baseUrl: o.baseUrl, httpVersion, useBinaryFormat, nodeOptions } as const;
   return o.protocol === "grpc-web" ? createGrpcWebTransport(common) : createConnectTransport(common);
 }

@@ -200,6 +200,10 @@ struct Stream {
   bool dispatched = false;    // handed to the handler
   Clock::time_point dispatched_at;  // when (Conn::Dispatch)
   bool patient_reset = false;  // HTTP/2: reset by the client kPatientReset or more after that
+  // HTTP/2: opened into the connection's last free stream slot (SETTINGS_MAX_CONCURRENT_STREAMS):
+  // the client had calls waiting for a slot, their deadlines running, and may give up on this
+  // one soon after sending it.
+  bool opened_at_limit = false;
   bool request_done = false;  // the whole body has arrived (or the request ended early)
   bool refused = false;       // refused unread (Exchange::refusal): its body is dropped
   int64_t body_bytes = 0;     // body bytes received

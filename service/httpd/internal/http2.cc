@@ -46,9 +46,15 @@ constexpr auto kPatientReset = std::chrono::milliseconds(100);
 // this many, or the connection's stream limit.
 constexpr int kMaxLateResetCredit = 64;
 
-// Whether the client's reset of `s`, now, is patient (kPatientReset).
+// Whether the client's reset of `s`, now, is patient (kPatientReset). So is the reset of a
+// handed-over request that took the connection's last stream slot: a client at its stream
+// limit queues its calls, their deadlines (and the timeout header each carries) counted from
+// when they were made, and resets a call that waited in its queue soon after sending it (an
+// overloaded Connect or gRPC client does so by the thousand). Rapid Reset's requests are never
+// handed over (the same read resets them) or keep the connection far below its limit.
 bool PatientReset(const Stream& s) {
   if (!s.dispatched) return false;
+  if (s.opened_at_limit) return true;
   const Clock::time_point now = Clock::now();
   if (now - s.dispatched_at >= kPatientReset) return true;
   if (s.exchange == nullptr) return false;
@@ -317,6 +323,7 @@ class Http2 final : public Protocol {
   double reset_tokens_;
   Clock::time_point reset_refilled_;
   uint64_t patient_resets_ = 0;  // client resets after a patient wait (not counted)
+  uint64_t premature_by_us_ = 0;  // premature_ streams that we reset (a client's error)
   uint64_t reset_credit_ = 0;    // hasty resets earned by streams that ended well
   // Resets of: an unknown stream, one not dispatched, one dispatched, one never opened.
   std::array<uint64_t, 4> impatient_{};
@@ -520,6 +527,8 @@ int Http2::OnBeginHeaders(nghttp2_session* session, const nghttp2_frame* frame, 
   s->exchange = std::make_shared<Exchange>(conn->loop(), conn->mailbox());
   Access::Fill(*s->exchange, conn, s, 0x200);
   self->streams_.emplace(id, std::move(stream));
+  s->opened_at_limit =
+      self->streams_.size() >= static_cast<size_t>(std::max(1, self->options_.http2.max_concurrent_streams));
   self->last_ = s;
   self->body_progress_ = s->opened;
   return 0;
@@ -978,6 +987,7 @@ int Http2::OnStreamClose(nghttp2_session* session, int32_t stream_id, uint32_t e
                                                    : s->reset_by_us || error_code != 0);
   if (early && Clock::now() - s->opened < absl::ToChronoNanoseconds(h2.premature_reset_lifetime)) {
     ++self->premature_;
+    if (!s->reset_by_peer) ++self->premature_by_us_;
   }
   if (s->exchange != nullptr) Access::Detach(*s->exchange);
   self->SetUnconsumed(s.get(), 0);  // the connection's window was given back on arrival
@@ -992,7 +1002,12 @@ int Http2::OnStreamClose(nghttp2_session* session, int32_t stream_id, uint32_t e
       self->Abuse(AbuseReason::kPrematureResets, NGHTTP2_ENHANCE_YOUR_CALM, {},
                   {{"closed_streams", self->closed_streams_},
                    {"premature", self->premature_},
-                   {"patient_resets", self->patient_resets_}});
+                   {"patient_resets", self->patient_resets_},
+                   {"resets_unknown_stream", self->impatient_[0]},
+                   {"resets_before_dispatch", self->impatient_[1]},
+                   {"resets_soon_after_dispatch", self->impatient_[2]},
+                   {"resets_idle_stream", self->impatient_[3]},
+                   {"reset_by_us", self->premature_by_us_}});
     }
   }
   self->UpdateReadPause();

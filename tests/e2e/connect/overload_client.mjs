@@ -135,7 +135,15 @@ if (client === "grpc-js") {
   const transports = [];
   for (let i = 0; i < channels; i++) {
     transports.push(
-      createConnectTransport({ baseUrl: `http://${args.address}`, httpVersion: "2" }),
+      // Node's HTTP/2 session refuses response headers while the session's memory is past
+      // maxSessionMemory (10 MB by default): an overloaded client, its calls queued in its
+      // session, then resets its own streams (NGHTTP2_ENHANCE_YOUR_CALM) - a cut no server can
+      // prevent. grpc-js lifts the limit for its sessions; so does this client.
+      createConnectTransport({
+        baseUrl: `http://${args.address}`,
+        httpVersion: "2",
+        nodeOptions: { maxSessionMemory: Number.MAX_SAFE_INTEGER },
+      }),
     );
   }
   const clients = transports.map((t) => createClient(Ed25519Service, t));
