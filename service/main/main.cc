@@ -258,8 +258,8 @@ ABSL_FLAG(int64_t, max_queued_items, 16384,
           "0 = no bound.");
 ABSL_FLAG(int64_t, max_queued_bytes, int64_t{256} << 20,
           "Bytes of the requests admitted and not yet finished, all callers; beyond: "
-          "RESOURCE_EXHAUSTED at once (a larger call still runs when nothing else is queued). "
-          "0 = no bound.");
+          "RESOURCE_EXHAUSTED at once. 0 = no bound; otherwise at least --max_message_bytes "
+          "(the default is raised to it).");
 ABSL_FLAG(int, max_client_inflight, 256,
           "Calls in flight per client (mTLS identity, else peer address); 0 = no bound.");
 // Retired with gRPC 1.51's server (issue 24): still accepted, so that an old flags file starts
@@ -460,6 +460,11 @@ int main(int argc, char** argv) {
   config.max_queued_items = absl::GetFlag(FLAGS_max_queued_items);
   config.max_client_inflight = absl::GetFlag(FLAGS_max_client_inflight);
   config.max_queued_bytes = absl::GetFlag(FLAGS_max_queued_bytes);
+  if (config.max_queued_bytes > 0 &&
+      !absl::flags_internal::WasPresentOnCommandLine("max_queued_bytes")) {
+    // The default is at least one request of the largest size.
+    config.max_queued_bytes = std::max(config.max_queued_bytes, config.max_message_bytes);
+  }
   config.grpc_max_concurrent_streams = absl::GetFlag(FLAGS_grpc_max_concurrent_streams);
   if (!absl::GetFlag(FLAGS_grpc_transport).empty()) {
     offload::Log(offload::LogLevel::kWarning, "flag_retired",

@@ -71,13 +71,15 @@ nlohmann::json SizeToMemoryLimit(int64_t limit, const MemorySizing::Given& given
   if (given.max_queued_bytes) {
     kept.push_back("max_queued_bytes");
   } else {
-    config->max_queued_bytes = std::min(defaults.max_queued_bytes, limit / 16);
+    // At least one request of the largest size (else it would wait for an empty queue).
+    config->max_queued_bytes = std::max(std::min(defaults.max_queued_bytes, limit / 16),
+                                        config->max_message_bytes);
   }
   chosen["max_queued_bytes"] = config->max_queued_bytes;
   chosen["given_by_flags"] = std::move(kept);
   chosen["fractions"] =
       "each port's memory budget 1/8, open memo 1/4, verify memo 1/32, derive memo 1/64, queued "
-      "requests 1/16 of the limit, each at most its default";
+      "requests 1/16 (at least max_message_bytes) of the limit, each at most its default";
   return chosen;
 }
 

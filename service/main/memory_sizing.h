@@ -11,9 +11,10 @@
 // The fractions of the limit L, each at most its default (a larger limit never raises a bound):
 // each port's --http_memory_budget_bytes L/8 (both ports L/4), --memo_open_bytes_total L/4,
 // --memo_verify_bytes L/32, --memo_derive_bytes L/64, --memo_open_bytes_per_key at most the open
-// total, --max_queued_bytes L/16. Together at most 39/64 (61%) of L; the rest is the process itself, answers being written, the token
-// memo, the allocator's slack. A 1 GiB pod: 128 MiB per port, 256 + 32 + 16 MiB of memos, 64 MiB
-// of queued requests.
+// total, --max_queued_bytes L/16 (at least --max_message_bytes). Together at most 39/64 (61%)
+// of L where L/16 is at least the largest message (L of 256 MiB and up by default); the rest
+// is the process itself, answers being written, the token memo, the allocator's slack. A 1 GiB
+// pod: 128 MiB per port, 256 + 32 + 16 MiB of memos, 64 MiB of queued requests.
 #ifndef SERVICE_MAIN_MEMORY_SIZING_H_
 #define SERVICE_MAIN_MEMORY_SIZING_H_
 

@@ -59,7 +59,7 @@ TEST(MemorySizingTest, SmallLimitsShrinkEverythingLargeOnesRaiseNothing) {
   EXPECT_EQ(small.memo_open_bytes_total, 4 << 20);
   EXPECT_EQ(small.memo_open_bytes_per_key, 4 << 20);  // at most the total
   EXPECT_EQ(small.memo_verify_bytes, 512 << 10);
-  EXPECT_EQ(small.max_queued_bytes, 1 << 20);
+  EXPECT_EQ(small.max_queued_bytes, small.max_message_bytes);  // L/16 is 1 MiB: one message
   ServerConfig large;
   SizeToMemoryLimit(int64_t{64} << 30, {}, &large);
   const ServerConfig defaults;

@@ -111,6 +111,13 @@ absl::Status CheckConfig(const ServerConfig& config) {
     return absl::InvalidArgumentError(
         "max_queued_items, max_client_inflight, max_queued_bytes: expected >= 0");
   }
+  if (config.max_queued_bytes > 0 && config.max_queued_bytes < config.max_message_bytes) {
+    // Else a request of the largest size would run only when nothing else is queued, and
+    // while it runs nothing else would be admitted.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_queued_bytes: expected 0 or at least max_message_bytes (", config.max_message_bytes,
+        "), got ", config.max_queued_bytes));
+  }
   if (config.max_queued_items > 0 && config.max_queued_items < config.max_batch_items) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_queued_items: expected 0 or at least max_batch_items (", config.max_batch_items,

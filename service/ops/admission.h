@@ -12,7 +12,8 @@
 // over every caller (so that the memory calls waiting for a worker hold is bounded whatever
 // their size: a few large calls fill it before their count would); and the calls in flight per
 // client identity (one caller cannot take the whole queue). 0 disables a bound. A call larger
-// than a whole bound is admitted when nothing else is queued.
+// than a whole bound is admitted when nothing else is queued (the server keeps the bounds at
+// least a batch of the most items and a request of the largest size).
 // A refusal says when to come back (a RetryInfo payload, ops/retry_delay.h): the queue's
 // expected drain time - the items queued over the items finished per second, measured over the
 // last quarter-second or more (1 s when unknown: nothing measured in the last second) - jittered

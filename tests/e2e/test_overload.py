@@ -131,14 +131,16 @@ class OverloadTest(harness.ServerTestCase):
         self.assertEqual(len(server.ed.BatchVerify(batch, timeout=60).results), 1024)
 
     def test_byte_bound_refuses_requests_past_it_and_counts_them(self):
-        # No item bound, a byte bound below one call's request: each 1024-item batch of 1 KiB
-        # messages (~1.1 MiB, tens of ms of verification on one worker) is admitted only when
-        # nothing else is queued, so of calls arriving together those that come while one runs
-        # are refused - by the byte bound, which their message names.
-        server = self.start("--max_queued_bytes=1048576", "--max_queued_items=0",
-                            "--max_batch_items=1024", "--max_client_inflight=0")
+        # No item bound, a byte bound that holds one call's request but not two: each 1024-item
+        # batch of 1 KiB messages (~1.1 MiB, tens of ms of verification on one worker) waits or
+        # runs alone, so of calls arriving together those that come while one is queued are
+        # refused - by the byte bound, which their message names.
+        server = self.start("--max_queued_bytes=2097152", "--max_message_bytes=1258291",
+                            "--max_queued_items=0", "--max_batch_items=1024",
+                            "--max_client_inflight=0")
         batch = pb.ed.BatchVerifyRequest(items=bad_signatures(1024, size=1024))
         self.assertGreater(batch.ByteSize(), 1048576)
+        self.assertLess(batch.ByteSize(), 1258291)
         grpc.channel_ready_future(server.channel).result(timeout=30)
         futures = self.sent_while_stopped(server, lambda: [
             server.ed.BatchVerify.future(batch, timeout=120) for _ in range(12)])
@@ -153,7 +155,7 @@ class OverloadTest(harness.ServerTestCase):
         self.assertGreater(ok, 0)
         self.assertGreater(len(refused), 0)
         for e in refused:
-            self.assertIn("bytes of requests queued, limit 1048576; retry later", e.details())
+            self.assertIn("bytes of requests queued, limit 2097152; retry later", e.details())
             trailers = dict(e.trailing_metadata() or ())
             self.assertIn("grpc-status-details-bin", trailers)  # the retry delay (RetryInfo)
         self.assertEqual(metric(server, "offload_dropped_total", 'reason="queue_full"'),
