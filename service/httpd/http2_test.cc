@@ -651,43 +651,44 @@ TEST_F(Http2Test, ResetsAfterAPatientWaitAreNotAbuse) {
 }
 
 // A client at its stream limit (SETTINGS_MAX_CONCURRENT_STREAMS) queues its calls, their
-// deadlines running, and resets a call soon after it got a slot and was sent: an overloaded
-// client, not Rapid Reset. The same resets on a connection below its limit still end it.
-TEST_F(Http2Test, ResetsOfCallsThatWaitedForAStreamSlotAreNotAbuse) {
+// deadlines running: some are answered, some it resets soon after they got a slot and were
+// sent. Those resets are not premature (they still take the reset bucket's tokens, which the
+// answered calls pay for). The same calls on a connection below its limit end it.
+TEST_F(Http2Test, ResetsOfCallsThatWaitedForAStreamSlotAreNotPremature) {
   Server::Options options;
   options.http2.max_concurrent_streams = 8;
   options.http2.premature_reset_streams = 10;
   options.http2.reset_burst = 5;
   options.http2.reset_rate = 1;
   Start(options);
-  // The client keeps its 8 slots full: each time it resets a call it sends the next at once
-  // (into the slot just freed, the last one), and resets that one 20 ms later (handed over by
-  // then, well within kPatientReset).
-  H2Client queued(server_->port());
-  std::vector<int32_t> open;
-  for (int i = 0; i < 8; ++i) open.push_back(queued.Submit("/hold", "call"));
-  queued.RunFor(std::chrono::milliseconds(20));
-  int32_t last = open[0];  // the first reset is hasty, its call not at the limit: 1 of the 5
-  for (int i = 0; i < 32; ++i) {
-    queued.Reset(last);
-    last = queued.Submit("/hold", "call");
-    queued.RunFor(std::chrono::milliseconds(20));
-  }
-  queued.Reset(last);
-  queued.RunFor(std::chrono::milliseconds(100));
-  EXPECT_TRUE(queued.goaways.empty());
+  // 7 slots held by calls still waiting; the last one takes, in turn, a call that is answered
+  // and one that is reset 20 ms after it was sent (handed over by then, well within
+  // kPatientReset): half of the connection's closed streams end early.
+  const auto answered_and_reset = [](H2Client& c, int rounds) {
+    for (int i = 0; i < rounds && c.goaways.empty(); ++i) {
+      const int32_t answered = c.Submit("/unary", "call");
+      if (!c.Run([&] { return c.results[answered].closed; })) return false;
+      const int32_t reset = c.Submit("/hold", "call");
+      c.RunFor(std::chrono::milliseconds(20));
+      c.Reset(reset);
+      c.RunFor(std::chrono::milliseconds(5));
+    }
+    c.RunFor(std::chrono::milliseconds(100));
+    return true;
+  };
+  H2Client at_limit(server_->port());
+  for (int i = 0; i < 7; ++i) at_limit.Submit("/hold", "waiting");
+  at_limit.RunFor(std::chrono::milliseconds(20));
+  ASSERT_TRUE(answered_and_reset(at_limit, 24));
+  EXPECT_TRUE(at_limit.goaways.empty());
   EXPECT_EQ(server_->stats().abuse[static_cast<int>(AbuseReason::kPrematureResets)], 0u);
   EXPECT_EQ(server_->stats().abuse[static_cast<int>(AbuseReason::kResetRate)], 0u);
-  // The same pace of resets, each call alone on its connection's slots: ended.
+  // The same calls alone on a connection: its resets are premature, and end it.
   H2Client below(server_->port());
-  for (int i = 0; i < 40 && below.goaways.empty(); ++i) {
-    const int32_t id = below.Submit("/hold", "call");
-    below.RunFor(std::chrono::milliseconds(20));
-    below.Reset(id);
-    below.RunFor(std::chrono::milliseconds(5));
-  }
+  ASSERT_TRUE(answered_and_reset(below, 24));
   ASSERT_TRUE(below.Run([&] { return !below.goaways.empty(); }));
   EXPECT_EQ(below.goaway_error, static_cast<uint32_t>(NGHTTP2_ENHANCE_YOUR_CALM));
+  EXPECT_EQ(server_->stats().abuse[static_cast<int>(AbuseReason::kPrematureResets)], 1u);
 }
 
 // Raw HTTP/2 frames, for what nghttp2's client session would not send.
@@ -869,6 +870,27 @@ TEST_F(Http2Test, UploadsPastTheServerBudgetStillComplete) {
     EXPECT_EQ(clients[i]->results[ids[i]].body.size(), 512u << 10);
   }
   EXPECT_EQ(server_->stats().read_timeouts, 0u);
+}
+
+// Past the server's budget a connection takes the body of its oldest request only: if that one
+// sends nothing while another stream's bytes are held back, the stall is the client's and the
+// read timeout ends it (its progress grant goes back), however the other streams trickle.
+TEST_F(Http2Test, AnIdleOldestRequestPastTheServerBudgetIsCutByTheReadTimeout) {
+  Server::Options options;
+  options.memory_budget_bytes = 64 << 10;
+  options.http2.stream_window_bytes = 64 << 10;
+  options.read_timeout = absl::Milliseconds(300);
+  Start(options);
+  H2Client c(server_->port());
+  c.Submit("/unary", "", /*end=*/false);  // the oldest request: headers, then nothing
+  const int32_t other = c.Submit("/unary", std::string(96 << 10, 'x'), /*end=*/false);
+  for (int i = 0; i < 20 && c.connected() && !c.eof; ++i) {
+    c.RunFor(std::chrono::milliseconds(100));
+    c.Send(other, "y", /*end=*/false);  // a byte now and then on the other stream
+  }
+  EXPECT_TRUE(c.Run([&] { return c.eof || !c.goaways.empty(); }));
+  EXPECT_EQ(server_->stats().read_timeouts, 1u);
+  EXPECT_EQ(SettledBufferedBytes(*server_), 0);
 }
 
 // Headers over the limit on a request whose body is still to come: 431, and the stream is reset

@@ -204,6 +204,8 @@ struct Stream {
   // the client had calls waiting for a slot, their deadlines running, and may give up on this
   // one soon after sending it.
   bool opened_at_limit = false;
+  bool slot_wait_reset = false;  // reset by the client soon after that (not a premature reset)
+  Clock::time_point body_at;     // HTTP/2: opened, or its body's bytes last arrived
   bool request_done = false;  // the whole body has arrived (or the request ended early)
   bool refused = false;       // refused unread (Exchange::refusal): its body is dropped
   int64_t body_bytes = 0;     // body bytes received

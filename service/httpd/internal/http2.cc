@@ -46,15 +46,9 @@ constexpr auto kPatientReset = std::chrono::milliseconds(100);
 // this many, or the connection's stream limit.
 constexpr int kMaxLateResetCredit = 64;
 
-// Whether the client's reset of `s`, now, is patient (kPatientReset). So is the reset of a
-// handed-over request that took the connection's last stream slot: a client at its stream
-// limit queues its calls, their deadlines (and the timeout header each carries) counted from
-// when they were made, and resets a call that waited in its queue soon after sending it (an
-// overloaded Connect or gRPC client does so by the thousand). Rapid Reset's requests are never
-// handed over (the same read resets them) or keep the connection far below its limit.
+// Whether the client's reset of `s`, now, is patient (kPatientReset).
 bool PatientReset(const Stream& s) {
   if (!s.dispatched) return false;
-  if (s.opened_at_limit) return true;
   const Clock::time_point now = Clock::now();
   if (now - s.dispatched_at >= kPatientReset) return true;
   if (s.exchange == nullptr) return false;
@@ -251,8 +245,9 @@ class Http2 final : public Protocol {
   void TakeHeldBack();
   // Gives back the window of `s`'s held-back body bytes.
   void TakeStreamWindow(Stream* s);
-  // The incomplete request of this connection opened first, or null.
-  Stream* Oldest();
+  // The incomplete request of this connection opened first (not refused, not streaming), or
+  // null: the one that takes its body past a budget.
+  Stream* Oldest() const;
   // A request body is still arriving on some stream.
   bool BodyUnderWay() const;
   void MaybeReleaseGrant();
@@ -485,8 +480,17 @@ bool Http2::WantsClose() const {
 }
 
 bool Http2::AwaitingBody(Clock::time_point* since) const {
-  // Not while we hold its bytes back or pause it: that stall is ours.
-  if (read_paused_ || holding_ > 0 || !BodyUnderWay()) return false;
+  // Not while we pause it, nor while we hold back the bytes of the request allowed to take
+  // its body past a budget (its oldest under way): that stall is ours.
+  if (read_paused_ || !BodyUnderWay()) return false;
+  if (holding_ > 0) {
+    // Other streams' bytes held back while that oldest request's window is open: the client
+    // owes that one its body (bytes trickled on the others do not count as its progress).
+    const Stream* oldest = Oldest();
+    if (oldest == nullptr || oldest->unconsumed > 0) return false;
+    *since = oldest->body_at;
+    return true;
+  }
   *since = body_progress_;
   return true;
 }
@@ -523,12 +527,12 @@ int Http2::OnBeginHeaders(nghttp2_session* session, const nghttp2_frame* frame, 
   Stream* s = stream.get();
   s->conn = conn;
   s->id = id;
-  s->opened = Clock::now();
+  s->opened = s->body_at = Clock::now();
   s->exchange = std::make_shared<Exchange>(conn->loop(), conn->mailbox());
   Access::Fill(*s->exchange, conn, s, 0x200);
   self->streams_.emplace(id, std::move(stream));
-  s->opened_at_limit =
-      self->streams_.size() >= static_cast<size_t>(std::max(1, self->options_.http2.max_concurrent_streams));
+  const int limit = std::max(1, self->options_.http2.max_concurrent_streams);
+  s->opened_at_limit = self->streams_.size() >= static_cast<size_t>(limit);
   self->last_ = s;
   self->body_progress_ = s->opened;
   return 0;
@@ -666,6 +670,8 @@ void Http2::HandOverComplete() {
     HandOver(s);
   }
   complete_.clear();
+  // The next request under way may take its body now (past a budget only the oldest does).
+  TakeHeldBack();
 }
 
 void Http2::Refuse(Stream* s, Exchange::Refusal why) {
@@ -697,7 +703,7 @@ int Http2::OnDataChunk(nghttp2_session* session, uint8_t, int32_t stream_id, con
     return 0;
   }
   const absl::string_view chunk(reinterpret_cast<const char*>(data), len);
-  if (len > 0) self->body_progress_ = Clock::now();
+  if (len > 0) self->body_progress_ = s->body_at = Clock::now();
   if (s->streaming) {
     s->body_bytes += static_cast<int64_t>(len);
     Access::Read(*s->exchange, chunk, false);
@@ -721,10 +727,10 @@ int Http2::OnDataChunk(nghttp2_session* session, uint8_t, int32_t stream_id, con
   return 0;
 }
 
-Stream* Http2::Oldest() {
+Stream* Http2::Oldest() const {
   Stream* oldest = nullptr;
-  for (auto& [id, s] : streams_) {
-    if (s->request_done || s->streaming) continue;
+  for (const auto& [id, s] : streams_) {
+    if (s->request_done || s->streaming || s->refused || s->header_too_large) continue;
     if (oldest == nullptr || id < oldest->id) oldest = s.get();
   }
   return oldest;
@@ -740,7 +746,8 @@ void Http2::TakeBody(Stream* s, Stream* oldest) {
   // size completes whatever else the connection sends. Past the server's budget only for
   // that oldest request, and only with a progress grant (Conn::MayTakeBody): a grant lets a
   // connection finish one request at a time, not every body it has started (up to its own
-  // budget each, four grants held), which would carry the server that far past its budget.
+  // budget each, four grants held), which would carry the server that far past its budget. (A
+  // bidirectional stream's window waits until the port is back under its budget.)
   const int64_t budget = conn_->budget();
   const int64_t others = conn_->held() - s->held;
   if ((budget > 0 && others >= budget) || conn_->ServerOverBudget()) {
@@ -756,10 +763,8 @@ void Http2::TakeHeldBack() {
   Stream* oldest = nullptr;  // looked up once, when a budget asks for it
   for (auto& [id, s] : streams_) {
     if (s->unconsumed == 0) continue;
-    if (oldest == nullptr && (conn_->ServerOverBudget() ||
-                              (conn_->budget() > 0 && conn_->held() - s->held >= conn_->budget()))) {
-      oldest = Oldest();
-    }
+    const bool over_connection = conn_->budget() > 0 && conn_->held() - s->held >= conn_->budget();
+    if (oldest == nullptr && (conn_->ServerOverBudget() || over_connection)) oldest = Oldest();
     TakeBody(s.get(), oldest);
   }
 }
@@ -819,6 +824,13 @@ int Http2::OnFrameRecv(nghttp2_session* session, const nghttp2_frame* frame, voi
       if (s != nullptr) {
         s->reset_by_peer = true;
         s->patient_reset = PatientReset(*s);
+        // A client at its stream limit queues its calls, their deadlines (and the timeout
+        // header each carries) counted from when they were made, and resets a call that waited
+        // in its queue soon after it got the last slot and was sent (an overloaded Connect or
+        // gRPC client does so by the thousand): not a premature reset. It still counts against
+        // the reset rate (paid for by the calls that ended well) and earns nothing; Rapid
+        // Reset's requests are reset in the read that brings them (never handed over).
+        s->slot_wait_reset = !s->patient_reset && s->dispatched && s->opened_at_limit;
       }
       if (s == nullptr && self->late_reset_credit_ > 0) {
         // The reset of a stream we closed with its answer: the client's timer went off before
@@ -983,7 +995,7 @@ int Http2::OnStreamClose(nghttp2_session* session, int32_t stream_id, uint32_t e
     self->late_reset_credit_ = std::min(
         self->late_reset_credit_ + 1, std::max(kMaxLateResetCredit, h2.max_concurrent_streams));
   }
-  const bool early = !s->done && (s->reset_by_peer ? !s->patient_reset
+  const bool early = !s->done && (s->reset_by_peer ? !s->patient_reset && !s->slot_wait_reset
                                                    : s->reset_by_us || error_code != 0);
   if (early && Clock::now() - s->opened < absl::ToChronoNanoseconds(h2.premature_reset_lifetime)) {
     ++self->premature_;
