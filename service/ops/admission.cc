@@ -43,22 +43,21 @@ absl::StatusOr<Admission::Ticket> Admission::Admit(absl::string_view client, int
                                                    int64_t bytes) {
   if (items < 1) items = 1;
   if (bytes < 0) bytes = 0;
-  if (!TryAdd(queued_items_, items, options_.max_queued_items)) {
+  // A full queue (by items or by bytes) refuses the call, counted, saying which bound it met.
+  const auto queue_full = [&](const std::atomic<int64_t>& queued, absl::string_view what,
+                              int64_t max) {
     queue_full_.fetch_add(1, std::memory_order_relaxed);
-    return WithRetryDelay(
-        absl::ResourceExhaustedError(absl::StrCat(
-            "server overloaded: ", queued_items_.load(std::memory_order_relaxed),
-            " items queued, limit ", options_.max_queued_items, "; retry later")),
-        RetryDelay());
+    return WithRetryDelay(absl::ResourceExhaustedError(absl::StrCat(
+                              "server overloaded: ", queued.load(std::memory_order_relaxed),
+                              what, " queued, limit ", max, "; retry later")),
+                          RetryDelay());
+  };
+  if (!TryAdd(queued_items_, items, options_.max_queued_items)) {
+    return queue_full(queued_items_, " items", options_.max_queued_items);
   }
   if (!TryAdd(queued_bytes_, bytes, options_.max_queued_bytes)) {
     queued_items_.fetch_sub(items, std::memory_order_relaxed);
-    queue_full_.fetch_add(1, std::memory_order_relaxed);
-    return WithRetryDelay(
-        absl::ResourceExhaustedError(absl::StrCat(
-            "server overloaded: ", queued_bytes_.load(std::memory_order_relaxed),
-            " bytes of requests queued, limit ", options_.max_queued_bytes, "; retry later")),
-        RetryDelay());
+    return queue_full(queued_bytes_, " bytes of requests", options_.max_queued_bytes);
   }
   Ticket ticket;
   ticket.owner_ = this;

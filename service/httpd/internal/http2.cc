@@ -242,6 +242,9 @@ class Http2 final : public Protocol {
   // Gives back the window of `s`'s held-back body bytes while the budgets allow. `oldest`:
   // Oldest() when the caller has it (null: looked up when needed).
   void TakeBody(Stream* s, Stream* oldest = nullptr);
+  // Past the connection's budget (its other streams' bytes) or the server's: only the oldest
+  // request under way may take its body.
+  bool OldestOnly(const Stream& s) const;
   void TakeHeldBack();
   // Gives back the window of `s`'s held-back body bytes.
   void TakeStreamWindow(Stream* s);
@@ -748,9 +751,7 @@ void Http2::TakeBody(Stream* s, Stream* oldest) {
   // connection finish one request at a time, not every body it has started (up to its own
   // budget each, four grants held), which would carry the server that far past its budget. (A
   // bidirectional stream's window waits until the port is back under its budget.)
-  const int64_t budget = conn_->budget();
-  const int64_t others = conn_->held() - s->held;
-  if ((budget > 0 && others >= budget) || conn_->ServerOverBudget()) {
+  if (OldestOnly(*s)) {
     if (oldest == nullptr) oldest = Oldest();
     if (s != oldest) return;
   }
@@ -758,13 +759,17 @@ void Http2::TakeBody(Stream* s, Stream* oldest) {
   TakeStreamWindow(s);
 }
 
+bool Http2::OldestOnly(const Stream& s) const {
+  const int64_t budget = conn_->budget();
+  return (budget > 0 && conn_->held() - s.held >= budget) || conn_->ServerOverBudget();
+}
+
 void Http2::TakeHeldBack() {
   if (holding_ == 0) return;
   Stream* oldest = nullptr;  // looked up once, when a budget asks for it
   for (auto& [id, s] : streams_) {
     if (s->unconsumed == 0) continue;
-    const bool over_connection = conn_->budget() > 0 && conn_->held() - s->held >= conn_->budget();
-    if (oldest == nullptr && (conn_->ServerOverBudget() || over_connection)) oldest = Oldest();
+    if (oldest == nullptr && OldestOnly(*s)) oldest = Oldest();
     TakeBody(s.get(), oldest);
   }
 }
