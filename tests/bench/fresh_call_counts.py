@@ -11,7 +11,12 @@ process. Without --callgrind: `h2load -c 2 -m 32 -t 1 -n <calls>` once to warm, 
 perf_event_paranoid <= 1). With --callgrind the server runs under `valgrind --tool=callgrind`
 (instrumentation on only around the measured h2load run, which is kept shorter) and the script
 prints instructions per call by shared object and, with --top N, the N functions with the most
-exclusive instructions. Nothing is asserted: figures for the README and for finding where the
+exclusive instructions. With --perf SECONDS the server runs as it is and a sampling profile is
+taken instead: `h2load -c 2 -m 32 -t 1 -D` on the row, and one second in, `perf record -F 2000 -e
+cpu-clock -p <pid>` for SECONDS; the script prints the shares of the server's samples by shared
+object (the kernel as `[kernel.kallsyms]`) and, with --top N, the N symbols with the most samples.
+--floor profiles, for the memo-hit rows, the row's nghttpd GET (the HTTP/2 floor the bound is
+against) instead of ours. Nothing is asserted: figures for the README and for finding where the
 time goes.
 """
 import argparse
@@ -21,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fresh_call as F  # noqa: E402
@@ -64,7 +70,13 @@ def main():
     ap.add_argument('--top', type=int, default=0)
     ap.add_argument('--extra', action='append', default=[], help='one more server flag')
     ap.add_argument('--keep', action='store_true', help='keep the callgrind dumps (path printed)')
+    ap.add_argument('--perf', type=float, default=0,
+                    help='seconds of perf record (cpu-clock samples) under load, instead of counts')
+    ap.add_argument('--floor', action='store_true',
+                    help="with --perf: profile the row's nghttpd GET (memo-hit rows) instead of ours")
     args = ap.parse_args()
+    if args.floor and not args.perf:
+        ap.error('--floor goes with --perf')
     build_dir = os.path.abspath(args.build_dir)
     binary = args.server or os.path.join(build_dir, 'bin', 'offload_server')
     runner = R.Runner(build_dir, 1, 1)
@@ -72,6 +84,12 @@ def main():
         title, series = F.ROWS[row_id]
         name, key, path, b, items = series[0]
         work = tempfile.mkdtemp(prefix='fresh-counts-')
+        if args.perf:
+            try:
+                profile_row(args, build_dir, binary, runner, work, row_id)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+            continue
         prefix = ['valgrind', '--tool=callgrind', '--instr-atstart=no',
                   '--callgrind-out-file=' + os.path.join(work, 'cg.%p')] if args.callgrind else []
         extra = (['--memo=false'] if key == 'fresh' else []) + args.extra
@@ -127,6 +145,68 @@ def main():
             print(f'    dump kept in {work}')
         else:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def profile_row(args, build_dir, binary, runner, work, row_id):
+    """--perf: shares of the server's cpu-clock samples under the row's load."""
+    title, series = F.ROWS[row_id]
+    floor = [s for s in series if s[1] == 'nghttpd']
+    if args.floor and not floor:
+        print(f'{title}: no nghttpd GET in this row (--floor is for the memo-hit rows)')
+        return
+    name, key, path, b, _ = floor[0] if args.floor else series[0]
+    if args.floor:
+        docroot = os.path.join(work, 'docroot')
+        os.makedirs(docroot)
+        with open(os.path.join(docroot, b), 'wb') as f:
+            f.write(os.urandom(100 if b == 'small' else R.B55000))
+        server = F.Nghttpd(docroot, work)
+        url, body = f'http://127.0.0.1:{server.port}/{b}', None
+    else:
+        extra = (['--memo=false'] if key == 'fresh' else []) + args.extra
+        server = start(build_dir, work, key, extra, binary, [])
+    try:
+        if not args.floor:
+            bodies = F.make_bodies(runner, {key: server}, work)
+            url, body = f'http://127.0.0.1:{server.port}{path}', bodies[b] + '.grpc'
+        h2load(url, body, 2000)  # warm: memo entries, buffers, lazy set-up
+        cmd = ['h2load', '-c', '2', '-m', '32', '-t', '1', '-D', str(round(args.perf) + 2)]
+        if body is not None:
+            cmd += ['-d', body] + sum((['-H', h] for h in F.GRPC_H), [])
+        cpu0 = R.proc_cpu_seconds(server.pid)
+        load = subprocess.Popen(cmd + [url], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+        time.sleep(1)
+        data = os.path.join(work, 'perf.data')
+        subprocess.run(['perf', 'record', '-q', '-F', '2000', '-e', 'cpu-clock', '-p',
+                        str(server.pid), '-o', data, '--', 'sleep', str(args.perf)],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        out = load.communicate()[0]
+        cpu = R.proc_cpu_seconds(server.pid) - cpu0
+    finally:
+        server.stop()
+    codes = re.search(r'status codes: (\d+) 2xx', out)
+    per_call = cpu * 1e6 / int(codes.group(1)) if codes and int(codes.group(1)) else 0.0
+
+    def report(sort):
+        out = subprocess.run(['perf', 'report', '-i', data, '--no-children', '--sort', sort,
+                              '--stdio', '-q'], capture_output=True, text=True).stdout
+        rows = []
+        for line in out.splitlines():
+            m = re.match(r'^\s*([\d.]+)%\s+(.*?)\s*$', line)
+            if m:
+                rows.append((float(m.group(1)), re.sub(r'\s+', ' ', m.group(2))))
+        return rows
+
+    # The shares are of the samples; the microseconds, of the server's CPU per 2xx answer over
+    # the whole h2load run (the shares applied to it: an estimate).
+    print(f'{title} ({name}): {per_call:.1f} us of server CPU per call; shares of the '
+          f'server\'s samples ({args.perf:g} s, 2000/s) and their part of it')
+    for share, obj in report('dso'):
+        if share >= 0.5:
+            print(f'    {share:5.1f}%  {share * per_call / 100:6.2f} us  {obj}')
+    for share, sym in report('dso,sym')[:args.top]:
+        print(f'    {share:5.1f}%  {sym}')
 
 
 def start(build_dir, work, key, extra, binary, prefix):
