@@ -153,6 +153,14 @@ bool Gateway::Streaming(const httpd::Exchange& exchange) {
   return http::StreamWireOf(exchange.header("content-type")).has_value();
 }
 
+int64_t Gateway::BodyLimit(const httpd::Exchange& exchange) {
+  if (exchange.method() != "POST") return -1;
+  absl::StatusOr<http::ContentType> type =
+      http::ParseContentType(exchange.header("content-type").value_or(""));
+  if (!type.ok()) return -1;  // refused for its content type, whatever its body
+  return http::UnaryBodyLimit(*type, options_.max_message_bytes);
+}
+
 void Gateway::Stop(absl::Time deadline) {
   Drain();
   if (server_ == nullptr) return;

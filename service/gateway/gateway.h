@@ -125,6 +125,10 @@ class Gateway final : public httpd::Handler {
   void Handle(std::shared_ptr<httpd::Exchange> exchange) override;
   // httpd::Handler: health Watch over gRPC is a stream; everything else is taken whole.
   bool Streaming(const httpd::Exchange& exchange) override;
+  // httpd::Handler: a unary POST's body bound is its protocol's (http::UnaryBodyLimit), so a
+  // body over it is refused unread and counted whatever its protocol; -1 (the engine's, what
+  // any protocol carries) for anything else.
+  int64_t BodyLimit(const httpd::Exchange& exchange) override;
   // Audited (a request refused before anyone read who sent it: a 1 MiB bearer token ends here).
   void HeaderTooLarge(absl::string_view peer_address) override;
 

@@ -250,6 +250,34 @@ TEST_F(GatewayTest, OverloadRefusalsSayWhenToComeBack) {
   gateway_.reset();
 }
 
+// A body over its own protocol's bound (not only over what gRPC-Web text's base64 carries) is
+// refused on its Content-Length, unread, and counted as body_too_large: before, a Connect or
+// gRPC-Web binary body between --max_message_bytes and the base64 bound was read whole, then
+// refused with no count.
+TEST_F(GatewayTest, ABodyOverItsProtocolsBoundIsRefusedUnreadAndCounted) {
+  const auto too_large = [&] {
+    return gateway_->server_stats().abuse[static_cast<int>(httpd::AbuseReason::kBodyTooLarge)];
+  };
+  const uint64_t before = too_large();
+  Response r = Post(kVerify, "application/proto", std::string(kMaxMessage + 1, 'x'));
+  EXPECT_EQ(r.status, 429);
+  EXPECT_THAT(r.body, HasSubstr("expected at most 65536 bytes"));
+  EXPECT_EQ(too_large(), before + 1);
+  r = Post(kVerify, "application/grpc-web+proto", std::string(kMaxMessage + 6, 'x'));
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.header("grpc-status"), "8");
+  EXPECT_EQ(too_large(), before + 2);
+  // At its bound a body is read and decoded (here: not a valid message).
+  r = Post(kVerify, "application/proto", std::string(kMaxMessage, 'x'));
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(too_large(), before + 2);
+  // gRPC-Web text keeps base64's room.
+  r = Post(kVerify, "application/grpc-web-text", std::string(kMaxMessage + 6, 'A'));
+  EXPECT_EQ(r.status, 200);
+  EXPECT_NE(r.header("grpc-status"), "8");
+  EXPECT_EQ(too_large(), before + 2);
+}
+
 TEST_F(GatewayTest, ConnectErrors) {
   const std::string proto = verify_.SerializeAsString();
   Response r = Post(kVerify, "text/plain", proto);

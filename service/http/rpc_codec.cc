@@ -54,6 +54,12 @@ int64_t MaxBody(int64_t max_message_bytes) {
   return ((max_message_bytes + int64_t{kFrameHeaderBytes} + 2) / 3) * 4 + 4096;
 }
 
+int64_t UnaryBodyLimit(const ContentType& type, int64_t max_message_bytes) {
+  if (type.text) return MaxBody(max_message_bytes);
+  return type.protocol == Protocol::kConnect ? max_message_bytes
+                                             : max_message_bytes + int64_t{kFrameHeaderBytes};
+}
+
 UnaryPost ReadUnaryPost(std::optional<absl::string_view> content_type, bool http2,
                         HeaderLookup header, size_t body_size, bool body_too_large,
                         int64_t max_message_bytes) {
@@ -90,16 +96,14 @@ UnaryPost ReadUnaryPost(std::optional<absl::string_view> content_type, bool http
     return post;
   }
   post.options = *options;
-  int64_t limit = max_message_bytes;
-  if (post.type.protocol != Protocol::kConnect) limit += kFrameHeaderBytes;
-  if (post.type.text) limit = MaxBody(max_message_bytes);
+  const int64_t limit = UnaryBodyLimit(post.type, max_message_bytes);
   post.body_limit = limit;
   if (body_too_large) {
-    // Past what any protocol carries: the HTTP server never read it, the caller gets its
-    // protocol's own error (Connect 429 resource_exhausted, gRPC-Web grpc-status 8).
+    // Past what this protocol carries: the HTTP server never read it (Handler::BodyLimit), the
+    // caller gets its protocol's own error (Connect 429 resource_exhausted, gRPC and gRPC-Web
+    // grpc-status 8).
     post.refusal = absl::ResourceExhaustedError(
-        absl::StrCat("request body: expected at most ", limit, " bytes, got more than ",
-                     MaxBody(max_message_bytes)));
+        absl::StrCat("request body: expected at most ", limit, " bytes, got more"));
     return post;
   }
   if (static_cast<int64_t>(body_size) > limit) {

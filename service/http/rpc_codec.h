@@ -56,6 +56,11 @@ absl::StatusOr<CallOptions> ParseCallHeaders(Protocol protocol, HeaderLookup hea
 // message, a gRPC-Web frame header, base64 for gRPC-Web text (with room for line breaks).
 int64_t MaxBody(int64_t max_message_bytes);
 
+// The largest body of a unary POST of `type` for a message of at most `max_message_bytes`: the
+// message for Connect, a frame header more for gRPC and gRPC-Web, base64's growth for gRPC-Web
+// text (MaxBody).
+int64_t UnaryBodyLimit(const ContentType& type, int64_t max_message_bytes);
+
 // What a unary POST asks for, from its Content-Type, its headers and its body's size (or that
 // it was over what any protocol carries: `body_too_large`). `type` is the protocol of the
 // answer, also when the request is refused (a gRPC content type with a codec we lack is answered

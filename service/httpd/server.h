@@ -297,6 +297,11 @@ class Handler {
   // Asked on the loop thread when a request's headers have arrived: true to get it at once and
   // its body as it arrives (Exchange::ReadBody). Default: no, complete requests only.
   virtual bool Streaming(const Exchange& exchange) { return false; }
+  // Asked on the loop thread when a request's headers have arrived (not for a streaming one):
+  // the largest body this request may have, at most Options::max_body_bytes (a larger answer or
+  // a negative one: that). A body over it is refused unread (Exchange::Refusal::kBodyTooLarge,
+  // counted as body_too_large), as soon as its Content-Length or its bytes say so.
+  virtual int64_t BodyLimit(const Exchange& exchange) { return -1; }
   // A request the engine refused itself, before Handle: its headers were over
   // Options::max_header_bytes (answered 431). On the loop thread, from `peer_address`
   // ("ipv4:127.0.0.1:5000"); for the owner's audit trail. Must not block.

@@ -256,6 +256,11 @@ void Conn::Abuse(AbuseReason reason, nlohmann::json detail) {
   Log(LogLevel::kWarning, "http_abuse", std::move(fields));
 }
 
+int64_t RequestBodyLimit(Handler* handler, const Stream& s, int64_t max_body_bytes) {
+  const int64_t limit = handler->BodyLimit(*s.exchange);
+  return limit < 0 ? max_body_bytes : std::min(limit, max_body_bytes);
+}
+
 void Conn::Dispatch(Stream* stream) {
   stream->dispatched = true;
   last_busy_ = stream->dispatched_at = Clock::now();

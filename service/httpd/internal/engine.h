@@ -98,6 +98,10 @@ class Mailbox {
 // connection: up to 8 plain reads of 64 KiB, one TLS read). Loop threads only.
 int64_t& LoopCharge();
 
+// The largest body of the request `s` whose headers have arrived: the handler's
+// (Handler::BodyLimit), at most `max_body_bytes`.
+int64_t RequestBodyLimit(Handler* handler, const Stream& s, int64_t max_body_bytes);
+
 // Counters shared by every loop (relaxed atomics; read by Server::stats()).
 struct Counters {
   std::atomic<uint64_t> accepted{0}, refused{0}, read_timeouts{0}, requests{0};
@@ -212,6 +216,7 @@ struct Stream {
   bool request_done = false;  // the whole body has arrived (or the request ended early)
   bool refused = false;       // refused unread (Exchange::refusal): its body is dropped
   int64_t body_bytes = 0;     // body bytes received
+  int64_t body_limit = 0;     // the largest body (Handler::BodyLimit), once the headers are in
   int64_t body_reserved = 0;  // the body buffer's room reserved from its announced length
   int64_t body_charge = 0;    // what the body costs the budgets: max(reserved, received)
   int64_t held = 0;           // request bytes charged for this stream (header text, body)

@@ -344,7 +344,10 @@ bool Http1::OnHeaderDone() {
   // Decided on the header alone: a client that waits for an answer (or for 100 Continue) before
   // it sends its body gets one.
   const boost::optional<std::uint64_t> length = parser_->content_length();
-  if (length && *length > static_cast<uint64_t>(options_.max_body_bytes) && !s->streaming) {
+  if (!s->streaming) {
+    s->body_limit = RequestBodyLimit(conn_->handler(), *s, options_.max_body_bytes);
+  }
+  if (length && *length > static_cast<uint64_t>(s->body_limit) && !s->streaming) {
     conn_->Abuse(AbuseReason::kBodyTooLarge);
     stop_ = Stop::kRefused;  // the body is never read
     refusal_ = Exchange::Refusal::kBodyTooLarge;
@@ -394,7 +397,7 @@ void Http1::OnBody(absl::string_view data) {
     Access::Read(*s->exchange, data, false);
     return;
   }
-  if (s->body_bytes + static_cast<int64_t>(data.size()) > options_.max_body_bytes) {
+  if (s->body_bytes + static_cast<int64_t>(data.size()) > s->body_limit) {
     // A chunked body past the limit: answered now, the connection closes after the answer.
     conn_->Abuse(AbuseReason::kBodyTooLarge);
     ReleaseBodyCharge(conn_, s);

@@ -613,6 +613,17 @@ void Http2::HeadersDone(Stream* s) {
   if (conn_->handler()->Streaming(*s->exchange)) {
     s->streaming = true;
     conn_->Dispatch(s);
+    return;
+  }
+  s->body_limit = RequestBodyLimit(conn_->handler(), *s, options_.max_body_bytes);
+  // Decided on the header alone when it says: a body announced past the limit is refused
+  // before a byte of it is held (nghttp2 holds the stream to its Content-Length).
+  uint64_t length = 0;
+  if (auto v = s->exchange->header("content-length");
+      v.has_value() && absl::SimpleAtoi(*v, &length) &&
+      length > static_cast<uint64_t>(s->body_limit)) {
+    conn_->Abuse(AbuseReason::kBodyTooLarge);
+    Refuse(s, Exchange::Refusal::kBodyTooLarge);
   }
 }
 
@@ -716,7 +727,7 @@ int Http2::OnDataChunk(nghttp2_session* session, uint8_t, int32_t stream_id, con
     self->TakeBody(s);
     return 0;
   }
-  if (s->body_bytes + static_cast<int64_t>(len) > self->options_.max_body_bytes) {
+  if (s->body_bytes + static_cast<int64_t>(len) > s->body_limit) {
     s->body_bytes += static_cast<int64_t>(len);
     nghttp2_session_consume_stream(session, stream_id, len);
     self->conn_->Abuse(AbuseReason::kBodyTooLarge);
