@@ -270,6 +270,18 @@ function copy(b: Uint8Array): Uint8Array {
   return new Uint8Array(b);
 }
 
+// The queue of a call: its kind and its per-call headers, canonical (names lower-cased and
+// sorted, repeated ones joined, as `Headers` iterates them). Calls with different headers are
+// never batched together, nor asked once as equal inputs: the batch would go out with one
+// caller's headers (its token, its identity) for all of them. The deadline is not part of it:
+// a batch runs to the latest of its callers' deadlines, and each caller's own ends its own call.
+function batchKey(kind: Kind<any, any>, headers: HeadersInit | undefined): string {
+  const pairs: [string, string][] = [];
+  if (headers !== undefined) new Headers(headers).forEach((v, k) => pairs.push([k, v]));
+  pairs.sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0));
+  return JSON.stringify([kind.name, pairs]);
+}
+
 function defaultNow(): () => number {
   const p = (globalThis as { performance?: { now(): number } }).performance;
   return p && typeof p.now === "function" ? () => p.now() : () => Date.now();
@@ -302,7 +314,8 @@ export class OffloadClient {
   private readonly openMemo?: Memo<{ plaintext: Uint8Array; keyVersion: number }>;
   private readonly deriveMemo?: Memo<{ sharedKey: Uint8Array; keyVersion: number }>;
   private readonly verifyMemo?: Memo<true>;
-  private readonly queues = new Map<Kind<any, any>, Pending<any, any>[]>();
+  // The tick's calls waiting to be batched, per kind and per set of per-call headers (batchKey).
+  private readonly queues = new Map<string, Pending<any, any>[]>();
   private readonly counters = { requests: 0, batches: 0, batchedItems: 0, retries: 0, retriesAfterServerDelay: 0, tokenRefreshes: 0 };
   private readonly kinds;
 
@@ -638,12 +651,15 @@ export class OffloadClient {
         void this.process(kind, [p]);
         return;
       }
-      let queue = this.queues.get(kind);
+      // Only calls that would travel the same way share a batch: a Batch* call carries one set of
+      // headers, so a caller's own `authorization` (its identity) never speaks for another's.
+      const key = batchKey(kind, opts?.headers);
+      let queue = this.queues.get(key);
       if (!queue) {
-        this.queues.set(kind, (queue = []));
+        this.queues.set(key, (queue = []));
         setTimeout(() => {
-          const items = this.queues.get(kind) ?? [];
-          this.queues.delete(kind);
+          const items = this.queues.get(key) ?? [];
+          this.queues.delete(key);
           void this.process(kind, items);
         }, this.batchWindowMs);
       }
@@ -754,7 +770,7 @@ export class OffloadClient {
     };
     const deadline = Math.max(...chunk.map((m) => Math.max(m.p.deadline, ...m.twins.map((t) => t.deadline))));
     const keys = new Set(chunk.map((m) => kind.keyId(m.p.q)).filter((k): k is string => k !== undefined));
-    const headers = new Headers(chunk[0].p.headers);
+    const headers = new Headers(chunk[0].p.headers); // every caller of a chunk gave the same (batchKey)
     if (keys.size === 1) headers.set("x-offload-key", [...keys][0]);
     if (chunk.length === 1) {
       const only = chunk[0];

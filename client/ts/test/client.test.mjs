@@ -429,7 +429,11 @@ describe("tokens", () => {
   let authServer;
   let issuer;
   before(async () => {
-    issuer = tokenIssuer();
+    // bob may use keys named bob-* only: a call of his on another key is refused.
+    issuer = tokenIssuer("ts-client", {
+      admins: ["ts-client"],
+      grants: [{ client: "ts-client", keys: ["*"], operations: ["*"] }, { client: "bob", keys: ["bob-*"], operations: ["aead.*"] }],
+    });
     authServer = await startServer(issuer.flags);
   });
   after(async () => {
@@ -456,6 +460,30 @@ describe("tokens", () => {
     await phone.seal({ keyId, plaintext: Buffer.from("x") });
     assert.deepEqual(asked, [false, true]);
     assert.equal(phone.stats().tokenRefreshes, 1);
+  });
+
+  it("per-call tokens: calls are batched only with calls of the same headers, each under its own identity", async () => {
+    const setup = createOffloadClient({ baseUrl: authServer.http, tokenProvider: () => issuer.token() });
+    const keyId = await newKey(setup, "not-bobs");
+    const { envelope } = await setup.seal({ keyId, plaintext: Buffer.from("for the granted only") });
+    const phone = createOffloadClient({ transport: transports["Connect over fetch"](authServer), memo: { open: { maxAgeMs: 60_000 } } });
+    const alice = { headers: { authorization: `Bearer ${issuer.token()}` } };
+    const bob = { headers: new Headers({ Authorization: `Bearer ${issuer.token({ sub: "bob" })}` }) };
+    const outcome = (x) => (x.status === "fulfilled" ? "ok" : Code[x.reason.code]);
+    let before = await requestCounts(authServer);
+    const sealed = await Promise.allSettled([
+      phone.seal({ keyId, plaintext: Buffer.from("a1") }, alice),
+      phone.seal({ keyId, plaintext: Buffer.from("b1") }, bob),
+      phone.seal({ keyId, plaintext: Buffer.from("a2") }, { headers: { Authorization: alice.headers.authorization } }),
+      phone.seal({ keyId, plaintext: Buffer.from("b2") }, bob),
+    ]);
+    assert.deepEqual(sealed.map(outcome), ["ok", "PermissionDenied", "ok", "PermissionDenied"]);
+    await assertCountsSince(authServer, before, { "AeadService/BatchSeal OK": 1, "AeadService/BatchSeal PERMISSION_DENIED": 1 }, "one batch per identity");
+    // The same envelope opened by both in one tick: not asked once for the two of them.
+    before = await requestCounts(authServer);
+    const opened = await Promise.allSettled([phone.open({ keyId, envelope }, alice), phone.open({ keyId, envelope }, bob)]);
+    assert.deepEqual(opened.map(outcome), ["ok", "PermissionDenied"]);
+    await assertCountsSince(authServer, before, { "AeadService/Open OK": 1, "AeadService/Open PERMISSION_DENIED": 1 }, "one open per identity");
   });
 
   it("a refused fresh token is not asked for again: the call fails UNAUTHENTICATED", async () => {
