@@ -974,10 +974,33 @@ export interface FetchTransportOptions {
   fetch?: typeof globalThis.fetch;
 }
 
-/** A connect-es transport on fetch: browsers, React Native, Node 18+ (HTTP/1.1). */
+/**
+ * A connect-es transport on fetch: browsers, React Native, Node 18+ (HTTP/1.1). A fetch that
+ * fails before any response (server unreachable or restarting, connection refused or reset) is
+ * reported as UNAVAILABLE, as the Node transports report it, so that the client retries it.
+ */
 export function createFetchTransport(o: FetchTransportOptions): Transport {
-  const common = { baseUrl: o.baseUrl, useBinaryFormat: o.binary ?? true, fetch: o.fetch };
+  const common = { baseUrl: o.baseUrl, useBinaryFormat: o.binary ?? true, fetch: unavailableWhenUnreached(o.fetch) };
   return o.protocol === "grpc-web" ? createGrpcWebTransport(common) : createConnectTransport(common);
+}
+
+// `f` (default: globalThis.fetch, looked up at each call as connect-web does), with a rejection
+// before any response turned into ConnectError UNAVAILABLE (the TypeError as its cause).
+// connect-web would report it as UNKNOWN "fetch failed", which nothing retries, where the
+// server never answered at all. Fetch rejects a network failure with a TypeError (Node's
+// undici, browsers, React Native); an abort or a deadline (the signal) stays what it is, and
+// an answer of the server, UNKNOWN included, never comes through here.
+function unavailableWhenUnreached(f: typeof globalThis.fetch | undefined): typeof globalThis.fetch {
+  return async (input, init) => {
+    try {
+      return await (f ?? globalThis.fetch)(input, init);
+    } catch (e) {
+      if (e instanceof TypeError && !init?.signal?.aborted) {
+        throw new ConnectError(`the server was not reached: ${e.message}`, Code.Unavailable, undefined, undefined, e);
+      }
+      throw e;
+    }
+  };
 }
 
 /** A client with `options`. */

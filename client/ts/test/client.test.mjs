@@ -3,6 +3,7 @@
 //   OFFLOAD_SERVER  the offload_server binary (default ../../../build/bin/offload_server)
 import { after, before, describe, it } from "node:test";
 import assert from "node:assert/strict";
+import { connect, createServer as createNetServer } from "node:net";
 
 import { Code, ConnectError, createOffloadClient, KeyType, kMiB } from "../dist/node.js";
 import { createFetchTransport, createNodeTransport, nodeCrypto } from "../dist/node.js";
@@ -554,6 +555,54 @@ describe("a platform without WebCrypto (React Native)", () => {
     const again = await Promise.all(blobs.map((b) => phone.open(b)));
     assert.ok(again.every((o) => o.local));
     assert.deepEqual(used, { sha256: 6, randomBytes: 1 }, "one digest per lookup, one salt per client");
+  });
+});
+
+describe("a server that is not listening yet (restarting)", () => {
+  it("fetch: the refused connection is UNAVAILABLE and retried; once it listens, the call succeeds", async () => {
+    // Its address: a loopback port that forwards to the server once the first attempt failed.
+    const sockets = new Set();
+    const forwarder = createNetServer((c) => {
+      const up = connect(server.httpPort, "127.0.0.1");
+      sockets.add(c).add(up);
+      c.pipe(up).pipe(c);
+      c.on("error", () => up.destroy());
+      up.on("error", () => c.destroy());
+    });
+    const port = await new Promise((res) => {
+      const s = createNetServer().listen(0, "127.0.0.1", () => {
+        const p = s.address().port;
+        s.close(() => res(p));
+      });
+    });
+    const attempts = [];
+    const phone = createOffloadClient({
+      baseUrl: `http://127.0.0.1:${port}`,
+      fetch: async (input, init) => {
+        try {
+          const res = await fetch(input, init);
+          attempts.push("answered");
+          return res;
+        } catch (e) {
+          attempts.push("refused");
+          await new Promise((r) => forwarder.listen(port, "127.0.0.1", r)); // the server is back
+          throw e;
+        }
+      },
+      retry: { maxAttempts: 3, initialBackoffMs: 10 },
+      memo: { verify: false },
+    });
+    try {
+      const keyId = await newKey(admin, "restart");
+      const before = await requestCounts(server);
+      const { envelope } = await phone.seal({ keyId, plaintext: Buffer.from("after the restart") });
+      assert.ok(envelope.length > 0);
+      assert.deepEqual(attempts, ["refused", "answered"]);
+      assert.deepEqual([phone.stats().requests, phone.stats().retries], [2, 1]);
+      await assertCountsSince(server, before, { "AeadService/Seal OK": 1 }, "one seal reached the server");
+    } finally {
+      await new Promise((r) => { forwarder.close(() => r()); for (const c of sockets) c.destroy(); });
+    }
   });
 });
 

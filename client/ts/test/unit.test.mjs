@@ -271,6 +271,35 @@ describe("retries", () => {
     assert.equal(r.state.seen.length, 2);
   });
 
+  it("fetch to a closed port: UNAVAILABLE (not fetch's UNKNOWN), retried up to maxAttempts", async () => {
+    const port = await new Promise((res) => {
+      const s = createServer().listen(0, "127.0.0.1", () => {
+        const p = s.address().port;
+        s.close(() => res(p)); // nothing listens there any more
+      });
+    });
+    for (const protocol of ["connect", "grpc-web"]) {
+      let attempts = 0;
+      const c = createOffloadClient({
+        baseUrl: `http://127.0.0.1:${port}`,
+        protocol,
+        fetch: (input, init) => (attempts++, fetch(input, init)),
+        retry: { maxAttempts: 3, initialBackoffMs: 10 },
+        random: () => 0.5,
+      });
+      await assert.rejects(c.services.keys.listKeys({}), (e) => e instanceof ConnectError && e.code === Code.Unavailable && e.cause instanceof TypeError);
+      assert.equal(attempts, 3, protocol);
+      assert.deepEqual([c.stats().requests, c.stats().retries], [3, 2], protocol);
+    }
+  });
+
+  it("UNKNOWN answered by the server is not retried", async () => {
+    r.state.seen = [];
+    r.state.script = [connectRefusal(500, "unknown"), okListKeys];
+    await assert.rejects(client().services.keys.listKeys({}), (e) => e.code === Code.Unknown);
+    assert.equal(r.state.seen.length, 1);
+  });
+
   it("retry: false sends once", async () => {
     r.state.seen = [];
     r.state.script = [connectRefusal(429, "resource_exhausted", { retryMs: 10 }), okListKeys];
