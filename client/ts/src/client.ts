@@ -108,6 +108,12 @@ export interface OffloadClientOptions {
   crypto?: CryptoProvider;
   /** Milliseconds of a monotonic clock (default performance.now, else Date.now): memo ages, deadlines. */
   now?: () => number;
+  /**
+   * Milliseconds of the wall clock (default Date.now): memo ages too, since a monotonic clock may
+   * stop while the device sleeps. An entry is too old when either clock says so, or when the wall
+   * clock went back past the time it was kept.
+   */
+  wallNow?: () => number;
   /** Uniform in [0, 1) for the backoff jitter (default Math.random). */
   random?: () => number;
 }
@@ -304,6 +310,7 @@ export class OffloadClient {
   private readonly batchWindowMs: number | undefined; // undefined: no batching
   private readonly maxItems: number;
   private readonly now: () => number;
+  private readonly wallNow: () => number;
   private readonly random: () => number;
   private readonly tokenProvider?: TokenProvider;
   private tokenPromise?: Promise<string>;
@@ -344,6 +351,7 @@ export class OffloadClient {
     this.batchWindowMs = b === false ? undefined : b === true ? 0 : b.windowMs ?? 0;
     this.maxItems = (typeof b === "object" && b.maxItems) || kMaxBatchItems;
     this.now = options.now ?? defaultNow();
+    this.wallNow = options.wallNow ?? (() => Date.now());
     this.random = options.random ?? Math.random;
     this.tokenProvider = options.tokenProvider;
     this.cryptoProvider = options.crypto;
@@ -356,6 +364,7 @@ export class OffloadClient {
         maxBytes: m.open.maxBytes ?? 8 * kMiB,
         maxAgeMs: m.open.maxAgeMs,
         now: this.now,
+        wallNow: this.wallNow,
         size: (v) => v.plaintext.length + kByteArrayOverheadBytes,
         wipe: wipeBytes("plaintext"),
       });
@@ -366,6 +375,7 @@ export class OffloadClient {
         maxBytes: m.derive.maxBytes ?? kMiB,
         maxAgeMs: m.derive.maxAgeMs,
         now: this.now,
+        wallNow: this.wallNow,
         size: (v) => v.sharedKey.length + kByteArrayOverheadBytes,
         wipe: wipeBytes("sharedKey"),
       });
@@ -374,6 +384,7 @@ export class OffloadClient {
       this.verifyMemo = new Memo<true>({
         maxBytes: m.verify?.maxBytes ?? kMiB,
         now: this.now,
+        wallNow: this.wallNow,
         size: () => 1,
         wipe: () => {},
       });

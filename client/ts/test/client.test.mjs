@@ -385,6 +385,23 @@ describe("a disabled key", () => {
     assert.equal(s.expired, 3);
     assert.equal(s.entries, 0);
   });
+
+  it("a phone that slept: the monotonic clock stood still, the wall clock did not", async () => {
+    const keyId = await newKey(admin, "slept");
+    const blobs = await makeBlobs(admin, keyId, 2, 12);
+    const monotonic = manualClock(); // performance.now does not count the sleep
+    const wall = manualClock(1_700_000_000_000);
+    const phone = createOffloadClient({ baseUrl: server.http, now: monotonic.now, wallNow: wall.now, memo: { open: { maxAgeMs: 30_000 } } });
+    await Promise.all(blobs.map((b) => phone.open(b)));
+    await admin.services.keys.disableKey({ keyId });
+    wall.advance(29_000);
+    assert.equal((await phone.open(blobs[0])).local, true, "within the maximum age on both clocks");
+    wall.advance(2_000); // 31 s of sleep: never used again
+    const before = await requestCounts(server);
+    await assert.rejects(phone.open(blobs[0]), (e) => e.code === Code.FailedPrecondition);
+    await assertCountsSince(server, before, { "AeadService/Open FAILED_PRECONDITION": 1 }, "after the sleep");
+    assert.equal(phone.stats().memos.open.expired, 2);
+  });
 });
 
 describe("auto-batching", () => {

@@ -14,8 +14,8 @@ import { Digester } from "../dist/digest.js";
 import { Code, ConnectError, createOffloadClient, RetryInfoSchema, StatusSchema, serverRetryDelayMs } from "../dist/node.js";
 import { createFetchTransport, createNodeTransport, nodeCrypto } from "../dist/node.js";
 
-function bytesMemo(maxBytes, { maxAgeMs, now = () => 0 } = {}) {
-  return new Memo({ maxBytes, maxAgeMs, now, size: (v) => v.length, wipe: (v) => v.fill(0) });
+function bytesMemo(maxBytes, { maxAgeMs, now = () => 0, wallNow } = {}) {
+  return new Memo({ maxBytes, maxAgeMs, now, wallNow, size: (v) => v.length, wipe: (v) => v.fill(0) });
 }
 const overhead = kEntryOverheadBytes + 1; // and a one-letter key id
 
@@ -73,6 +73,30 @@ describe("Memo", () => {
     t = 10; // Date.now() stepped back, say: the entry's age is unknown
     assert.equal(m.get("x", 0, () => 0), undefined);
     assert.ok(v.every((x) => x === 0));
+  });
+
+  it("both clocks: a sleep the monotonic clock missed, or a wall clock set back, expires the entry", () => {
+    let mono = 0;
+    let wall = 1_700_000_000_000;
+    const m = bytesMemo(10_000, { maxAgeMs: 1000, now: () => mono, wallNow: () => wall });
+    const slept = new Uint8Array(10).fill(7);
+    m.put("slept", "k", slept, 0);
+    wall += 999;
+    assert.equal(m.get("slept", 0, () => 0), slept, "younger than the maximum age on both clocks");
+    wall += 1; // the device slept: performance.now stood still, Date.now did not
+    assert.equal(m.get("slept", 0, () => 0), undefined);
+    assert.ok(slept.every((x) => x === 0));
+    const setBack = new Uint8Array(10).fill(8);
+    m.put("setBack", "k", setBack, 0);
+    mono += 10;
+    wall -= 1; // set back past the time it was kept: its age is unknown
+    assert.equal(m.get("setBack", 0, () => 0), undefined);
+    assert.ok(setBack.every((x) => x === 0));
+    const young = new Uint8Array(10).fill(9);
+    m.put("young", "k", young, 0);
+    mono += 1000; // the monotonic clock alone says it is too old
+    assert.equal(m.get("young", 0, () => 0), undefined);
+    assert.deepEqual([m.stats().hits, m.stats().expired, m.stats().entries], [1, 3, 0]);
   });
 
   it("clear() also keeps out an answer under way for a key never dropped", () => {
