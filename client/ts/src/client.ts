@@ -276,6 +276,16 @@ function copy(b: Uint8Array): Uint8Array {
   return new Uint8Array(b);
 }
 
+// A secret of an answer (a plaintext, a shared key) as the caller's own: a copy with memory of
+// its own, and the answer's bytes zero-filled. Decoded from binary protobuf, the secrets of a
+// batch answer are views into one response buffer: handed out as they are, every caller of the
+// batch would hold every other caller's plaintext.
+function take(b: Uint8Array): Uint8Array {
+  const mine = copy(b);
+  b.fill(0);
+  return mine;
+}
+
 // The queue of a call: its kind and its per-call headers, canonical (names lower-cased and
 // sorted, repeated ones joined, as `Headers` iterates them). Calls with different headers are
 // never batched together, nor asked once as equal inputs: the batch would go out with one
@@ -515,7 +525,7 @@ export class OffloadClient {
       batch: aead.batchOpen,
       keyId: (q) => q.keyId,
       toItem: (q) => ({ keyId: q.keyId, envelope: q.envelope, associatedData: q.associatedData }),
-      fromSingle: (r) => ({ plaintext: r.plaintext, keyVersion: r.keyVersion, memoHit: r.memoHit, local: false }),
+      fromSingle: (r) => ({ plaintext: take(r.plaintext), keyVersion: r.keyVersion, memoHit: r.memoHit, local: false }),
       fromBatch: (it) => outcomeOf(it.status, () => open.fromSingle(it.response)),
       memo: () => openHook,
       clone: (r) => ({ ...r, plaintext: copy(r.plaintext) }),
@@ -565,7 +575,7 @@ export class OffloadClient {
         peerPublicKey: q.peerPublicKey,
         output: q.output ?? DeriveOutput.RAW,
       }),
-      fromSingle: (r) => ({ sharedKey: r.sharedKey, keyVersion: r.keyVersion, memoHit: r.memoHit, local: false }),
+      fromSingle: (r) => ({ sharedKey: take(r.sharedKey), keyVersion: r.keyVersion, memoHit: r.memoHit, local: false }),
       fromBatch: (it) => outcomeOf(it.status, () => derive.fromSingle(it.response)),
       memo: () => deriveHook,
       clone: (r) => ({ ...r, sharedKey: copy(r.sharedKey) }),
@@ -612,8 +622,8 @@ export class OffloadClient {
         nonce: q.nonce,
         ciphertext: q.ciphertext,
       }),
-      fromSingle: (r) => r,
-      fromBatch: (it) => outcomeOf(it.status, () => it.response),
+      fromSingle: (r) => ({ ...r, plaintext: take(r.plaintext) }),
+      fromBatch: (it) => outcomeOf(it.status, () => boxOpen.fromSingle(it.response)),
     };
     return { open, seal, rewrap, derive, verify, sign, boxSeal, boxOpen };
   }

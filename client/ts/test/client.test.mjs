@@ -428,6 +428,35 @@ describe("auto-batching", () => {
     assert.deepEqual([phone.stats().requests, phone.stats().batches, phone.stats().batchedItems], [1, 1, 27]);
   });
 
+  it("each caller of a batch gets copies of its own (binary and JSON); the answer's secrets are zero-filled", async () => {
+    const keyId = await newKey(admin, "copies");
+    const blobs = await makeBlobs(admin, keyId, 2, 13);
+    const dh = await newKey(admin, "copies-dh", KeyType.X25519);
+    const { generateKeyPairSync } = await import("node:crypto");
+    const peers = [1, 2].map(() => Buffer.from(generateKeyPairSync("x25519").publicKey.export({ format: "jwk" }).x, "base64url"));
+    const own = (b) => b.byteOffset === 0 && b.buffer.byteLength === b.length;
+    for (const binary of [true, false]) {
+      const answers = []; // what the transport decoded, as the client got it
+      const fetchTransport = createFetchTransport({ baseUrl: server.http, binary });
+      const transport = { ...fetchTransport, unary: async (...a) => { const res = await fetchTransport.unary(...a); answers.push(res.message); return res; } };
+      const phone = createOffloadClient({ transport, memo: { verify: false } });
+      const [r1, r2] = await Promise.all(blobs.map((b) => phone.open(b)));
+      const [d1, d2] = await Promise.all(peers.map((peerPublicKey) => phone.derive({ keyId: dh, peerPublicKey })));
+      assert.equal(phone.stats().batches, 2, "one BatchOpen, one BatchDerive");
+      assert.ok(equalBytes(r1.plaintext, blobs[0].plaintext) && equalBytes(r2.plaintext, blobs[1].plaintext));
+      assert.ok(own(r1.plaintext) && own(r2.plaintext) && own(d1.sharedKey) && own(d2.sharedKey), "a buffer of its own each");
+      assert.ok(!Buffer.from(r2.plaintext.buffer).includes(Buffer.from(blobs[0].plaintext).subarray(0, 32)), "no byte of the other's plaintext");
+      const d2Key = Buffer.from(d2.sharedKey);
+      r1.plaintext.fill(0);
+      d1.sharedKey.fill(0);
+      assert.ok(equalBytes(r2.plaintext, blobs[1].plaintext) && equalBytes(d2.sharedKey, d2Key), "the other caller's copy is intact");
+      for (const [answer, field] of [[answers[0], "plaintext"], [answers[1], "sharedKey"]]) {
+        assert.equal(answer.results.length, 2);
+        for (const it of answer.results) assert.ok(it.response[field].length > 0 && it.response[field].every((x) => x === 0), `${field} of the answer zero-filled`);
+      }
+    }
+  });
+
   it("chunks at maxItems, and batches each kind apart", async () => {
     const keyId = await newKey(admin, "chunks");
     const blobs = await makeBlobs(admin, keyId, 25, 9);
