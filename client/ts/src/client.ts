@@ -237,6 +237,9 @@ interface Kind<Q, R> {
   own?: (q: Q) => Q;
   // Wipes the secret bytes of an owned request once it is done with (Seal's plaintext copy).
   release?: (q: Q) => void;
+  // A refusal of the request before anything (the memo included) sees it, as the server would
+  // refuse it, or undefined.
+  validate?: (q: Q) => ConnectError | undefined;
 }
 
 interface MemoHook<Q, R, V> {
@@ -296,6 +299,14 @@ function batchKey(kind: Kind<any, any>, headers: HeadersInit | undefined): strin
   if (headers !== undefined) new Headers(headers).forEach((v, k) => pairs.push([k, v]));
   pairs.sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0));
   return JSON.stringify([kind.name, pairs]);
+}
+
+// A uint32 field of the request: an integer from 0 to 2^32 - 1, or absent. Anything else is
+// refused INVALID_ARGUMENT naming the field; the memo's digest must never see it (it would
+// wrap: 2^32 + 1 and 1.5 would be answered as version 1).
+function checkUint32(field: string, v: number | undefined): ConnectError | undefined {
+  if (v === undefined || (Number.isInteger(v) && v >= 0 && v <= 0xffffffff)) return undefined;
+  return new ConnectError(`${field}: expected an integer from 0 to 4294967295, got ${String(v)}`, Code.InvalidArgument);
 }
 
 function defaultNow(): () => number {
@@ -579,6 +590,7 @@ export class OffloadClient {
       fromBatch: (it) => outcomeOf(it.status, () => derive.fromSingle(it.response)),
       memo: () => deriveHook,
       clone: (r) => ({ ...r, sharedKey: copy(r.sharedKey) }),
+      validate: (q) => checkUint32("key_version", q.keyVersion) ?? checkUint32("output", q.output),
       own: deriveHook && ((q) => ({ ...q, peerPublicKey: copy(q.peerPublicKey) })),
     };
     const verify: Kind<VerifyRequest, VerifyResult> = {
@@ -624,6 +636,7 @@ export class OffloadClient {
       }),
       fromSingle: (r) => ({ ...r, plaintext: take(r.plaintext) }),
       fromBatch: (it) => outcomeOf(it.status, () => boxOpen.fromSingle(it.response)),
+      validate: (q) => checkUint32("key_version", q.keyVersion),
     };
     return { open, seal, rewrap, derive, verify, sign, boxSeal, boxOpen };
   }
@@ -648,6 +661,11 @@ export class OffloadClient {
     return new Promise<R>((resolve, reject) => {
       if (opts?.signal?.aborted) {
         reject(new ConnectError("the call was aborted", Code.Canceled));
+        return;
+      }
+      const invalid = kind.validate?.(q);
+      if (invalid) {
+        reject(invalid);
         return;
       }
       const p: Pending<Q, R> = {

@@ -587,6 +587,28 @@ describe("typed calls of every RPC", () => {
   });
 });
 
+describe("an invalid key version", () => {
+  it("is refused INVALID_ARGUMENT naming key_version, never answered from the memo", async () => {
+    const keyId = await newKey(admin, "versions", KeyType.X25519);
+    const { generateKeyPairSync } = await import("node:crypto");
+    const peer = Buffer.from(generateKeyPairSync("x25519").publicKey.export({ format: "jwk" }).x, "base64url");
+    const device = createOffloadClient({ baseUrl: server.http, memo: { derive: { maxAgeMs: 300_000 } } });
+    const v1 = await device.derive({ keyId, peerPublicKey: peer, keyVersion: 1 });
+    assert.equal((await device.derive({ keyId, peerPublicKey: peer, keyVersion: 1 })).local, true);
+    const before = await requestCounts(server);
+    for (const keyVersion of [2 ** 32 + 1, 1.5, -1, NaN]) {
+      await assert.rejects(device.derive({ keyId, peerPublicKey: peer, keyVersion }), (e) =>
+        e instanceof ConnectError && e.code === Code.InvalidArgument && /key_version/.test(e.message), `derive ${keyVersion}`);
+      await assert.rejects(device.boxOpen({ keyId, peerPublicKey: peer, nonce: new Uint8Array(24), ciphertext: new Uint8Array(32), keyVersion }), (e) =>
+        e.code === Code.InvalidArgument && /key_version/.test(e.message), `boxOpen ${keyVersion}`);
+    }
+    assert.equal(device.stats().memos.derive.hits, 1, "only the valid repeat was a hit");
+    assert.equal(device.stats().requests, 1);
+    await assertCountsSince(server, before, {}, "nothing sent");
+    assert.equal(v1.keyVersion, 1);
+  });
+});
+
 describe("a platform without WebCrypto (React Native)", () => {
   it("the memos use the crypto functions given in the options", async () => {
     const keyId = await newKey(admin, "rn");

@@ -156,6 +156,12 @@ describe("Digester", () => {
     assert.match(await a.digest("verify", env), /^[A-Za-z0-9_-]{43}$/);
   });
 
+  it("a number field is never wrapped: out of uint32 it is refused, not digested as another", async () => {
+    const a = Digester.create(nodeCrypto);
+    for (const f of [2 ** 32 + 1, 1.5, -1, NaN]) await assert.rejects(a.digest("derive", "k", f), RangeError, String(f));
+    assert.notEqual(await a.digest("derive", "k", 0xffffffff), await a.digest("derive", "k", 0));
+  });
+
   it("a provider of the wrong shape is refused", () => {
     assert.throws(() => Digester.create({ sha256: () => new Uint8Array(32), randomBytes: () => new Uint8Array(8) }), /32 bytes/);
   });
