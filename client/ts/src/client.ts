@@ -301,6 +301,36 @@ function batchKey(kind: Kind<any, any>, headers: HeadersInit | undefined): strin
   return JSON.stringify([kind.name, pairs]);
 }
 
+/**
+ * Zero-fills the secret bytes a result of the client's methods carries: `plaintext` (open,
+ * boxOpen) and `sharedKey` (derive). Other results (envelopes, signatures) have none.
+ */
+function wipeSecrets(result: unknown): void {
+  if (typeof result !== "object" || result === null) return;
+  for (const field of ["plaintext", "sharedKey"]) {
+    const b = (result as Record<string, unknown>)[field];
+    if (b instanceof Uint8Array) b.fill(0);
+  }
+}
+
+/**
+ * Gives a call its outcome, once: the first outcome resolves or rejects it; any later one (the
+ * answer that arrives after the caller's deadline passed or its signal aborted) is taken by
+ * nobody, so its secret bytes - the copy made for that caller alone - are zero-filled here.
+ * Internal: exported for the tests.
+ */
+export function settlePending<R>(p: Pending<any, R>, ok: boolean, value: unknown): void {
+  if (p.settled) {
+    if (ok) wipeSecrets(value);
+    return;
+  }
+  p.settled = true;
+  if (p.timer !== undefined) clearTimeout(p.timer);
+  if (p.onAbort) p.signal?.removeEventListener("abort", p.onAbort);
+  if (ok) p.resolve(value as R);
+  else p.reject(value);
+}
+
 // A uint32 field of the request: an integer from 0 to 2^32 - 1, or absent. Anything else is
 // refused INVALID_ARGUMENT naming the field; the memo's digest must never see it (it would
 // wrap: 2^32 + 1 and 1.5 would be answered as version 1).
@@ -707,15 +737,7 @@ export class OffloadClient {
   }
 
   private settle<R>(p: Pending<any, R>, ok: boolean, value: unknown): void {
-    if (p.settled) {
-      // A result that nobody takes any more: its secret bytes are the client's to wipe.
-      return;
-    }
-    p.settled = true;
-    if (p.timer !== undefined) clearTimeout(p.timer);
-    if (p.onAbort) p.signal?.removeEventListener("abort", p.onAbort);
-    if (ok) p.resolve(value as R);
-    else p.reject(value);
+    settlePending(p, ok, value);
   }
 
   // Memo lookups for the tick's calls of one kind, then one request for the misses.

@@ -11,6 +11,7 @@ import { anyPack } from "@bufbuild/protobuf/wkt";
 
 import { kEntryOverheadBytes, Memo } from "../dist/memo.js";
 import { Digester } from "../dist/digest.js";
+import { settlePending } from "../dist/client.js";
 import { Code, ConnectError, createOffloadClient, RetryInfoSchema, StatusSchema, serverRetryDelayMs } from "../dist/node.js";
 import { createFetchTransport, createNodeTransport, nodeCrypto } from "../dist/node.js";
 
@@ -141,6 +142,40 @@ describe("Memo", () => {
     m.clear();
     assert.ok(small.every((x) => x === 0));
     assert.equal(m.stats().bytes, 0);
+  });
+});
+
+describe("a result nobody takes", () => {
+  // A call as the client queues it: settled once by the first outcome (its answer, its deadline
+  // or its abort).
+  const call = () => {
+    const got = [];
+    return { got, p: { settled: false, resolve: (v) => got.push(["resolved", v]), reject: (e) => got.push(["rejected", e]) } };
+  };
+
+  it("an answer that arrives after the caller's deadline or abort is zero-filled; a taken one is not", () => {
+    const taken = call();
+    const mine = { plaintext: new Uint8Array(16).fill(1), keyVersion: 1, memoHit: false, local: false };
+    settlePending(taken.p, true, mine);
+    assert.deepEqual(taken.got, [["resolved", mine]]);
+    assert.ok(mine.plaintext.every((x) => x === 1), "the caller's to wipe");
+
+    for (const late of [
+      { plaintext: new Uint8Array(16).fill(2), keyVersion: 1, memoHit: false, local: false }, // open, boxOpen
+      { sharedKey: new Uint8Array(32).fill(3), keyVersion: 1, memoHit: false, local: false }, // derive
+    ]) {
+      const gone = call();
+      settlePending(gone.p, false, new ConnectError("the call was aborted", Code.Canceled));
+      settlePending(gone.p, true, late);
+      assert.equal(gone.got.length, 1);
+      assert.equal(gone.got[0][1].code, Code.Canceled);
+      assert.ok(Object.values(late).filter((v) => v instanceof Uint8Array).every((b) => b.every((x) => x === 0)), "wiped");
+    }
+    const sealed = { envelope: new Uint8Array(40).fill(4), keyVersion: 1 }; // no secret in it
+    const gone = call();
+    settlePending(gone.p, false, new ConnectError("the call's deadline passed", Code.DeadlineExceeded));
+    settlePending(gone.p, true, sealed);
+    assert.ok(sealed.envelope.every((x) => x === 4));
   });
 });
 
