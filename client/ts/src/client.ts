@@ -108,6 +108,12 @@ export interface OffloadClientOptions {
   crypto?: CryptoProvider;
   /** Milliseconds of a monotonic clock (default performance.now, else Date.now): memo ages, deadlines. */
   now?: () => number;
+  /**
+   * Milliseconds of the wall clock (default Date.now): memo ages too, since a monotonic clock may
+   * stop while the device sleeps. An entry is too old when either clock says so, or when the wall
+   * clock went back past the time it was kept.
+   */
+  wallNow?: () => number;
   /** Uniform in [0, 1) for the backoff jitter (default Math.random). */
   random?: () => number;
 }
@@ -231,6 +237,9 @@ interface Kind<Q, R> {
   own?: (q: Q) => Q;
   // Wipes the secret bytes of an owned request once it is done with (Seal's plaintext copy).
   release?: (q: Q) => void;
+  // A refusal of the request before anything (the memo included) sees it, as the server would
+  // refuse it, or undefined.
+  validate?: (q: Q) => ConnectError | undefined;
 }
 
 interface MemoHook<Q, R, V> {
@@ -270,6 +279,66 @@ function copy(b: Uint8Array): Uint8Array {
   return new Uint8Array(b);
 }
 
+// A secret of an answer (a plaintext, a shared key) as the caller's own: a copy with memory of
+// its own, and the answer's bytes zero-filled. Decoded from binary protobuf, the secrets of a
+// batch answer are views into one response buffer: handed out as they are, every caller of the
+// batch would hold every other caller's plaintext.
+function take(b: Uint8Array): Uint8Array {
+  const mine = copy(b);
+  b.fill(0);
+  return mine;
+}
+
+// The queue of a call: its kind and its per-call headers, canonical (names lower-cased and
+// sorted, repeated ones joined, as `Headers` iterates them). Calls with different headers are
+// never batched together, nor asked once as equal inputs: the batch would go out with one
+// caller's headers (its token, its identity) for all of them. The deadline is not part of it:
+// a batch runs to the latest of its callers' deadlines, and each caller's own ends its own call.
+function batchKey(kind: Kind<any, any>, headers: HeadersInit | undefined): string {
+  const pairs: [string, string][] = [];
+  if (headers !== undefined) new Headers(headers).forEach((v, k) => pairs.push([k, v]));
+  pairs.sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0));
+  return JSON.stringify([kind.name, pairs]);
+}
+
+/**
+ * Zero-fills the secret bytes a result of the client's methods carries: `plaintext` (open,
+ * boxOpen) and `sharedKey` (derive). Other results (envelopes, signatures) have none.
+ */
+function wipeSecrets(result: unknown): void {
+  if (typeof result !== "object" || result === null) return;
+  for (const field of ["plaintext", "sharedKey"]) {
+    const b = (result as Record<string, unknown>)[field];
+    if (b instanceof Uint8Array) b.fill(0);
+  }
+}
+
+/**
+ * Gives a call its outcome, once: the first outcome resolves or rejects it; any later one (the
+ * answer that arrives after the caller's deadline passed or its signal aborted) is taken by
+ * nobody, so its secret bytes - the copy made for that caller alone - are zero-filled here.
+ * Internal: exported for the tests.
+ */
+export function settlePending<R>(p: Pending<any, R>, ok: boolean, value: unknown): void {
+  if (p.settled) {
+    if (ok) wipeSecrets(value);
+    return;
+  }
+  p.settled = true;
+  if (p.timer !== undefined) clearTimeout(p.timer);
+  if (p.onAbort) p.signal?.removeEventListener("abort", p.onAbort);
+  if (ok) p.resolve(value as R);
+  else p.reject(value);
+}
+
+// A uint32 field of the request: an integer from 0 to 2^32 - 1, or absent. Anything else is
+// refused INVALID_ARGUMENT naming the field; the memo's digest must never see it (it would
+// wrap: 2^32 + 1 and 1.5 would be answered as version 1).
+function checkUint32(field: string, v: number | undefined): ConnectError | undefined {
+  if (v === undefined || (Number.isInteger(v) && v >= 0 && v <= 0xffffffff)) return undefined;
+  return new ConnectError(`${field}: expected an integer from 0 to 4294967295, got ${String(v)}`, Code.InvalidArgument);
+}
+
 function defaultNow(): () => number {
   const p = (globalThis as { performance?: { now(): number } }).performance;
   return p && typeof p.now === "function" ? () => p.now() : () => Date.now();
@@ -292,6 +361,7 @@ export class OffloadClient {
   private readonly batchWindowMs: number | undefined; // undefined: no batching
   private readonly maxItems: number;
   private readonly now: () => number;
+  private readonly wallNow: () => number;
   private readonly random: () => number;
   private readonly tokenProvider?: TokenProvider;
   private tokenPromise?: Promise<string>;
@@ -302,7 +372,8 @@ export class OffloadClient {
   private readonly openMemo?: Memo<{ plaintext: Uint8Array; keyVersion: number }>;
   private readonly deriveMemo?: Memo<{ sharedKey: Uint8Array; keyVersion: number }>;
   private readonly verifyMemo?: Memo<true>;
-  private readonly queues = new Map<Kind<any, any>, Pending<any, any>[]>();
+  // The tick's calls waiting to be batched, per kind and per set of per-call headers (batchKey).
+  private readonly queues = new Map<string, Pending<any, any>[]>();
   private readonly counters = { requests: 0, batches: 0, batchedItems: 0, retries: 0, retriesAfterServerDelay: 0, tokenRefreshes: 0 };
   private readonly kinds;
 
@@ -331,6 +402,7 @@ export class OffloadClient {
     this.batchWindowMs = b === false ? undefined : b === true ? 0 : b.windowMs ?? 0;
     this.maxItems = (typeof b === "object" && b.maxItems) || kMaxBatchItems;
     this.now = options.now ?? defaultNow();
+    this.wallNow = options.wallNow ?? (() => Date.now());
     this.random = options.random ?? Math.random;
     this.tokenProvider = options.tokenProvider;
     this.cryptoProvider = options.crypto;
@@ -343,6 +415,7 @@ export class OffloadClient {
         maxBytes: m.open.maxBytes ?? 8 * kMiB,
         maxAgeMs: m.open.maxAgeMs,
         now: this.now,
+        wallNow: this.wallNow,
         size: (v) => v.plaintext.length + kByteArrayOverheadBytes,
         wipe: wipeBytes("plaintext"),
       });
@@ -353,6 +426,7 @@ export class OffloadClient {
         maxBytes: m.derive.maxBytes ?? kMiB,
         maxAgeMs: m.derive.maxAgeMs,
         now: this.now,
+        wallNow: this.wallNow,
         size: (v) => v.sharedKey.length + kByteArrayOverheadBytes,
         wipe: wipeBytes("sharedKey"),
       });
@@ -361,6 +435,7 @@ export class OffloadClient {
       this.verifyMemo = new Memo<true>({
         maxBytes: m.verify?.maxBytes ?? kMiB,
         now: this.now,
+        wallNow: this.wallNow,
         size: () => 1,
         wipe: () => {},
       });
@@ -491,7 +566,7 @@ export class OffloadClient {
       batch: aead.batchOpen,
       keyId: (q) => q.keyId,
       toItem: (q) => ({ keyId: q.keyId, envelope: q.envelope, associatedData: q.associatedData }),
-      fromSingle: (r) => ({ plaintext: r.plaintext, keyVersion: r.keyVersion, memoHit: r.memoHit, local: false }),
+      fromSingle: (r) => ({ plaintext: take(r.plaintext), keyVersion: r.keyVersion, memoHit: r.memoHit, local: false }),
       fromBatch: (it) => outcomeOf(it.status, () => open.fromSingle(it.response)),
       memo: () => openHook,
       clone: (r) => ({ ...r, plaintext: copy(r.plaintext) }),
@@ -541,10 +616,11 @@ export class OffloadClient {
         peerPublicKey: q.peerPublicKey,
         output: q.output ?? DeriveOutput.RAW,
       }),
-      fromSingle: (r) => ({ sharedKey: r.sharedKey, keyVersion: r.keyVersion, memoHit: r.memoHit, local: false }),
+      fromSingle: (r) => ({ sharedKey: take(r.sharedKey), keyVersion: r.keyVersion, memoHit: r.memoHit, local: false }),
       fromBatch: (it) => outcomeOf(it.status, () => derive.fromSingle(it.response)),
       memo: () => deriveHook,
       clone: (r) => ({ ...r, sharedKey: copy(r.sharedKey) }),
+      validate: (q) => checkUint32("key_version", q.keyVersion) ?? checkUint32("output", q.output),
       own: deriveHook && ((q) => ({ ...q, peerPublicKey: copy(q.peerPublicKey) })),
     };
     const verify: Kind<VerifyRequest, VerifyResult> = {
@@ -588,8 +664,9 @@ export class OffloadClient {
         nonce: q.nonce,
         ciphertext: q.ciphertext,
       }),
-      fromSingle: (r) => r,
-      fromBatch: (it) => outcomeOf(it.status, () => it.response),
+      fromSingle: (r) => ({ ...r, plaintext: take(r.plaintext) }),
+      fromBatch: (it) => outcomeOf(it.status, () => boxOpen.fromSingle(it.response)),
+      validate: (q) => checkUint32("key_version", q.keyVersion),
     };
     return { open, seal, rewrap, derive, verify, sign, boxSeal, boxOpen };
   }
@@ -616,6 +693,11 @@ export class OffloadClient {
         reject(new ConnectError("the call was aborted", Code.Canceled));
         return;
       }
+      const invalid = kind.validate?.(q);
+      if (invalid) {
+        reject(invalid);
+        return;
+      }
       const p: Pending<Q, R> = {
         q: kind.own ? kind.own(q) : q,
         resolve,
@@ -638,12 +720,15 @@ export class OffloadClient {
         void this.process(kind, [p]);
         return;
       }
-      let queue = this.queues.get(kind);
+      // Only calls that would travel the same way share a batch: a Batch* call carries one set of
+      // headers, so a caller's own `authorization` (its identity) never speaks for another's.
+      const key = batchKey(kind, opts?.headers);
+      let queue = this.queues.get(key);
       if (!queue) {
-        this.queues.set(kind, (queue = []));
+        this.queues.set(key, (queue = []));
         setTimeout(() => {
-          const items = this.queues.get(kind) ?? [];
-          this.queues.delete(kind);
+          const items = this.queues.get(key) ?? [];
+          this.queues.delete(key);
           void this.process(kind, items);
         }, this.batchWindowMs);
       }
@@ -652,15 +737,7 @@ export class OffloadClient {
   }
 
   private settle<R>(p: Pending<any, R>, ok: boolean, value: unknown): void {
-    if (p.settled) {
-      // A result that nobody takes any more: its secret bytes are the client's to wipe.
-      return;
-    }
-    p.settled = true;
-    if (p.timer !== undefined) clearTimeout(p.timer);
-    if (p.onAbort) p.signal?.removeEventListener("abort", p.onAbort);
-    if (ok) p.resolve(value as R);
-    else p.reject(value);
+    settlePending(p, ok, value);
   }
 
   // Memo lookups for the tick's calls of one kind, then one request for the misses.
@@ -754,7 +831,7 @@ export class OffloadClient {
     };
     const deadline = Math.max(...chunk.map((m) => Math.max(m.p.deadline, ...m.twins.map((t) => t.deadline))));
     const keys = new Set(chunk.map((m) => kind.keyId(m.p.q)).filter((k): k is string => k !== undefined));
-    const headers = new Headers(chunk[0].p.headers);
+    const headers = new Headers(chunk[0].p.headers); // every caller of a chunk gave the same (batchKey)
     if (keys.size === 1) headers.set("x-offload-key", [...keys][0]);
     if (chunk.length === 1) {
       const only = chunk[0];
@@ -958,10 +1035,33 @@ export interface FetchTransportOptions {
   fetch?: typeof globalThis.fetch;
 }
 
-/** A connect-es transport on fetch: browsers, React Native, Node 18+ (HTTP/1.1). */
+/**
+ * A connect-es transport on fetch: browsers, React Native, Node 18+ (HTTP/1.1). A fetch that
+ * fails before any response (server unreachable or restarting, connection refused or reset) is
+ * reported as UNAVAILABLE, as the Node transports report it, so that the client retries it.
+ */
 export function createFetchTransport(o: FetchTransportOptions): Transport {
-  const common = { baseUrl: o.baseUrl, useBinaryFormat: o.binary ?? true, fetch: o.fetch };
+  const common = { baseUrl: o.baseUrl, useBinaryFormat: o.binary ?? true, fetch: unavailableWhenUnreached(o.fetch) };
   return o.protocol === "grpc-web" ? createGrpcWebTransport(common) : createConnectTransport(common);
+}
+
+// `f` (default: globalThis.fetch, looked up at each call as connect-web does), with a rejection
+// before any response turned into ConnectError UNAVAILABLE (the TypeError as its cause).
+// connect-web would report it as UNKNOWN "fetch failed", which nothing retries, where the
+// server never answered at all. Fetch rejects a network failure with a TypeError (Node's
+// undici, browsers, React Native); an abort or a deadline (the signal) stays what it is, and
+// an answer of the server, UNKNOWN included, never comes through here.
+function unavailableWhenUnreached(f: typeof globalThis.fetch | undefined): typeof globalThis.fetch {
+  return async (input, init) => {
+    try {
+      return await (f ?? globalThis.fetch)(input, init);
+    } catch (e) {
+      if (e instanceof TypeError && !init?.signal?.aborted) {
+        throw new ConnectError(`the server was not reached: ${e.message}`, Code.Unavailable, undefined, undefined, e);
+      }
+      throw e;
+    }
+  };
 }
 
 /** A client with `options`. */

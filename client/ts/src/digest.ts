@@ -70,8 +70,12 @@ export class Digester {
     const parts: Uint8Array[] = [this.salt, encoder.encode(tag)];
     for (const f of fields) {
       if (typeof f === "number") {
+        // Never wrapped (f >>> 0): two different numbers must never share a digest.
+        if (!(Number.isInteger(f) && f >= 0 && f <= 0xffffffff)) {
+          throw new RangeError(`crypto-offload client: digest field: expected an integer from 0 to 4294967295, got ${f}`);
+        }
         const b = new Uint8Array(4);
-        new DataView(b.buffer).setUint32(0, f >>> 0, false);
+        new DataView(b.buffer).setUint32(0, f, false);
         parts.push(b);
       } else {
         parts.push(typeof f === "string" ? encoder.encode(f) : f);

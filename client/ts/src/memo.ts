@@ -6,8 +6,11 @@
 //   than the whole budget is not kept.
 // - `maxAgeMs` (when set): an entry that old or older (from its insert; hits do not renew it) is
 //   never used: every lookup and insert first wipes and drops the entries past it (the oldest
-//   inserts first), counted as expired. A clock that went back makes every entry stamped in its
-//   future expired too.
+//   inserts first), counted as expired. Its age is read on two clocks, and the older reading
+//   wins: the monotonic `now` (performance.now, which stops while a device sleeps in Node and
+//   in many browsers, so a phone resumed after an hour would still find its entries young) and
+//   the wall clock `wallNow` (Date.now, which counts the sleep, but may be set back). A clock
+//   that went back past an entry's stamp makes it expired too: its age is then unknown.
 // - `dropKey(keyId)` removes every entry of that key at once (a refusal about the key), and
 //   bumps the key's generation, so that an answer already on its way for that key is not kept;
 //   `clear()` does the same for every key.
@@ -51,18 +54,27 @@ export const kEntryOverheadBytes = 256;
  */
 export const kByteArrayOverheadBytes = 272;
 
+interface Clocks {
+  mono: number;
+  wall: number;
+}
+
 interface Entry<V> {
   keyId: string;
   value: V;
   bytes: number;
-  createdMs: number;
+  createdMs: number; // on `now`
+  createdWallMs: number; // on `wallNow`
 }
 
 export interface MemoOptions<V> {
   maxBytes: number;
   /** Entries older than this are never used; undefined: no age limit (verify results). */
   maxAgeMs?: number;
+  /** Milliseconds of a monotonic clock (performance.now). */
   now: () => number;
+  /** Milliseconds of the wall clock, which counts a device's sleep (default Date.now). */
+  wallNow?: () => number;
   /** Bytes charged for a value (plus kEntryOverheadBytes and the key id). */
   size: (v: V) => number;
   /** Zero-fills a value's secret bytes. */
@@ -98,7 +110,7 @@ export class Memo<V> {
    * `sent` / `received` to the bytes the memo saved.
    */
   get(digest: string, sent: number, received: (v: V) => number): V | undefined {
-    const now = this.options.now();
+    const now = this.clocks();
     this.sweep(now);
     const e = this.entries.get(digest);
     if (e === undefined) {
@@ -136,11 +148,11 @@ export class Memo<V> {
       this.options.wipe(value);
       return;
     }
-    const now = this.options.now();
+    const now = this.clocks();
     this.sweep(now);
     const old = this.entries.get(digest);
     if (old !== undefined) this.remove(digest, old);
-    const entry = { keyId, value, bytes, createdMs: now };
+    const entry = { keyId, value, bytes, createdMs: now.mono, createdWallMs: now.wall };
     this.entries.set(digest, entry);
     this.byAge.set(digest, entry);
     let set = this.byKey.get(keyId);
@@ -192,9 +204,13 @@ export class Memo<V> {
     };
   }
 
+  private clocks(): Clocks {
+    return { mono: this.options.now(), wall: (this.options.wallNow ?? Date.now)() };
+  }
+
   // Wipes and drops the entries past the maximum age at `now`, or stamped after it (a clock
   // that went back), oldest inserts first.
-  private sweep(now: number): void {
+  private sweep(now: Clocks): void {
     if (this.options.maxAgeMs === undefined) return;
     for (const [digest, e] of this.byAge) {
       if (!this.expired(e, now)) break;
@@ -203,9 +219,13 @@ export class Memo<V> {
     }
   }
 
-  private expired(e: Entry<V>, now: number): boolean {
+  // Past the maximum age on either clock, or on one that went back past the entry's stamp.
+  private expired(e: Entry<V>, now: Clocks): boolean {
     const maxAge = this.options.maxAgeMs;
-    return maxAge !== undefined && (now - e.createdMs >= maxAge || now < e.createdMs);
+    if (maxAge === undefined) return false;
+    const monoAge = now.mono - e.createdMs;
+    const wallAge = now.wall - e.createdWallMs;
+    return !(monoAge >= 0 && monoAge < maxAge && wallAge >= 0 && wallAge < maxAge);
   }
 
   private remove(digest: string, e: Entry<V>): void {

@@ -3,6 +3,7 @@
 //   OFFLOAD_SERVER  the offload_server binary (default ../../../build/bin/offload_server)
 import { after, before, describe, it } from "node:test";
 import assert from "node:assert/strict";
+import { connect, createServer as createNetServer } from "node:net";
 
 import { Code, ConnectError, createOffloadClient, KeyType, kMiB } from "../dist/node.js";
 import { createFetchTransport, createNodeTransport, nodeCrypto } from "../dist/node.js";
@@ -384,6 +385,23 @@ describe("a disabled key", () => {
     assert.equal(s.expired, 3);
     assert.equal(s.entries, 0);
   });
+
+  it("a phone that slept: the monotonic clock stood still, the wall clock did not", async () => {
+    const keyId = await newKey(admin, "slept");
+    const blobs = await makeBlobs(admin, keyId, 2, 12);
+    const monotonic = manualClock(); // performance.now does not count the sleep
+    const wall = manualClock(1_700_000_000_000);
+    const phone = createOffloadClient({ baseUrl: server.http, now: monotonic.now, wallNow: wall.now, memo: { open: { maxAgeMs: 30_000 } } });
+    await Promise.all(blobs.map((b) => phone.open(b)));
+    await admin.services.keys.disableKey({ keyId });
+    wall.advance(29_000);
+    assert.equal((await phone.open(blobs[0])).local, true, "within the maximum age on both clocks");
+    wall.advance(2_000); // 31 s of sleep: never used again
+    const before = await requestCounts(server);
+    await assert.rejects(phone.open(blobs[0]), (e) => e.code === Code.FailedPrecondition);
+    await assertCountsSince(server, before, { "AeadService/Open FAILED_PRECONDITION": 1 }, "after the sleep");
+    assert.equal(phone.stats().memos.open.expired, 2);
+  });
 });
 
 describe("auto-batching", () => {
@@ -410,6 +428,35 @@ describe("auto-batching", () => {
     assert.deepEqual([phone.stats().requests, phone.stats().batches, phone.stats().batchedItems], [1, 1, 27]);
   });
 
+  it("each caller of a batch gets copies of its own (binary and JSON); the answer's secrets are zero-filled", async () => {
+    const keyId = await newKey(admin, "copies");
+    const blobs = await makeBlobs(admin, keyId, 2, 13);
+    const dh = await newKey(admin, "copies-dh", KeyType.X25519);
+    const { generateKeyPairSync } = await import("node:crypto");
+    const peers = [1, 2].map(() => Buffer.from(generateKeyPairSync("x25519").publicKey.export({ format: "jwk" }).x, "base64url"));
+    const own = (b) => b.byteOffset === 0 && b.buffer.byteLength === b.length;
+    for (const binary of [true, false]) {
+      const answers = []; // what the transport decoded, as the client got it
+      const fetchTransport = createFetchTransport({ baseUrl: server.http, binary });
+      const transport = { ...fetchTransport, unary: async (...a) => { const res = await fetchTransport.unary(...a); answers.push(res.message); return res; } };
+      const phone = createOffloadClient({ transport, memo: { verify: false } });
+      const [r1, r2] = await Promise.all(blobs.map((b) => phone.open(b)));
+      const [d1, d2] = await Promise.all(peers.map((peerPublicKey) => phone.derive({ keyId: dh, peerPublicKey })));
+      assert.equal(phone.stats().batches, 2, "one BatchOpen, one BatchDerive");
+      assert.ok(equalBytes(r1.plaintext, blobs[0].plaintext) && equalBytes(r2.plaintext, blobs[1].plaintext));
+      assert.ok(own(r1.plaintext) && own(r2.plaintext) && own(d1.sharedKey) && own(d2.sharedKey), "a buffer of its own each");
+      assert.ok(!Buffer.from(r2.plaintext.buffer).includes(Buffer.from(blobs[0].plaintext).subarray(0, 32)), "no byte of the other's plaintext");
+      const d2Key = Buffer.from(d2.sharedKey);
+      r1.plaintext.fill(0);
+      d1.sharedKey.fill(0);
+      assert.ok(equalBytes(r2.plaintext, blobs[1].plaintext) && equalBytes(d2.sharedKey, d2Key), "the other caller's copy is intact");
+      for (const [answer, field] of [[answers[0], "plaintext"], [answers[1], "sharedKey"]]) {
+        assert.equal(answer.results.length, 2);
+        for (const it of answer.results) assert.ok(it.response[field].length > 0 && it.response[field].every((x) => x === 0), `${field} of the answer zero-filled`);
+      }
+    }
+  });
+
   it("chunks at maxItems, and batches each kind apart", async () => {
     const keyId = await newKey(admin, "chunks");
     const blobs = await makeBlobs(admin, keyId, 25, 9);
@@ -429,7 +476,11 @@ describe("tokens", () => {
   let authServer;
   let issuer;
   before(async () => {
-    issuer = tokenIssuer();
+    // bob may use keys named bob-* only: a call of his on another key is refused.
+    issuer = tokenIssuer("ts-client", {
+      admins: ["ts-client"],
+      grants: [{ client: "ts-client", keys: ["*"], operations: ["*"] }, { client: "bob", keys: ["bob-*"], operations: ["aead.*"] }],
+    });
     authServer = await startServer(issuer.flags);
   });
   after(async () => {
@@ -456,6 +507,30 @@ describe("tokens", () => {
     await phone.seal({ keyId, plaintext: Buffer.from("x") });
     assert.deepEqual(asked, [false, true]);
     assert.equal(phone.stats().tokenRefreshes, 1);
+  });
+
+  it("per-call tokens: calls are batched only with calls of the same headers, each under its own identity", async () => {
+    const setup = createOffloadClient({ baseUrl: authServer.http, tokenProvider: () => issuer.token() });
+    const keyId = await newKey(setup, "not-bobs");
+    const { envelope } = await setup.seal({ keyId, plaintext: Buffer.from("for the granted only") });
+    const phone = createOffloadClient({ transport: transports["Connect over fetch"](authServer), memo: { open: { maxAgeMs: 60_000 } } });
+    const alice = { headers: { authorization: `Bearer ${issuer.token()}` } };
+    const bob = { headers: new Headers({ Authorization: `Bearer ${issuer.token({ sub: "bob" })}` }) };
+    const outcome = (x) => (x.status === "fulfilled" ? "ok" : Code[x.reason.code]);
+    let before = await requestCounts(authServer);
+    const sealed = await Promise.allSettled([
+      phone.seal({ keyId, plaintext: Buffer.from("a1") }, alice),
+      phone.seal({ keyId, plaintext: Buffer.from("b1") }, bob),
+      phone.seal({ keyId, plaintext: Buffer.from("a2") }, { headers: { Authorization: alice.headers.authorization } }),
+      phone.seal({ keyId, plaintext: Buffer.from("b2") }, bob),
+    ]);
+    assert.deepEqual(sealed.map(outcome), ["ok", "PermissionDenied", "ok", "PermissionDenied"]);
+    await assertCountsSince(authServer, before, { "AeadService/BatchSeal OK": 1, "AeadService/BatchSeal PERMISSION_DENIED": 1 }, "one batch per identity");
+    // The same envelope opened by both in one tick: not asked once for the two of them.
+    before = await requestCounts(authServer);
+    const opened = await Promise.allSettled([phone.open({ keyId, envelope }, alice), phone.open({ keyId, envelope }, bob)]);
+    assert.deepEqual(opened.map(outcome), ["ok", "PermissionDenied"]);
+    await assertCountsSince(authServer, before, { "AeadService/Open OK": 1, "AeadService/Open PERMISSION_DENIED": 1 }, "one open per identity");
   });
 
   it("a refused fresh token is not asked for again: the call fails UNAUTHENTICATED", async () => {
@@ -512,6 +587,28 @@ describe("typed calls of every RPC", () => {
   });
 });
 
+describe("an invalid key version", () => {
+  it("is refused INVALID_ARGUMENT naming key_version, never answered from the memo", async () => {
+    const keyId = await newKey(admin, "versions", KeyType.X25519);
+    const { generateKeyPairSync } = await import("node:crypto");
+    const peer = Buffer.from(generateKeyPairSync("x25519").publicKey.export({ format: "jwk" }).x, "base64url");
+    const device = createOffloadClient({ baseUrl: server.http, memo: { derive: { maxAgeMs: 300_000 } } });
+    const v1 = await device.derive({ keyId, peerPublicKey: peer, keyVersion: 1 });
+    assert.equal((await device.derive({ keyId, peerPublicKey: peer, keyVersion: 1 })).local, true);
+    const before = await requestCounts(server);
+    for (const keyVersion of [2 ** 32 + 1, 1.5, -1, NaN]) {
+      await assert.rejects(device.derive({ keyId, peerPublicKey: peer, keyVersion }), (e) =>
+        e instanceof ConnectError && e.code === Code.InvalidArgument && /key_version/.test(e.message), `derive ${keyVersion}`);
+      await assert.rejects(device.boxOpen({ keyId, peerPublicKey: peer, nonce: new Uint8Array(24), ciphertext: new Uint8Array(32), keyVersion }), (e) =>
+        e.code === Code.InvalidArgument && /key_version/.test(e.message), `boxOpen ${keyVersion}`);
+    }
+    assert.equal(device.stats().memos.derive.hits, 1, "only the valid repeat was a hit");
+    assert.equal(device.stats().requests, 1);
+    await assertCountsSince(server, before, {}, "nothing sent");
+    assert.equal(v1.keyVersion, 1);
+  });
+});
+
 describe("a platform without WebCrypto (React Native)", () => {
   it("the memos use the crypto functions given in the options", async () => {
     const keyId = await newKey(admin, "rn");
@@ -526,6 +623,54 @@ describe("a platform without WebCrypto (React Native)", () => {
     const again = await Promise.all(blobs.map((b) => phone.open(b)));
     assert.ok(again.every((o) => o.local));
     assert.deepEqual(used, { sha256: 6, randomBytes: 1 }, "one digest per lookup, one salt per client");
+  });
+});
+
+describe("a server that is not listening yet (restarting)", () => {
+  it("fetch: the refused connection is UNAVAILABLE and retried; once it listens, the call succeeds", async () => {
+    // Its address: a loopback port that forwards to the server once the first attempt failed.
+    const sockets = new Set();
+    const forwarder = createNetServer((c) => {
+      const up = connect(server.httpPort, "127.0.0.1");
+      sockets.add(c).add(up);
+      c.pipe(up).pipe(c);
+      c.on("error", () => up.destroy());
+      up.on("error", () => c.destroy());
+    });
+    const port = await new Promise((res) => {
+      const s = createNetServer().listen(0, "127.0.0.1", () => {
+        const p = s.address().port;
+        s.close(() => res(p));
+      });
+    });
+    const attempts = [];
+    const phone = createOffloadClient({
+      baseUrl: `http://127.0.0.1:${port}`,
+      fetch: async (input, init) => {
+        try {
+          const res = await fetch(input, init);
+          attempts.push("answered");
+          return res;
+        } catch (e) {
+          attempts.push("refused");
+          await new Promise((r) => forwarder.listen(port, "127.0.0.1", r)); // the server is back
+          throw e;
+        }
+      },
+      retry: { maxAttempts: 3, initialBackoffMs: 10 },
+      memo: { verify: false },
+    });
+    try {
+      const keyId = await newKey(admin, "restart");
+      const before = await requestCounts(server);
+      const { envelope } = await phone.seal({ keyId, plaintext: Buffer.from("after the restart") });
+      assert.ok(envelope.length > 0);
+      assert.deepEqual(attempts, ["refused", "answered"]);
+      assert.deepEqual([phone.stats().requests, phone.stats().retries], [2, 1]);
+      await assertCountsSince(server, before, { "AeadService/Seal OK": 1 }, "one seal reached the server");
+    } finally {
+      await new Promise((r) => { forwarder.close(() => r()); for (const c of sockets) c.destroy(); });
+    }
   });
 });
 

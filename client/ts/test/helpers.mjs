@@ -81,24 +81,25 @@ export async function makeBlobs(admin, keyId, n, seed = 0) {
   return blobs;
 }
 
-// An issuer for --jwks_file: `token({ expired })` is an EdDSA JWT for `sub`.
-export function tokenIssuer(sub = "ts-client") {
+// An issuer for --jwks_file: `token({ expired, sub })` is an EdDSA JWT for `sub` (by default
+// the issuer's). `policy`: the --policy_file's grants (default: `sub` is an admin granted all).
+export function tokenIssuer(sub = "ts-client", policy = { admins: [sub], grants: [{ client: sub, keys: ["*"], operations: ["*"] }] }) {
   const dir = mkdtempSync(join(tmpdir(), "offload-ts-tokens-"));
   const { publicKey, privateKey } = generateKeyPairSync("ed25519");
   const jwks = join(dir, "jwks.json");
   writeFileSync(jwks, JSON.stringify({ keys: [{ ...publicKey.export({ format: "jwk" }), kid: "ts-1" }] }));
-  const policy = join(dir, "policy.json");
-  writeFileSync(policy, JSON.stringify({ admins: [sub], grants: [{ client: sub, keys: ["*"], operations: ["*"] }] }));
+  const policyFile = join(dir, "policy.json");
+  writeFileSync(policyFile, JSON.stringify(policy));
   const issuer = "https://id.ts-client.test";
   const audience = "crypto-offload";
   const b64 = (x) => Buffer.from(x).toString("base64url");
   return {
-    flags: [`--jwks_file=${jwks}`, `--token_issuer=${issuer}`, `--token_audience=${audience}`, `--policy_file=${policy}`, "--require_identity"],
-    token({ expired = false } = {}) {
+    flags: [`--jwks_file=${jwks}`, `--token_issuer=${issuer}`, `--token_audience=${audience}`, `--policy_file=${policyFile}`, "--require_identity"],
+    token({ expired = false, sub: subject = sub } = {}) {
       const now = Math.floor(Date.now() / 1000);
       const exp = expired ? now - 3600 : now + 600;
       const input = `${b64(JSON.stringify({ alg: "EdDSA", typ: "JWT", kid: "ts-1" }))}.` +
-        b64(JSON.stringify({ iss: issuer, aud: audience, sub, exp, iat: exp - 600, nonce: randomBytes(4).toString("hex") }));
+        b64(JSON.stringify({ iss: issuer, aud: audience, sub: subject, exp, iat: exp - 600, nonce: randomBytes(4).toString("hex") }));
       return `${input}.${b64(sign(null, Buffer.from(input), privateKey))}`;
     },
     cleanup: () => rmSync(dir, { recursive: true, force: true }),

@@ -11,11 +11,12 @@ import { anyPack } from "@bufbuild/protobuf/wkt";
 
 import { kEntryOverheadBytes, Memo } from "../dist/memo.js";
 import { Digester } from "../dist/digest.js";
+import { settlePending } from "../dist/client.js";
 import { Code, ConnectError, createOffloadClient, RetryInfoSchema, StatusSchema, serverRetryDelayMs } from "../dist/node.js";
 import { createFetchTransport, createNodeTransport, nodeCrypto } from "../dist/node.js";
 
-function bytesMemo(maxBytes, { maxAgeMs, now = () => 0 } = {}) {
-  return new Memo({ maxBytes, maxAgeMs, now, size: (v) => v.length, wipe: (v) => v.fill(0) });
+function bytesMemo(maxBytes, { maxAgeMs, now = () => 0, wallNow } = {}) {
+  return new Memo({ maxBytes, maxAgeMs, now, wallNow, size: (v) => v.length, wipe: (v) => v.fill(0) });
 }
 const overhead = kEntryOverheadBytes + 1; // and a one-letter key id
 
@@ -75,6 +76,30 @@ describe("Memo", () => {
     assert.ok(v.every((x) => x === 0));
   });
 
+  it("both clocks: a sleep the monotonic clock missed, or a wall clock set back, expires the entry", () => {
+    let mono = 0;
+    let wall = 1_700_000_000_000;
+    const m = bytesMemo(10_000, { maxAgeMs: 1000, now: () => mono, wallNow: () => wall });
+    const slept = new Uint8Array(10).fill(7);
+    m.put("slept", "k", slept, 0);
+    wall += 999;
+    assert.equal(m.get("slept", 0, () => 0), slept, "younger than the maximum age on both clocks");
+    wall += 1; // the device slept: performance.now stood still, Date.now did not
+    assert.equal(m.get("slept", 0, () => 0), undefined);
+    assert.ok(slept.every((x) => x === 0));
+    const setBack = new Uint8Array(10).fill(8);
+    m.put("setBack", "k", setBack, 0);
+    mono += 10;
+    wall -= 1; // set back past the time it was kept: its age is unknown
+    assert.equal(m.get("setBack", 0, () => 0), undefined);
+    assert.ok(setBack.every((x) => x === 0));
+    const young = new Uint8Array(10).fill(9);
+    m.put("young", "k", young, 0);
+    mono += 1000; // the monotonic clock alone says it is too old
+    assert.equal(m.get("young", 0, () => 0), undefined);
+    assert.deepEqual([m.stats().hits, m.stats().expired, m.stats().entries], [1, 3, 0]);
+  });
+
   it("clear() also keeps out an answer under way for a key never dropped", () => {
     const m = bytesMemo(10_000);
     const generation = m.generation("k"); // read before a request is sent
@@ -120,6 +145,40 @@ describe("Memo", () => {
   });
 });
 
+describe("a result nobody takes", () => {
+  // A call as the client queues it: settled once by the first outcome (its answer, its deadline
+  // or its abort).
+  const call = () => {
+    const got = [];
+    return { got, p: { settled: false, resolve: (v) => got.push(["resolved", v]), reject: (e) => got.push(["rejected", e]) } };
+  };
+
+  it("an answer that arrives after the caller's deadline or abort is zero-filled; a taken one is not", () => {
+    const taken = call();
+    const mine = { plaintext: new Uint8Array(16).fill(1), keyVersion: 1, memoHit: false, local: false };
+    settlePending(taken.p, true, mine);
+    assert.deepEqual(taken.got, [["resolved", mine]]);
+    assert.ok(mine.plaintext.every((x) => x === 1), "the caller's to wipe");
+
+    for (const late of [
+      { plaintext: new Uint8Array(16).fill(2), keyVersion: 1, memoHit: false, local: false }, // open, boxOpen
+      { sharedKey: new Uint8Array(32).fill(3), keyVersion: 1, memoHit: false, local: false }, // derive
+    ]) {
+      const gone = call();
+      settlePending(gone.p, false, new ConnectError("the call was aborted", Code.Canceled));
+      settlePending(gone.p, true, late);
+      assert.equal(gone.got.length, 1);
+      assert.equal(gone.got[0][1].code, Code.Canceled);
+      assert.ok(Object.values(late).filter((v) => v instanceof Uint8Array).every((b) => b.every((x) => x === 0)), "wiped");
+    }
+    const sealed = { envelope: new Uint8Array(40).fill(4), keyVersion: 1 }; // no secret in it
+    const gone = call();
+    settlePending(gone.p, false, new ConnectError("the call's deadline passed", Code.DeadlineExceeded));
+    settlePending(gone.p, true, sealed);
+    assert.ok(sealed.envelope.every((x) => x === 4));
+  });
+});
+
 describe("Digester", () => {
   it("salted per instance, framed per field", async () => {
     const a = Digester.create(nodeCrypto);
@@ -130,6 +189,12 @@ describe("Digester", () => {
     // Framing: moving bytes between fields changes the digest.
     assert.notEqual(await a.digest("open", "k1", new Uint8Array([2])), await a.digest("open", "k", new Uint8Array([0x31, 2])));
     assert.match(await a.digest("verify", env), /^[A-Za-z0-9_-]{43}$/);
+  });
+
+  it("a number field is never wrapped: out of uint32 it is refused, not digested as another", async () => {
+    const a = Digester.create(nodeCrypto);
+    for (const f of [2 ** 32 + 1, 1.5, -1, NaN]) await assert.rejects(a.digest("derive", "k", f), RangeError, String(f));
+    assert.notEqual(await a.digest("derive", "k", 0xffffffff), await a.digest("derive", "k", 0));
   });
 
   it("a provider of the wrong shape is refused", () => {
@@ -269,6 +334,35 @@ describe("retries", () => {
     r.state.script = [connectRefusal(503, "unavailable", { retryMs: 10 }), { ...okListKeys }];
     await c.services.keys.rotateKey({ keyId: "k" });
     assert.equal(r.state.seen.length, 2);
+  });
+
+  it("fetch to a closed port: UNAVAILABLE (not fetch's UNKNOWN), retried up to maxAttempts", async () => {
+    const port = await new Promise((res) => {
+      const s = createServer().listen(0, "127.0.0.1", () => {
+        const p = s.address().port;
+        s.close(() => res(p)); // nothing listens there any more
+      });
+    });
+    for (const protocol of ["connect", "grpc-web"]) {
+      let attempts = 0;
+      const c = createOffloadClient({
+        baseUrl: `http://127.0.0.1:${port}`,
+        protocol,
+        fetch: (input, init) => (attempts++, fetch(input, init)),
+        retry: { maxAttempts: 3, initialBackoffMs: 10 },
+        random: () => 0.5,
+      });
+      await assert.rejects(c.services.keys.listKeys({}), (e) => e instanceof ConnectError && e.code === Code.Unavailable && e.cause instanceof TypeError);
+      assert.equal(attempts, 3, protocol);
+      assert.deepEqual([c.stats().requests, c.stats().retries], [3, 2], protocol);
+    }
+  });
+
+  it("UNKNOWN answered by the server is not retried", async () => {
+    r.state.seen = [];
+    r.state.script = [connectRefusal(500, "unknown"), okListKeys];
+    await assert.rejects(client().services.keys.listKeys({}), (e) => e.code === Code.Unknown);
+    assert.equal(r.state.seen.length, 1);
   });
 
   it("retry: false sends once", async () => {
