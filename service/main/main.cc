@@ -186,7 +186,8 @@ ABSL_FLAG(int64_t, locked_memory_bytes, 4 << 20,
 ABSL_FLAG(bool, metrics, true,
           "Count calls for Prometheus; false turns metrics off entirely (for the cost benchmark).");
 ABSL_FLAG(double, log_requests_sample_rate, 0,
-          "Fraction of calls logged as JSON lines (method, code, latency, items; never payloads).");
+          "Fraction of calls logged as JSON lines (method, code, latency, items; never payloads): "
+          "0 to 1.");
 ABSL_FLAG(bool, memo, true, "Memo caches on (false: every request is computed afresh).");
 ABSL_FLAG(int64_t, memo_verify_bytes, 32 << 20, "Byte bound of the verify memo.");
 ABSL_FLAG(int64_t, memo_derive_bytes, 16 << 20, "Byte bound of the derive memo (shared keys).");
