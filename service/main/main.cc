@@ -160,7 +160,7 @@ ABSL_FLAG(int, http2_max_ping_strikes, 2,
           "clients then double their keepalive time). Sending clears the strikes. 0: off.");
 ABSL_FLAG(std::string, trusted_proxies, "",
           "Comma-separated CIDRs (127.0.0.1/32, 10.0.0.0/8, ::1/128) of proxies in front of the "
-          "HTTP port: from those peers only, the nearest untrusted address of X-Forwarded-For is "
+          "server, on both ports: from those peers only, the nearest untrusted address of X-Forwarded-For is "
           "the client that per-client admission counts. Empty: the peer address always.");
 ABSL_FLAG(bool, http_tcp_nodelay, true,
           "TCP_NODELAY on HTTP connections (false only to measure what Nagle's algorithm costs).");
