@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -315,7 +316,16 @@ absl::StatusOr<KeyRecord> PostgresKeyStore::OpenRecord(absl::string_view key_id,
 
 absl::Status PostgresKeyStore::ForCaller(absl::string_view what, absl::Status s,
                                          bool outcome_unknown) const {
-  if (!absl::IsUnavailable(s)) return s;
+  if (s.ok()) return s;
+  if (!absl::IsUnavailable(s)) {
+    // A record this server cannot read (another KEK, a damaged row): the caller learns which
+    // key and why, not where the store is.
+    const std::string prefix = absl::StrCat(description_, ": ");
+    if (!absl::StartsWith(s.message(), prefix)) return s;
+    Log(LogLevel::kWarning, "keystore_error",
+        {{"call", std::string(what)}, {"error", std::string(s.message())}});
+    return absl::Status(s.code(), s.message().substr(prefix.size()));
+  }
   Log(LogLevel::kWarning, "keystore_unavailable",
       {{"store", description_}, {"call", std::string(what)}, {"error", std::string(s.message())}});
   return absl::UnavailableError(

@@ -132,8 +132,8 @@ class PostgresKeyStore final : public KeyStore {
   // What the callers of the store's calls (and through KeyManager, the service's callers) see
   // of `s`: an Unavailable status becomes kKeyStoreUnavailable (with a word on a change whose
   // outcome is unknown), and its detail - the store's address, libpq's message - goes to the
-  // server's log only (keystore_unavailable, naming the call `what`). Other codes pass as they
-  // are.
+  // server's log only (keystore_unavailable, naming the call `what`). Other codes keep their
+  // message without the store's description in front (logged whole: keystore_error).
   absl::Status ForCaller(absl::string_view what, absl::Status s, bool outcome_unknown = false) const;
   // After a COMMIT whose answer was lost: the status of transaction `xid` ("committed",
   // "aborted", "in progress") asked on a new connection.
