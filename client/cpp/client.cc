@@ -596,6 +596,21 @@ absl::StatusOr<Response> Client::InvokeUnary(absl::string_view route, Call call)
   return response;
 }
 
+namespace {
+
+// The plaintexts a batch split copied into its per-endpoint requests (SplitBatch): zeroed once
+// sent, as AeadSeal and BoxSeal zero theirs. Other batches carry no secret input.
+template <typename BatchReq>
+void WipeSecretInputs(BatchReq*) {}
+void WipeSecretInputs(v1::BatchAeadSealRequest* r) {
+  for (auto& item : *r->mutable_items()) WipeString(item.mutable_plaintext());
+}
+void WipeSecretInputs(v1::BatchBoxSealRequest* r) {
+  for (auto& item : *r->mutable_items()) WipeString(item.mutable_plaintext());
+}
+
+}  // namespace
+
 template <typename BatchReq, typename BatchResp, typename RouteOf, typename Rpc>
 absl::StatusOr<BatchResp> Client::SplitBatch(const BatchReq& request, RouteOf route_of, Rpc rpc) {
   const absl::Time deadline = absl::Now() + options_.timeout;
@@ -627,6 +642,7 @@ absl::StatusOr<BatchResp> Client::SplitBatch(const BatchReq& request, RouteOf ro
                                 resp.Clear();
                                 return rpc(e, ctx, sub, &resp);
                               });
+      WipeSecretInputs(&sub);  // its copies of seal plaintexts
       if (!s.ok()) return s;
       if (resp.results_size() != static_cast<int>(end - begin)) {
         return absl::InternalError(absl::StrCat("batch answer: expected ", end - begin,
@@ -726,10 +742,14 @@ absl::StatusOr<v1::KeyInfo> Client::RotateKey(absl::string_view key_id) {
   return Run([&]() -> absl::StatusOr<v1::KeyInfo> {
     v1::RotateKeyRequest req;
     req.set_key_id(std::string(key_id));
-    return InvokeUnary<v1::KeyInfo>(key_id, [&](const Endpoint& e, grpc::ClientContext* ctx,
-                                         v1::KeyInfo* resp) {
+    auto r = InvokeUnary<v1::KeyInfo>(key_id, [&](const Endpoint& e, grpc::ClientContext* ctx,
+                                       v1::KeyInfo* resp) {
       return e.keys->RotateKey(ctx, req, resp);
     });
+    // Derives asked as "current" mean the new version from now on (as the TypeScript client
+    // has it); rotations made elsewhere reach the memo within its maximum age.
+    if (r.ok()) DropKey(key_id);
+    return r;
   });
 }
 
@@ -1115,10 +1135,13 @@ absl::StatusOr<v1::BoxSealResponse> Client::BoxSeal(absl::string_view key_id,
     req.set_peer_public_key(std::string(peer_public_key));
     req.set_nonce(std::string(nonce));
     req.set_plaintext(std::string(plaintext));
-    return InvokeUnary<v1::BoxSealResponse>(key_id, [&](const Endpoint& e, grpc::ClientContext* ctx,
-                                         v1::BoxSealResponse* resp) {
+    auto r = InvokeUnary<v1::BoxSealResponse>(key_id, [&](const Endpoint& e,
+                                                         grpc::ClientContext* ctx,
+                                                         v1::BoxSealResponse* resp) {
       return e.box->Seal(ctx, req, resp);
     });
+    WipeString(req.mutable_plaintext());  // the client's copy of the caller's secret
+    return r;
   });
 }
 

@@ -459,6 +459,28 @@ TEST_F(ClientMemoTest, ARefusalAboutAKeyDropsItsEntries) {
             }), 1);
 }
 
+// This client's own RotateKey: a derive asked as "current" means the new version from then on,
+// not the old version's remembered key (the TypeScript client does the same). Without the drop
+// the second derive was a memo hit answering key_version 1.
+TEST_F(ClientMemoTest, ThisClientsOwnRotationDropsTheKeysEntries) {
+  auto client = Make(Remembering(server_->address()));
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->CreateKey("mr-rot", v1::KEY_TYPE_X25519).ok());
+  const std::string peer = RandomPeer();
+  auto first = client->Derive("mr-rot", peer);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->key_version(), 1u);
+  auto rotated = client->RotateKey("mr-rot");
+  ASSERT_TRUE(rotated.ok()) << rotated.status();
+  EXPECT_EQ(ServerRpcs(kDerive, [&] {
+              auto second = client->Derive("mr-rot", peer);
+              ASSERT_TRUE(second.ok()) << second.status();
+              EXPECT_FALSE(second->memo_hit());
+              EXPECT_EQ(second->key_version(), 2u);
+              EXPECT_NE(second->shared_key(), first->shared_key());
+            }), 1);
+}
+
 // A key deleted elsewhere and created again under the same id by this client is another key: a
 // successful CreateKey (or ImportKey) drops what the memos kept for the id, as DeleteKey does.
 // Without that, the new key's derives and opens were answered with the old key's results.

@@ -1,5 +1,7 @@
 #include "client/cpp/memo.h"
 
+#include <time.h>
+
 #include <chrono>
 #include <iterator>
 #include <utility>
@@ -86,9 +88,22 @@ Memo::Memo(MemoOptions options) : options_(std::move(options)) {
 
 Memo::~Memo() { Clear(); }
 
-absl::Duration Memo::Now() const {
-  if (options_.clock) return options_.clock();
+absl::Duration Memo::Now() const { return options_.clock ? options_.clock() : SystemClock(); }
+
+absl::Duration Memo::SystemClock() {
+#ifdef CLOCK_BOOTTIME
+  // steady_clock (CLOCK_MONOTONIC) stops while the machine sleeps: a phone or laptop that
+  // resumes would find its entries younger than they are.
+  timespec ts;
+  if (clock_gettime(CLOCK_BOOTTIME, &ts) == 0) return absl::DurationFromTimespec(ts);
+#endif
   return absl::FromChrono(std::chrono::steady_clock::now().time_since_epoch());
+}
+
+bool Memo::CurrentLocked(absl::string_view owner, uint64_t generation) const {
+  if (generation < current_from_) return false;
+  auto it = dropped_at_.find(owner);
+  return it == dropped_at_.end() || it->second <= generation;
 }
 
 uint64_t Memo::generation() const {
@@ -137,7 +152,7 @@ bool Memo::Insert(const Digest& key, absl::string_view owner, absl::string_view 
               absl::ZeroDuration(), {}};
   std::list<Entry> dropped;
   absl::MutexLock lock(&mu_);
-  if (generation != generation_) return false;  // `entry` is wiped after the unlock
+  if (!CurrentLocked(owner, generation)) return false;  // `entry` is wiped after the unlock
   const absl::Duration now = Now();
   SweepLocked(now, &dropped);
   bool replaced = false;
@@ -163,6 +178,11 @@ size_t Memo::DropOwner(absl::string_view owner) {
   std::list<Entry> dropped;
   absl::MutexLock lock(&mu_);
   ++generation_;
+  if (dropped_at_.size() >= kMaxDropsKept && !dropped_at_.contains(owner)) {
+    dropped_at_.clear();  // forgotten: every insert read before now is stale, not only owner's
+    current_from_ = generation_;
+  }
+  dropped_at_[std::string(owner)] = generation_;
   size_t n = 0;
   for (auto it = lru_.begin(); it != lru_.end();) {
     auto next = std::next(it);
@@ -180,6 +200,8 @@ void Memo::Clear() {
   std::list<Entry> dropped;
   absl::MutexLock lock(&mu_);
   ++generation_;
+  current_from_ = generation_;
+  dropped_at_.clear();
   stats_.dropped += static_cast<int64_t>(lru_.size());
   index_.clear();
   by_age_.clear();

@@ -26,8 +26,14 @@
 //   plaintexts are secrets. Lookup copies the value into the caller's string; that copy is the
 //   caller's to wipe.
 // - DropOwner drops every entry of one key id at once (a refusal about the key). Every drop and
-//   Clear moves `generation()` on, and an Insert carrying an older generation is ignored, so an
-//   answer that was on its way while a refusal dropped its key is not remembered after the drop.
+//   Clear moves `generation()` on, and an Insert carrying a generation read before a drop of its
+//   own key id (or before a Clear) is ignored, so an answer that was on its way while a refusal
+//   dropped its key is not remembered after the drop. A drop of another key id does not stop
+//   it: refusals about one key (an unknown id a caller keeps asking for) do not switch off the
+//   memo for the others.
+// - `max_age` runs on a clock that counts time the machine spends asleep (CLOCK_BOOTTIME on
+//   Linux and Android; steady_clock elsewhere), so an entry does not outlive its age across a
+//   suspend.
 //
 // Thread-safety: thread-safe. One mutex per Memo (a client's memo sees a few threads, not a
 // server's cores, and one lock keeps one exact recency order); values are copied under it and
@@ -128,7 +134,8 @@ struct MemoOptions {
   // Entries older than this are never used. InfiniteDuration(): no maximum age.
   // REQUIRES: > 0.
   absl::Duration max_age = absl::InfiniteDuration();
-  // A monotonic clock (time since any fixed point). Null: std::chrono::steady_clock. For tests.
+  // A monotonic clock (time since any fixed point). Null: CLOCK_BOOTTIME where there is one
+  // (time asleep counts), else std::chrono::steady_clock. For tests.
   std::function<absl::Duration()> clock;
 };
 
@@ -150,7 +157,12 @@ class Memo final {
     return value_bytes + owner_bytes + kEntryOverhead;
   }
 
-  // Read it before the RPC whose answer will be inserted, and pass it to Insert.
+  // The clock `max_age` runs on without MemoOptions::clock: CLOCK_BOOTTIME where there is one
+  // (it counts time asleep), else steady_clock.
+  static absl::Duration SystemClock();
+
+  // Read it before the RPC whose answer will be inserted, and pass it to Insert: the insert
+  // is ignored if its owner was dropped, or the memo cleared, after it was read.
   uint64_t generation() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // If `key` names an entry younger than the maximum age: copies its value into `*value` (when
@@ -162,8 +174,8 @@ class Memo final {
   // Remembers `value` (copied into a wiping buffer) and `key_version` under `key` for `owner`
   // (the key id; empty for none), replacing an entry of the same key. Evicts the least recently
   // used entries until it fits. Returns false, remembering nothing, when the entry alone is
-  // larger than the bound or when `generation` is older than generation() (a drop or a Clear
-  // came after the caller read it).
+  // larger than the bound or when a drop of `owner` or a Clear came after the caller read
+  // `generation`.
   bool Insert(const Digest& key, absl::string_view owner, absl::string_view value,
               uint32_t key_version, uint64_t generation) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -196,6 +208,9 @@ class Memo final {
   };
 
   absl::Duration Now() const;
+  // True if no drop of `owner` and no Clear came after `generation` was read.
+  bool CurrentLocked(absl::string_view owner, uint64_t generation) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves `it` into `*dropped` (destroyed, and its value wiped, after the lock is released).
   void RemoveLocked(Iterator it, std::list<Entry>* dropped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes the entries whose maximum age has run out at `now`.
@@ -210,6 +225,12 @@ class Memo final {
   absl::flat_hash_map<Digest, Iterator, DigestHash> index_ ABSL_GUARDED_BY(mu_);
   size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  // The generation of each key id's last drop, and the one below which no insert is current
+  // (the last Clear, or when the map had to be forgotten: kMaxDropsKept key ids, since the ids
+  // come from callers).
+  static constexpr size_t kMaxDropsKept = 1024;
+  absl::flat_hash_map<std::string, uint64_t> dropped_at_ ABSL_GUARDED_BY(mu_);
+  uint64_t current_from_ ABSL_GUARDED_BY(mu_) = 0;
   MemoStats stats_ ABSL_GUARDED_BY(mu_);
 };
 

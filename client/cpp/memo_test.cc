@@ -5,6 +5,7 @@
 #include "client/cpp/memo.h"
 
 #include <sodium.h>
+#include <time.h>
 
 #include <atomic>
 #include <cstdio>
@@ -196,6 +197,57 @@ TEST_F(MemoTest, DropOwnerDropsOneKeysEntriesAndKeepsAnswersInFlightOut) {
   EXPECT_EQ(m->Stats().bytes, 0);
   EXPECT_EQ(m->Stats().dropped, 4);
 }
+
+// A refusal about one key (say, an unknown id some caller keeps asking for) drops that key's
+// entries only: answers for other keys that were on their way are still remembered. Before, one
+// generation for the whole memo let such refusals keep every other key's answers out.
+TEST_F(MemoTest, ADropOfAnotherKeyDoesNotKeepAnAnswerOut) {
+  auto m = Make(1 << 20);
+  const uint64_t before = m->generation();
+  EXPECT_EQ(m->DropOwner("nokey"), 0u);
+  EXPECT_EQ(m->DropOwner("other"), 0u);
+  EXPECT_TRUE(m->Insert(D("a1"), "alice", "1", 1, before));
+  EXPECT_TRUE(Has(*m, "a1"));
+  // ...and a drop of its own key, or a Clear, still does.
+  const uint64_t second = m->generation();
+  m->DropOwner("alice");
+  EXPECT_FALSE(m->Insert(D("a2"), "alice", "2", 1, second));
+  EXPECT_TRUE(m->Insert(D("b1"), "bob", "3", 1, second));
+  const uint64_t third = m->generation();
+  m->Clear();
+  EXPECT_FALSE(m->Insert(D("b2"), "bob", "4", 1, third));
+  EXPECT_TRUE(m->Insert(D("b2"), "bob", "4", 1, m->generation()));
+}
+
+// The drops remembered per key id are bounded (the ids come from callers): past the bound the
+// memo forgets them, and then every answer read before that is treated as stale - never one
+// remembered across a drop of its own key.
+TEST_F(MemoTest, ManyDroppedKeyIdsAreForgottenConservatively) {
+  auto m = Make(1 << 20);
+  const uint64_t before = m->generation();
+  m->DropOwner("alice");
+  for (int i = 0; i < 5000; ++i) m->DropOwner(absl::StrCat("unknown-", i));
+  EXPECT_FALSE(m->Insert(D("a1"), "alice", "1", 1, before));
+  EXPECT_FALSE(m->Insert(D("b1"), "bob", "1", 1, before));  // forgotten: stale too
+  const uint64_t now = m->generation();
+  m->DropOwner("unknown-x");
+  EXPECT_TRUE(m->Insert(D("a1"), "alice", "1", 1, now));
+  EXPECT_TRUE(Has(*m, "a1"));
+}
+
+// Without a test clock the maximum age runs on a clock that counts time asleep: on Linux,
+// CLOCK_BOOTTIME (CLOCK_MONOTONIC, steady_clock's, stops during a suspend, so a resumed device
+// would find its entries younger than they are). The two differ by the time the machine has
+// slept since boot: on one that never slept (a server VM) this cannot tell them apart; on one
+// that did, steady_clock fails it.
+#ifdef CLOCK_BOOTTIME
+TEST(MemoClockTest, TheDefaultClockIsTheBootClock) {
+  timespec boot{};
+  ASSERT_EQ(clock_gettime(CLOCK_BOOTTIME, &boot), 0);
+  const absl::Duration memo = Memo::SystemClock();
+  EXPECT_LT(absl::AbsDuration(memo - absl::DurationFromTimespec(boot)), absl::Milliseconds(100));
+}
+#endif
 
 TEST_F(MemoTest, DigestsSeparateTheirInputs) {
   MemoDigester other;

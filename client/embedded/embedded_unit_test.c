@@ -40,6 +40,7 @@ typedef struct fake {
   int calls;
   char path[64];
   const char* bearer_token;
+  const char* key_id;
   uint8_t req[OFFLOAD_CLIENT_BUF_SIZE];
   size_t req_len;
   int rc;
@@ -55,6 +56,7 @@ static int fake_transport(void* ctx, const offload_transport_request_t* request,
   ++f->calls;
   snprintf(f->path, sizeof f->path, "%s", request->path);
   f->bearer_token = request->bearer_token;
+  f->key_id = request->key_id;
   memcpy(f->req, request->body, request->body_len);
   f->req_len = request->body_len;
   if (f->rc != OFFLOAD_TRANSPORT_OK && f->rc != OFFLOAD_TRANSPORT_OVERFLOW) return f->rc;
@@ -173,6 +175,8 @@ static void test_token(void) {
   CHECK_STATUS(offload_client_set_token(&client, jwt), OFFLOAD_OK);
   CHECK_STATUS(offload_derive(&client, "dev1", peer, false, shared, NULL), OFFLOAD_OK);
   CHECK(fake.bearer_token == jwt, "every call carries the caller's token (not a copy)");
+  CHECK(fake.key_id != NULL && strcmp(fake.key_id, "dev1") == 0,
+        "a call about a key hands the transport its id (X-Offload-Key, for routers)");
   CHECK(offload_token_length(jwt) == sizeof jwt - 1, "a JWT is token68");
   CHECK(offload_token_length("abc+/~==") == 8, "padding at the end");
 
@@ -671,7 +675,8 @@ static void test_http1_request(void) {
   static char head[256], joined[4096];
   const uint8_t body[3] = {'x', 'y', 'z'};
   offload_http1_part_t parts[OFFLOAD_HTTP1_MAX_PARTS];
-  offload_transport_request_t r = {"/offload.v1.X25519Service/Derive", NULL, body, sizeof body};
+  offload_transport_request_t r = {"/offload.v1.X25519Service/Derive", NULL, body, sizeof body,
+                                   NULL};
   int count = offload_http1_request(head, sizeof head, "localhost", 8443, true, &r, parts);
   CHECK(count == 2 && join(parts, count, joined, sizeof joined) > 0 &&
             strcmp(joined,
@@ -698,7 +703,19 @@ static void test_http1_request(void) {
   CHECK(offload_http1_request(head, sizeof head, "h", 80, false, &r, parts) ==
             OFFLOAD_HTTP1_ERR_ARGUMENT,
         "a token with CR LF");
+  /* The key id, for routers: sent when it cannot break the head, left out otherwise. */
   r.bearer_token = NULL;
+  r.key_id = "dh-1";
+  count = offload_http1_request(head, sizeof head, "h", 80, false, &r, parts);
+  CHECK(count == 2 && join(parts, count, joined, sizeof joined) > 0 &&
+            strstr(joined, "\r\nContent-Length: 3\r\nX-Offload-Key: dh-1\r\n\r\nxyz") != NULL,
+        "the key id as X-Offload-Key: '%s'", joined);
+  r.key_id = "dh-1\r\nX-Evil: 1";
+  count = offload_http1_request(head, sizeof head, "h", 80, false, &r, parts);
+  CHECK(count == 2 && join(parts, count, joined, sizeof joined) > 0 &&
+            strstr(joined, "X-Offload-Key") == NULL && strstr(joined, "X-Evil") == NULL,
+        "a key id with CR LF is not sent: '%s'", joined);
+  r.key_id = NULL;
   r.path = "/a b";
   CHECK(offload_http1_request(head, sizeof head, "h", 80, false, &r, parts) ==
             OFFLOAD_HTTP1_ERR_ARGUMENT,
@@ -1023,7 +1040,8 @@ static void test_posix_transport(void) {
   const size_t cap = 8;
   size_t resp_len = 0;
   const uint8_t req[3] = {1, 2, 3};
-  offload_transport_request_t request = {"/offload.v1.X25519Service/Derive", NULL, req, sizeof req};
+  offload_transport_request_t request = {"/offload.v1.X25519Service/Derive", NULL, req, sizeof req,
+                                         NULL};
 
   memset(&sa, 0, sizeof sa);
   sa.sin_family = AF_INET;

@@ -463,6 +463,7 @@ static offload_status_t call(offload_client_t* client, const char* path, const c
   resp_buf = client->buf + req_len;
   resp_cap = client->buf_len - req_len;
   request.path = path;
+  request.key_id = key_id;
   request.body = client->buf;
   request.body_len = req_len;
   for (attempt = 0;; ++attempt) {

@@ -116,6 +116,8 @@ typedef struct offload_transport_request {
                                offload_token_length() */
   const uint8_t* body;      /* the encoded request message */
   size_t body_len;
+  const char* key_id;       /* NULL (verify), or the key the call is about: a router that sends
+                               a key's calls to one replica reads it as `X-Offload-Key` */
 } offload_transport_request_t;
 
 /* Return values of a transport callback. */
@@ -131,7 +133,10 @@ typedef struct offload_transport_request {
  *   Connect-Protocol-Version: 1
  *   Content-Length: <body_len>
  *   Authorization: Bearer <bearer_token>      (only when `bearer_token` is not NULL)
- * and, when the server routes by key, may add X-Offload-Key. It stores the response body in
+ *   X-Offload-Key: <key_id>                  (when `key_id` is not NULL and is 1 to
+ *                                             OFFLOAD_KEY_ID_MAX_LEN visible ASCII characters;
+ *                                             the transports here send it, for routers)
+ * It stores the response body in
  * `resp` (at most `resp_cap` bytes), its length in `*resp_len` and the HTTP status code in
  * `*http_status`, whatever that status is: a Connect error is a 4xx/5xx with a JSON body
  * {"code":"not_found","message":"..."} that the client reads. Returns OFFLOAD_TRANSPORT_OK,

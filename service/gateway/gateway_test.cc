@@ -681,6 +681,26 @@ TEST_F(GatewayTest, CorsOnlyForListedOrigins) {
   EXPECT_TRUE(CorsPolicy::Parse(" https://a.example , http://[::1]:8080 ").ok());
 }
 
+// Both ports count their connections under their own name: before, the gRPC port's open,
+// accepted and refused connections (its --http_max_connections applies as the HTTP port's does)
+// and read timeouts were in no metric.
+TEST_F(GatewayTest, TheGrpcPortCountsItsConnectionsUnderItsName) {
+  Restart([](Gateway::Options& o) {
+    o.port = "grpc";
+    o.http.max_connections = 1;
+  });
+  testhttp::Connection held(gateway_->port());
+  ASSERT_TRUE(held.connected());
+  for (int i = 0; i < 50 && gateway_->server_stats().open < 1; ++i) absl::SleepFor(absl::Milliseconds(10));
+  testhttp::Connection refused(gateway_->port());
+  EXPECT_TRUE(refused.ClosedWithin(std::chrono::seconds(15)));
+  const std::string scrape = metrics_->Scrape();
+  EXPECT_THAT(scrape, HasSubstr("offload_http_connections{port=\"grpc\"} 1"));
+  EXPECT_THAT(scrape, HasSubstr("offload_http_connections_total{port=\"grpc\",result=\"accepted\"} 2"));
+  EXPECT_THAT(scrape, HasSubstr("offload_http_connections_total{port=\"grpc\",result=\"refused\"} 1"));
+  EXPECT_THAT(scrape, HasSubstr("offload_http_read_timeouts_total{port=\"grpc\"} 0"));
+}
+
 TEST_F(GatewayTest, ConnectionHygiene) {
   Restart([](Gateway::Options& o) {
     o.http.max_header_bytes = 2048;
@@ -703,7 +723,7 @@ TEST_F(GatewayTest, ConnectionHygiene) {
                            verify_.SerializeAsString()));
     EXPECT_EQ(kept.Read().status, 200);
   }
-  EXPECT_THAT(metrics_->Scrape(), HasSubstr("offload_http_connections_total{result=\"accepted\"}"));
+  EXPECT_THAT(metrics_->Scrape(), HasSubstr("offload_http_connections_total{port=\"http\",result=\"accepted\"}"));
 }
 
 }  // namespace

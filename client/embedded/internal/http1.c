@@ -38,6 +38,18 @@ static bool path_ok(const char* path) {
   return true;
 }
 
+/* A key id sent as X-Offload-Key: 1 to OFFLOAD_KEY_ID_MAX_LEN visible ASCII characters (what
+ * cannot break the head). Anything else is not sent: the header is a routing hint, and the
+ * server answers the call about such a key id itself. */
+static bool key_id_ok(const char* key_id) {
+  size_t i;
+  if (key_id == NULL || key_id[0] == '\0') return false;
+  for (i = 0; key_id[i] != '\0'; ++i) {
+    if (i >= OFFLOAD_KEY_ID_MAX_LEN || key_id[i] <= ' ' || key_id[i] > '~') return false;
+  }
+  return true;
+}
+
 static void add_part(offload_http1_part_t* parts, int* count, const void* data, size_t len) {
   parts[*count].data = data;
   parts[*count].len = len;
@@ -66,7 +78,10 @@ int offload_http1_request(char* head, size_t head_cap, const char* host, uint16_
               "Accept-Encoding: identity\r\n") ||
       (!keep_alive && !append(head, head_cap, &n, "Connection: close\r\n")) ||
       !append(head, head_cap, &n, "Content-Length: ") ||
-      !append_uint(head, head_cap, &n, (unsigned long)request->body_len)) {
+      !append_uint(head, head_cap, &n, (unsigned long)request->body_len) ||
+      (key_id_ok(request->key_id) &&
+       (!append(head, head_cap, &n, "\r\nX-Offload-Key: ") ||
+        !append(head, head_cap, &n, request->key_id)))) {
     return OFFLOAD_HTTP1_ERR_ARGUMENT;
   }
   if (token_len > 0 && !append(head, head_cap, &n, "\r\nAuthorization: Bearer ")) {

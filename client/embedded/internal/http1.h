@@ -45,7 +45,8 @@ typedef struct offload_http1_part {
 
 /* Lays out `request` for sending: `head` (capacity `head_cap`) gets the request line, Host
  * (`host`:`port`), the Connect headers, Content-Length, "Connection: close" unless `keep_alive`,
- * and the Authorization header when `request->bearer_token` is set. `parts` then lists, in
+ * X-Offload-Key when `request->key_id` is 1 to OFFLOAD_KEY_ID_MAX_LEN visible ASCII characters
+ * (else none), and the Authorization header when `request->bearer_token` is set. `parts` then lists, in
  * sending order, the head and the body; a token that does not fit in `head` becomes a part of
  * its own (sent from the caller's memory, not copied). Returns the number of parts (at most
  * OFFLOAD_HTTP1_MAX_PARTS), or OFFLOAD_HTTP1_ERR_ARGUMENT for a path that is not "/..." or has

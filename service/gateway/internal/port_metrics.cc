@@ -9,10 +9,10 @@ namespace offload::gateway {
 
 void RegisterPortMetrics(metrics::Metrics* metrics, const std::shared_ptr<Gateway::Shared>& shared,
                          const std::string& port) {
-  // The HTTP port counts its connections and bodies; another port (gRPC) only its defences and
-  // memory, by its name.
+  // Both ports count their connections, defences and memory, by the port's name ("http",
+  // "grpc"); only the HTTP port its bodies by encoding.
   const bool http_port = port == "http";
-  // Connection counters of the HTTP port, read at scrape time.
+  // The port's engine counters, read at scrape time.
   std::weak_ptr<Gateway::Shared> weak = shared;
   const auto read = [weak](auto field) {
     return [weak, field] {
@@ -23,23 +23,23 @@ void RegisterPortMetrics(metrics::Metrics* metrics, const std::shared_ptr<Gatewa
     };
   };
   using Stats = httpd::Server::Stats;
-  if (http_port) {
-    metrics->AddPullGauge("offload_http_connections", "Open connections on the HTTP port", {},
-                          read(&Stats::open));
-    metrics->AddPullCounter("offload_http_connections_total",
-                            "Connections to the HTTP port: accepted, or refused at accept "
-                            "(--http_max_connections reached)",
-                            {{"result", "accepted"}}, read(&Stats::accepted));
-    metrics->AddPullCounter("offload_http_connections_total",
-                            "Connections to the HTTP port: accepted, or refused at accept "
-                            "(--http_max_connections reached)",
-                            {{"result", "refused"}}, read(&Stats::refused));
-  }
+  static constexpr char kConnectionsHelp[] =
+      "Connections to the port: accepted, or refused at accept (--http_max_connections reached)";
+  metrics->AddPullGauge("offload_http_connections", "Open connections on the port",
+                        {{"port", port}}, read(&Stats::open));
+  metrics->AddPullCounter("offload_http_connections_total", kConnectionsHelp,
+                          {{"port", port}, {"result", "accepted"}}, read(&Stats::accepted));
+  metrics->AddPullCounter("offload_http_connections_total", kConnectionsHelp,
+                          {{"port", port}, {"result", "refused"}}, read(&Stats::refused));
+  metrics->AddPullCounter("offload_http_read_timeouts_total",
+                          "Connections cut for a request that did not arrive in time "
+                          "(--http_read_timeout)",
+                          {{"port", port}}, read(&Stats::read_timeouts));
   // The front door's defences, by reason (httpd::AbuseReason), and the memory its budgets hold.
   for (int i = 0; i < static_cast<int>(httpd::AbuseReason::kCount); ++i) {
     metrics->AddPullCounter(
         "offload_http_abuse_total",
-        "Front-door defences that acted on the HTTP port, by reason: a connection closed "
+        "Front-door defences that acted on the port, by reason: a connection closed "
         "(premature_resets, reset_rate, continuations, control_flood, settings, no_progress, "
         "too_many_pings, protocol_error, send_timeout), a request refused or cut short (header_too_large, "
         "body_too_large, stream_refused: request memory budget, answers_unread: answer budget, "
@@ -55,14 +55,10 @@ void RegisterPortMetrics(metrics::Metrics* metrics, const std::shared_ptr<Gatewa
         });
   }
   metrics->AddPullGauge("offload_http_buffered_bytes",
-                        "Request body bytes held and answer bytes not yet sent on the HTTP port "
+                        "Request body bytes held and answer bytes not yet sent on the port "
                         "(--http_memory_budget_bytes bounds it)",
                         {{"port", port}}, read(&Stats::buffered_bytes));
   if (!http_port) return;
-  metrics->AddPullCounter("offload_http_read_timeouts_total",
-                          "HTTP connections cut for a request that did not arrive in time "
-                          "(--http_read_timeout)",
-                          {}, read(&Stats::read_timeouts));
   // RPC bodies by encoding, and what became of the responses callers asked to compress.
   const auto bytes = [weak](auto pick) {
     return [weak, pick] {

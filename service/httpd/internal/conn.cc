@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
@@ -636,7 +637,23 @@ void Loop::Adopt(tcp::socket socket) {
   counters.accepted.fetch_add(1, std::memory_order_relaxed);
   const int max = impl_->options.max_connections;
   if (draining_ || (max > 0 && counters.open.load(std::memory_order_relaxed) >= max)) {
-    if (!draining_) counters.refused.fetch_add(1, std::memory_order_relaxed);
+    if (!draining_) {
+      counters.refused.fetch_add(1, std::memory_order_relaxed);
+      // A limit reached is a log line too: at most one a second (a connection flood must not
+      // flood the log), saying how many went unlogged since the last.
+      const int64_t second = static_cast<int64_t>(time(nullptr));
+      int64_t last = counters.refused_logged_second.load(std::memory_order_relaxed);
+      if (last != second && counters.refused_logged_second.compare_exchange_strong(
+                                last, second, std::memory_order_relaxed)) {
+        Log(LogLevel::kWarning, "connection_refused",
+            {{"address", impl_->options.address},
+             {"max_connections", max},
+             {"unlogged_since_last",
+              counters.refused_unlogged.exchange(0, std::memory_order_relaxed)}});
+      } else {
+        counters.refused_unlogged.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
     error_code ec;
     socket.close(ec);
     return;

@@ -111,6 +111,9 @@ struct Counters {
   // Conn::Abuse's log gate: one line per reason per second at most.
   std::array<std::atomic<int64_t>, static_cast<int>(AbuseReason::kCount)> logged_second{};
   std::array<std::atomic<uint64_t>, static_cast<int>(AbuseReason::kCount)> unlogged{};
+  // Loop::Adopt's log gate for connections refused at accept: the same, one line a second.
+  std::atomic<int64_t> refused_logged_second{0};
+  std::atomic<uint64_t> refused_unlogged{0};
 };
 
 // A piece of response body: bytes the server does not copy, alive while `owner` is.
