@@ -9,6 +9,7 @@
 #include "google/protobuf/descriptor.pb.h"
 #include "service/api/methods.h"
 #include "service/api/secret_fields.h"
+#include "service/ops/retry_delay.h"
 
 namespace offload::api {
 namespace {
@@ -139,6 +140,14 @@ Method Batch(const Operations* ops, absl::string_view service, absl::string_view
                                  });
 }
 
+// A key call's answer: an Unavailable one (the key store cannot be reached, whose detail the
+// store logged; a key the server cannot read for now) says when to try again, as the server's
+// other refusals do (ops/retry_delay.h).
+absl::Status KeyCallStatus(absl::Status s) {
+  if (!absl::IsUnavailable(s) || ops::RetryDelayOf(s).has_value()) return s;
+  return ops::WithRetryDelay(std::move(s), ops::JitteredRetryDelay(ops::kDefaultRetryDelay));
+}
+
 // Builds the table's entries from api::ForEachMethod.
 struct TableBuilder {
   const Operations* ops;
@@ -150,7 +159,7 @@ struct TableBuilder {
     methods->push_back(Make<Request, Response>(
         kKeyService, name, traits, false,
         [k = keys, fn](const Request& q, Response* r, Operations::Done done, Operations::Alive) {
-          std::move(done)(fn(k, q, r));
+          std::move(done)(KeyCallStatus(fn(k, q, r)));
         }));
   }
   template <typename Request, typename Response>

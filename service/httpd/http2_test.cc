@@ -253,6 +253,12 @@ class H2Client {
     nghttp2_session_resume_data(session_, id);
   }
   void Ping() { nghttp2_submit_ping(session_, NGHTTP2_FLAG_NONE, nullptr); }
+  // A SETTINGS frame of `entries` entries (SETTINGS_INITIAL_WINDOW_SIZE 65535 each).
+  void Settings(int entries) {
+    const std::vector<nghttp2_settings_entry> iv(entries, {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE,
+                                                           65535});
+    ASSERT_EQ(nghttp2_submit_settings(session_, NGHTTP2_FLAG_NONE, iv.data(), iv.size()), 0);
+  }
   // A WINDOW_UPDATE of `n` bytes on the connection (or stream `id`), beyond what nghttp2 sends
   // by itself.
   void WindowUpdate(int32_t n, int32_t id = 0) {
@@ -502,6 +508,27 @@ TEST_F(Http2Test, TooManyPingsWithNothingSentIsGoaway) {
   EXPECT_EQ(c.goaway_error, static_cast<uint32_t>(NGHTTP2_ENHANCE_YOUR_CALM));
   EXPECT_EQ(c.goaway_debug, "too_many_pings");
   EXPECT_EQ(server_->stats().abuse[static_cast<int>(AbuseReason::kTooManyPings)], 1u);
+}
+
+// More entries in one SETTINGS frame than --http2_max_settings: nghttp2's own GOAWAY, counted
+// as `settings` (not as a protocol error). As many as the limit are fine.
+TEST_F(Http2Test, TooManySettingsEntriesAreCountedAsSettings) {
+  Start();  // the default: 32 entries
+  H2Client ok(server_->port());
+  ok.Settings(32);
+  const int32_t id = ok.Submit("/unary", "fine");
+  ASSERT_TRUE(ok.Run([&] { return ok.results[id].closed; }));
+  EXPECT_EQ(ok.results[id].status, 200);
+  EXPECT_TRUE(ok.goaways.empty());
+
+  H2Client c(server_->port());
+  c.Settings(33);
+  ASSERT_TRUE(c.Run([&] { return !c.goaways.empty(); }));
+  EXPECT_EQ(c.goaway_error, static_cast<uint32_t>(NGHTTP2_ENHANCE_YOUR_CALM));
+  EXPECT_EQ(c.goaway_debug, "SETTINGS: too many setting entries");
+  const auto& abuse = server_->stats().abuse;
+  EXPECT_EQ(abuse[static_cast<int>(AbuseReason::kSettings)], 1u);
+  EXPECT_EQ(abuse[static_cast<int>(AbuseReason::kProtocolError)], 0u);
 }
 
 TEST_F(Http2Test, PingsBetweenAnswersOrWithinTheStrikesAreFine) {

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -313,8 +314,40 @@ absl::StatusOr<KeyRecord> PostgresKeyStore::OpenRecord(absl::string_view key_id,
   return record;
 }
 
+absl::Status PostgresKeyStore::ForCaller(absl::string_view what, absl::Status s,
+                                         bool outcome_unknown) const {
+  if (s.ok()) return s;
+  if (!absl::IsUnavailable(s)) {
+    // A record this server cannot read (another KEK, a damaged row): the caller learns which
+    // key and why, not where the store is.
+    const std::string prefix = absl::StrCat(description_, ": ");
+    if (!absl::StartsWith(s.message(), prefix)) return s;
+    Log(LogLevel::kWarning, "keystore_error",
+        {{"call", std::string(what)}, {"error", std::string(s.message())}});
+    return absl::Status(s.code(), s.message().substr(prefix.size()));
+  }
+  Log(LogLevel::kWarning, "keystore_unavailable",
+      {{"store", description_}, {"call", std::string(what)}, {"error", std::string(s.message())}});
+  return absl::UnavailableError(
+      outcome_unknown ? absl::StrCat(kKeyStoreUnavailable, ": the connection was lost during the "
+                                     "change and its outcome is unknown; read the key before "
+                                     "trying again")
+                      : std::string(kKeyStoreUnavailable));
+}
+
 absl::Status PostgresKeyStore::ReadLocked(absl::string_view what,
                                           const std::function<absl::Status(PGconn*)>& read) {
+  return ForCaller(what, ReadAttemptsLocked(what, read));
+}
+
+absl::Status PostgresKeyStore::WriteLocked(absl::string_view what, const WriteBody& body) {
+  bool outcome_unknown = false;
+  absl::Status s = WriteAttemptsLocked(what, body, &outcome_unknown);
+  return ForCaller(what, std::move(s), outcome_unknown);
+}
+
+absl::Status PostgresKeyStore::ReadAttemptsLocked(
+    absl::string_view what, const std::function<absl::Status(PGconn*)>& read) {
   for (int attempt = 1;; ++attempt) {
     OFFLOAD_RETURN_IF_ERROR(EnsureConnectedLocked());
     PGconn* conn = conn_.get();
@@ -348,7 +381,8 @@ absl::Status PostgresKeyStore::ReadLocked(absl::string_view what,
 //     was not replicated is lost whatever the client does; pg_xact_status then answers from the
 //     new primary's history.)
 // Each call runs at most twice: a second lost connection in a row is returned as Unavailable.
-absl::Status PostgresKeyStore::WriteLocked(absl::string_view what, const WriteBody& body) {
+absl::Status PostgresKeyStore::WriteAttemptsLocked(absl::string_view what,
+                                                   const WriteBody& body, bool* outcome_unknown) {
   for (int attempt = 1;; ++attempt) {
     OFFLOAD_RETURN_IF_ERROR(EnsureConnectedLocked());
     PGconn* conn = conn_.get();
@@ -388,6 +422,7 @@ absl::Status PostgresKeyStore::WriteLocked(absl::string_view what, const WriteBo
           {{"store", description_}, {"call", std::string(what)}, {"stage", "commit aborted"}});
       continue;
     }
+    *outcome_unknown = true;
     return absl::UnavailableError(absl::StrCat(
         description_, ": ", what, ": the connection was lost during COMMIT and its outcome is "
         "unknown (",

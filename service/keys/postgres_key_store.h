@@ -51,6 +51,9 @@ namespace offload::keys {
 
 inline constexpr char kPostgresDsnEnvVar[] = "OFFLOAD_POSTGRES_DSN";
 inline constexpr char kPostgresNotifyChannel[] = "offload_key_changes";
+// The message of the Unavailable status the store's calls return while PostgreSQL cannot be
+// reached; the detail is in the server's log (keystore_unavailable).
+inline constexpr char kKeyStoreUnavailable[] = "key store unavailable";
 
 // "host=... port=... dbname=... user=..." from a libpq connection string (keyword or URI form),
 // for logs: never the password or any other option. "(unparsable)" if libpq cannot parse it.
@@ -110,14 +113,28 @@ class PostgresKeyStore final : public KeyStore {
   absl::Status EnsureConnectedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status MigrateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs `read` on a live connection; if the connection is lost during it, once more on a new
-  // one (a read changes nothing, so running it twice is always safe).
+  // one (a read changes nothing, so running it twice is always safe). As ReadAttemptsLocked,
+  // through ForCaller.
   absl::Status ReadLocked(absl::string_view what, const std::function<absl::Status(PGconn*)>& read)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // BEGIN, `body`, COMMIT on a live connection, with at most one more run after a lost
   // connection when that is safe (see the file comment). An error from `body` other than a lost
-  // connection is returned after a rollback. `what` names the call in logs.
+  // connection is returned after a rollback. `what` names the call in logs. As
+  // WriteAttemptsLocked, through ForCaller.
   absl::Status WriteLocked(absl::string_view what, const WriteBody& body)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ReadAttemptsLocked(absl::string_view what,
+                                  const std::function<absl::Status(PGconn*)>& read)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sets `*outcome_unknown` when a COMMIT's answer was lost and its outcome could not be learnt.
+  absl::Status WriteAttemptsLocked(absl::string_view what, const WriteBody& body,
+                                   bool* outcome_unknown) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What the callers of the store's calls (and through KeyManager, the service's callers) see
+  // of `s`: an Unavailable status becomes kKeyStoreUnavailable (with a word on a change whose
+  // outcome is unknown), and its detail - the store's address, libpq's message - goes to the
+  // server's log only (keystore_unavailable, naming the call `what`). Other codes keep their
+  // message without the store's description in front (logged whole: keystore_error).
+  absl::Status ForCaller(absl::string_view what, absl::Status s, bool outcome_unknown = false) const;
   // After a COMMIT whose answer was lost: the status of transaction `xid` ("committed",
   // "aborted", "in progress") asked on a new connection.
   absl::StatusOr<std::string> CommitOutcomeLocked(const std::string& xid)

@@ -254,12 +254,19 @@ TEST_F(PostgresKeyStoreTest, RowsAreEncryptedAndBoundToTheirKeyId) {
   // Another KEK: FailedPrecondition, not corruption.
   auto foreign = PostgresKeyStore::Open(dsn_, RandomKek());
   ASSERT_TRUE(foreign.ok()) << foreign.status();
-  EXPECT_EQ((*foreign)->LoadAll().status().code(), absl::StatusCode::kFailedPrecondition);
+  const absl::Status foreign_load = (*foreign)->LoadAll().status();
+  EXPECT_EQ(foreign_load.code(), absl::StatusCode::kFailedPrecondition);
+  // What reaches a caller names the key, never where the store is.
+  EXPECT_THAT(std::string(foreign_load.message()), Not(HasSubstr("host=")));
+  EXPECT_THAT(std::string(foreign_load.message()), HasSubstr("key \""));
 
   // A row copied under another key id does not decrypt.
   Sql(dsn_, "UPDATE offload_keys SET record = (SELECT record FROM offload_keys WHERE "
             "key_id = 'secret-key') WHERE key_id = 'other'");
-  EXPECT_EQ(store->Load("other").status().code(), absl::StatusCode::kDataLoss);
+  const absl::Status damaged = store->Load("other").status();
+  EXPECT_EQ(damaged.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(damaged.message()), testing::StartsWith("key \"other\": "));
+  EXPECT_THAT(damaged.message(), Not(HasSubstr((*foreign)->Describe())));
   EXPECT_EQ(store->LoadAll().status().code(), absl::StatusCode::kDataLoss);
   EXPECT_TRUE(store->Load("secret-key").ok());
 }

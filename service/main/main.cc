@@ -160,7 +160,7 @@ ABSL_FLAG(int, http2_max_ping_strikes, 2,
           "clients then double their keepalive time). Sending clears the strikes. 0: off.");
 ABSL_FLAG(std::string, trusted_proxies, "",
           "Comma-separated CIDRs (127.0.0.1/32, 10.0.0.0/8, ::1/128) of proxies in front of the "
-          "HTTP port: from those peers only, the nearest untrusted address of X-Forwarded-For is "
+          "server, on both ports: from those peers only, the nearest untrusted address of X-Forwarded-For is "
           "the client that per-client admission counts. Empty: the peer address always.");
 ABSL_FLAG(bool, http_tcp_nodelay, true,
           "TCP_NODELAY on HTTP connections (false only to measure what Nagle's algorithm costs).");
@@ -186,7 +186,8 @@ ABSL_FLAG(int64_t, locked_memory_bytes, 4 << 20,
 ABSL_FLAG(bool, metrics, true,
           "Count calls for Prometheus; false turns metrics off entirely (for the cost benchmark).");
 ABSL_FLAG(double, log_requests_sample_rate, 0,
-          "Fraction of calls logged as JSON lines (method, code, latency, items; never payloads).");
+          "Fraction of calls logged as JSON lines (method, code, latency, items; never payloads): "
+          "0 to 1.");
 ABSL_FLAG(bool, memo, true, "Memo caches on (false: every request is computed afresh).");
 ABSL_FLAG(int64_t, memo_verify_bytes, 32 << 20, "Byte bound of the verify memo.");
 ABSL_FLAG(int64_t, memo_derive_bytes, 16 << 20, "Byte bound of the derive memo (shared keys).");

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -55,7 +56,116 @@ absl::StatusOr<crypto::BackendChoice> ChooseBackends(const std::string& backend)
   return crypto::BackendChoice::All(forced);
 }
 
+// "`flag`: expected `expected`, got `got`": the start-up refusal of a flag out of its range.
+absl::Status FlagOutOfRange(absl::string_view flag, absl::string_view expected,
+                            absl::string_view got) {
+  return absl::InvalidArgumentError(absl::StrCat(flag, ": expected ", expected, ", got ", got));
+}
+
+// An integer flag and its least accepted value.
+struct AtLeast {
+  absl::string_view flag;
+  int64_t value;
+  int64_t min;
+  absl::string_view expected;
+};
+// A duration flag and its least accepted value (`strict`: the value must be above it).
+struct DurationAtLeast {
+  absl::string_view flag;
+  absl::Duration value;
+  absl::Duration min;
+  bool strict;
+  absl::string_view expected;
+};
+
+// The first of `checks` out of range, or OK.
+absl::Status CheckAtLeast(std::initializer_list<AtLeast> checks) {
+  for (const AtLeast& c : checks) {
+    if (c.value < c.min) return FlagOutOfRange(c.flag, c.expected, absl::StrCat(c.value));
+  }
+  return absl::OkStatus();
+}
+absl::Status CheckAtLeast(std::initializer_list<DurationAtLeast> checks) {
+  for (const DurationAtLeast& c : checks) {
+    if (c.strict ? c.value <= c.min : c.value < c.min) {
+      return FlagOutOfRange(c.flag, c.expected, absl::FormatDuration(c.value));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The engine's flags (both ports): connections, timeouts, budgets, HTTP/2 limits and keepalive
+// policy, each refused by name. The uint64_t flags (reset burst and rate, continuations,
+// outbound ACKs, SETTINGS entries) cannot be negative: absl's parser refuses that.
+absl::Status CheckHttpFlags(const ServerConfig& config) {
+  const httpd::Server::Options::Http2& h2 = config.http2;
+  constexpr absl::string_view kNoBound = "0 (no bound) or more";
+  constexpr absl::string_view kPositive = "a duration above 0";
+  OFFLOAD_RETURN_IF_ERROR(CheckAtLeast({
+      {"http_threads", config.http_threads, 0, "0 (one per core, at most 4) or more"},
+      {"http_max_connections", config.http_max_connections, 0, kNoBound},
+      {"http_max_header_bytes", config.http_max_header_bytes, 1024, "1024 or more"},
+      {"http_connection_budget_bytes", config.http_connection_budget_bytes, 0, kNoBound},
+      {"http_connection_answer_budget_bytes", config.http_connection_answer_budget_bytes, 0,
+       kNoBound},
+      {"http_memory_budget_bytes", config.http_memory_budget_bytes, 0, kNoBound},
+      {"http2_max_concurrent_streams", h2.max_concurrent_streams, 1, "1 or more"},
+      {"grpc_max_concurrent_streams", config.grpc_max_concurrent_streams, 0,
+       "0 (--http2_max_concurrent_streams) or more"},
+      {"http2_stream_window_bytes", h2.stream_window_bytes, 65535, "65535 or more"},
+      {"http2_connection_window_bytes", h2.connection_window_bytes, 65535, "65535 or more"},
+      {"http2_reset_burst", static_cast<int64_t>(std::min<uint64_t>(h2.reset_burst, INT64_MAX)), 1,
+       "1 or more"},
+      {"http2_reset_rate", static_cast<int64_t>(std::min<uint64_t>(h2.reset_rate, INT64_MAX)), 1,
+       "1 or more"},
+      {"http2_max_continuations",
+       static_cast<int64_t>(std::min<uint64_t>(h2.max_continuations, INT64_MAX)), 1, "1 or more"},
+      {"http2_max_outbound_ack",
+       static_cast<int64_t>(std::min<uint64_t>(h2.max_outbound_ack, INT64_MAX)), 1, "1 or more"},
+      {"http2_max_settings", static_cast<int64_t>(std::min<uint64_t>(h2.max_settings, INT64_MAX)),
+       1, "1 or more"},
+      {"http2_premature_reset_streams", h2.premature_reset_streams, 0, "0 (off) or more"},
+      {"http2_no_progress_burst", h2.no_progress_burst, 1, "1 or more"},
+      {"http2_no_progress_rate", h2.no_progress_rate, 1, "1 or more"},
+      {"http2_max_ping_strikes", h2.max_ping_strikes, 0, "0 (off) or more"},
+  }));
+  return CheckAtLeast({
+      {"http_idle_timeout", config.http_idle_timeout, absl::ZeroDuration(), true, kPositive},
+      {"http_read_timeout", config.http_read_timeout, absl::ZeroDuration(), true, kPositive},
+      {"http_send_timeout", config.http_send_timeout, absl::ZeroDuration(), true, kPositive},
+      // 0 would make no stream premature: the rule's off switch is the stream count.
+      {"http2_premature_reset_lifetime", h2.premature_reset_lifetime, absl::ZeroDuration(), true,
+       "a duration above 0 (--http2_premature_reset_streams=0 turns the rule off)"},
+      {"http2_min_ping_interval", h2.min_ping_interval, absl::ZeroDuration(), false,
+       "0 (no PING is too soon) or more"},
+      {"http2_idle_ping_interval", h2.idle_ping_interval, absl::ZeroDuration(), false,
+       "0 (no PING is too soon) or more"},
+  });
+}
+
 absl::Status CheckConfig(const ServerConfig& config) {
+  // Flags whose wrong values would otherwise surface late (the backend after the crypto set-up,
+  // the deletion wait after the key store opened) or not at all.
+  if (config.backend != "auto" && config.backend != "libsodium" && config.backend != "openssl") {
+    return FlagOutOfRange("backend", "auto, libsodium or openssl",
+                          absl::StrCat("\"", config.backend, "\""));
+  }
+  if (config.key_deletion_wait < absl::ZeroDuration() ||
+      config.key_deletion_wait > keys::KeyManager::kMaxDeletionWait) {
+    return FlagOutOfRange("key_deletion_wait", "0 (wipe at once) to 87840h (10 years)",
+                          absl::FormatDuration(config.key_deletion_wait));
+  }
+  if (!(config.log_requests_sample_rate >= 0 && config.log_requests_sample_rate <= 1)) {
+    return FlagOutOfRange("log_requests_sample_rate", "a fraction from 0 to 1",
+                          absl::StrCat(config.log_requests_sample_rate));
+  }
+  OFFLOAD_RETURN_IF_ERROR(CheckAtLeast({
+      {"workers", config.workers, 0, "0 (one per core) or more"},
+      {"inline_max_call_us", absl::ToInt64Microseconds(config.inline_max_call), 0,
+       "0 (every call that misses the memo goes to the pool) or more"},
+      {"inline_turn_budget_us", absl::ToInt64Microseconds(config.inline_turn_budget), 0,
+       "0 or more"},
+  }));
   if (config.max_batch_items < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_batch_items: expected at least 1, got ", config.max_batch_items));
@@ -123,29 +233,7 @@ absl::Status CheckConfig(const ServerConfig& config) {
         "max_queued_items: expected 0 or at least max_batch_items (", config.max_batch_items,
         "), got ", config.max_queued_items));
   }
-  if (config.http_threads < 0 || config.http_max_connections < 0 ||
-      config.http2.max_concurrent_streams < 1 || config.http_max_header_bytes < 1024 ||
-      config.http_idle_timeout <= absl::ZeroDuration() ||
-      config.http_read_timeout <= absl::ZeroDuration() ||
-      config.http_send_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        "http flags: expected http_threads >= 0, http_max_connections >= 0, "
-        "http2_max_concurrent_streams >= 1, http_max_header_bytes >= 1024 and positive "
-        "http_idle_timeout, http_read_timeout and http_send_timeout");
-  }
-  const httpd::Server::Options::Http2& h2 = config.http2;
-  if (config.http_connection_budget_bytes < 0 || config.http_memory_budget_bytes < 0 ||
-      config.http_connection_answer_budget_bytes < 0 ||
-      h2.stream_window_bytes < 65535 || h2.connection_window_bytes < 65535 ||
-      h2.reset_burst < 1 || h2.reset_rate < 1 || h2.max_continuations < 1 ||
-      h2.max_outbound_ack < 1 || h2.max_settings < 1 || h2.premature_reset_streams < 0 ||
-      h2.premature_reset_lifetime < absl::ZeroDuration() || h2.no_progress_burst < 1 ||
-      h2.no_progress_rate < 1) {
-    return absl::InvalidArgumentError(
-        "http budget and http2 limit flags: expected budgets >= 0 (0: none), HTTP/2 windows of "
-        "at least 65535 bytes, reset burst and rate, continuations, outbound ACKs, SETTINGS "
-        "entries and the no-progress burst and rate >= 1, premature_reset_streams >= 0");
-  }
+  OFFLOAD_RETURN_IF_ERROR(CheckHttpFlags(config));
   if (absl::StatusOr<auth::TrustedProxies> proxies =
           auth::TrustedProxies::Parse(config.trusted_proxies);
       !proxies.ok()) {
@@ -161,9 +249,6 @@ absl::Status CheckConfig(const ServerConfig& config) {
   if (absl::StatusOr<http::CorsPolicy> cors = http::CorsPolicy::Parse(config.http_cors_origins);
       !cors.ok()) {
     return cors.status();
-  }
-  if (config.grpc_max_concurrent_streams < 0) {
-    return absl::InvalidArgumentError("grpc_max_concurrent_streams: expected >= 0");
   }
 
   if (config.max_message_bytes < 1024 || config.max_message_bytes > (1LL << 30)) {

@@ -69,6 +69,11 @@ def wait_port(port, deadline_s=10):
 
 # ---------------------------------------------------------------------------------------------
 # nginx
+# The replicas' --max_message_bytes (its default), and the largest request body they accept for
+# it: http::MaxBody (service/http/rpc_codec.cc), a gRPC-Web text body - base64 of the message and
+# its 5-byte frame header, plus 4 KiB for line breaks. The routers must pass both.
+MAX_MESSAGE_BYTES = 16 << 20
+MAX_BODY_BYTES = (MAX_MESSAGE_BYTES + 5 + 2) // 3 * 4 + 4096
 
 
 # Where deploy/k8s/nginx.yaml mounts ca.crt of the offload-tls Secret: the CA the Kubernetes router
@@ -215,7 +220,9 @@ class GrpcBackend:
             "offload.test.Echo",
             {"Who": grpc.unary_unary_rpc_method_handler(lambda request, context: name.encode()),
              "Auth": grpc.unary_unary_rpc_method_handler(auth)})
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        # As a replica, it takes messages of up to --max_message_bytes (grpcio's default is 4 MiB).
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4),
+                                  options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
         self.server.add_generic_rpc_handlers((handler,))
         if tls:
             pem = []
@@ -307,6 +314,15 @@ class NginxTest(unittest.TestCase):
         channel = grpc.insecure_channel(f"127.0.0.1:{grpc_listen}")
         self.addCleanup(channel.close)
         who = channel.unary_unary("/offload.test.Echo/Who")
+
+        # The largest bodies a replica accepts pass the router (never nginx's 413): a gRPC
+        # message of --max_message_bytes, and a gRPC-Web text body of one.
+        self.assertIn(who(b"m" * MAX_MESSAGE_BYTES, timeout=60).decode(), names)
+        req = urllib.request.Request(f"http://127.0.0.1:{http_listen}/offload.v1.AeadService/Seal",
+                                     data=b"A" * MAX_BODY_BYTES, method="POST",
+                                     headers={"Content-Type": "application/grpc-web-text"})
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            self.assertIn(resp.read().decode(), names)
 
         def via_grpc(key=None):
             md = [("x-offload-key", key)] if key is not None else []

@@ -497,9 +497,26 @@ class Http2Abuse(ServerTestCase):
                     break
             a.read()
 
+        # Frames of two entries each: within --http2_max_settings, so `settings` is not the
+        # reason (test_settings_too_many_entries has it).
         for connections in (1, 4):
             self.attack("SETTINGS flood", connections, drive,
-                        expect_reasons=("control_flood", "no_progress", "settings"))
+                        expect_reasons=("control_flood", "no_progress"))
+
+    def test_settings_too_many_entries(self):
+        def drive(a, index):
+            # One SETTINGS frame of 33 entries, one more than --http2_max_settings (32).
+            a.send(frame(SETTINGS, 0, 0, struct.pack(">HI", 4, 65535) * 33))
+            a.read()
+
+        for connections in (1, 4):
+            attackers, counted = self.attack("SETTINGS of 33 entries", connections, drive,
+                                             expect_reasons=("settings",))
+            # nghttp2 sends the GOAWAY; each connection is counted once, as `settings` only.
+            self.assertTrue(all(a.goaway == ENHANCE_YOUR_CALM for a in attackers),
+                            [a.goaway for a in attackers])
+            self.assertEqual(counted["settings"], connections)
+            self.assertEqual(counted["protocol_error"], 0)
 
     def test_empty_data_frames(self):
         def drive(a, index):

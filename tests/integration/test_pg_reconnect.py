@@ -10,7 +10,12 @@ two connections: the key store's and the change listener's (LISTEN offload_key_c
      replicas
   b  the same after a restart of PostgreSQL (fast shutdown, start on the same port and data)
 
-Both check the answers (no UNAVAILABLE, the store holds what was acknowledged), that no
+  c  PostgreSQL stopped: a key change through a replica is refused UNAVAILABLE "key store
+     unavailable" with a retry delay, nothing of the store's address or libpq's message (those
+     are in the replica's log); keys already held still serve; after the restart a change goes
+     through
+
+a and b check the answers (no UNAVAILABLE, the store holds what was acknowledged), that no
 replica's log reports a failed resync or reload (the listener resyncs on a fresh connection),
 and how long each change took to reach the other replicas: printed against the 1 s the issue
 asks for, asserted within PROPAGATION_BOUND_S (a bound loose enough for a busy machine; the
@@ -40,6 +45,17 @@ PROPAGATION_TARGET_S = 1.0  # issue 14: a change reaches the other replicas with
 PROPAGATION_BOUND_S = 5.0   # what the test asserts (a loaded machine may be slower than 1 s)
 # Log events that mean a replica used a dead connection, or missed a change for a while.
 BAD_EVENTS = ("keystore_resync_failed", "keystore_reload_failed")
+
+
+def retry_delay_ms(error):
+    """The RetryInfo delay of a gRPC error (its grpc-status-details-bin), in ms, or None."""
+    for key, value in error.trailing_metadata() or ():
+        if key == "grpc-status-details-bin":
+            for detail in pb.rpc_status.Status.FromString(value).details:
+                info = pb.error_details.RetryInfo()
+                if detail.Is(info.DESCRIPTOR) and detail.Unpack(info):
+                    return info.retry_delay.seconds * 1000 + info.retry_delay.nanos / 1e6
+    return None
 
 
 class PostgresReconnectTest(harness.ServerTestCase):
@@ -194,6 +210,51 @@ class PostgresReconnectTest(harness.ServerTestCase):
             print("pg-reconnect: restart before %s took %.2fs" % (what, time.monotonic() - t0),
                   file=sys.stderr)
         self.run_key_lifecycle("restart", disrupt)
+
+    # -- c: PostgreSQL down ----------------------------------------------------------------------
+
+    def test_c_key_calls_while_postgres_is_down_say_only_unavailable(self):
+        r0 = self.replicas[0]
+        r0.keys.CreateKey(pb.keys.CreateKeyRequest(
+            key_id="down-key", type=pb.keys.KEY_TYPE_XCHACHA20_POLY1305), timeout=10)
+        mark = len(r0.log_lines())
+        self.pg.stop()
+        try:
+            calls = (
+                (r0.keys.CreateKey, pb.keys.CreateKeyRequest(
+                    key_id="down-new", type=pb.keys.KEY_TYPE_ED25519)),
+                (r0.keys.RotateKey, pb.keys.RotateKeyRequest(key_id="down-key")),
+            )
+            for call, request in calls:
+                e = harness.rpc_error(call, request, timeout=10)
+                self.assertIsNotNone(e, "a key change succeeded with PostgreSQL down")
+                # The caller (anonymous here) learns that the store is unavailable and when to
+                # come back, not where the store is nor what libpq said.
+                self.assertEqual(e.code(), grpc.StatusCode.UNAVAILABLE)
+                self.assertEqual(e.details(), "key store unavailable")
+                delay = retry_delay_ms(e)
+                self.assertIsNotNone(delay, "no RetryInfo")
+                self.assertTrue(100 <= delay <= 10000, delay)
+            # The detail is in the server's log.
+            logged = [line for line in r0.log_lines()[mark:] if "keystore_unavailable" in line]
+            self.assertTrue(logged, "no keystore_unavailable line")
+            self.assertIn("port=%d" % self.pg.port, logged[0])
+            self.assertIn("connect", logged[0])
+            self.assertNotIn(self.pg.password, "".join(r0.log_lines()))
+            # Keys already held still serve.
+            r0.aead.Seal(pb.aead.AeadSealRequest(key_id="down-key", plaintext=b"p"), timeout=5)
+        finally:
+            self.pg.restart()
+        # Back: the next change goes through.
+        deadline = time.monotonic() + 10
+        while True:
+            e = harness.rpc_error(r0.keys.RotateKey, pb.keys.RotateKeyRequest(key_id="down-key"),
+                                  timeout=10)
+            if e is None or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        self.assertIsNone(e)
+        self.assertEqual(self.stored_version("down-key"), 2)
 
 
 if __name__ == "__main__":

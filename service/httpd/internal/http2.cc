@@ -160,6 +160,23 @@ const char* FrameTypeName(uint8_t type) {
   }
 }
 
+// The reason counted for a GOAWAY that nghttp2 submitted by itself (not one of ours). A SETTINGS
+// frame with more entries than nghttp2_option_set_max_settings allows is one: nghttp2 1.52
+// returns no error for it from nghttp2_session_mem_recv and calls no invalid-frame callback; it
+// sends GOAWAY ENHANCE_YOUR_CALM with this debug text (nghttp2_session.c), and that GOAWAY is the
+// only sign of it. Its reset rate limit (out of reach, since the reset bucket is ours) would be
+// reset_rate; anything else is a protocol error.
+AbuseReason NghttpGoawayReason(const nghttp2_goaway& goaway, uint8_t last_recv_type) {
+  constexpr absl::string_view kTooManySettings = "SETTINGS: too many setting entries";
+  const absl::string_view debug(reinterpret_cast<const char*>(goaway.opaque_data),
+                                goaway.opaque_data_len);
+  if (goaway.error_code == NGHTTP2_ENHANCE_YOUR_CALM && debug == kTooManySettings) {
+    return AbuseReason::kSettings;
+  }
+  if (last_recv_type == NGHTTP2_RST_STREAM) return AbuseReason::kResetRate;
+  return AbuseReason::kProtocolError;
+}
+
 // At most 128 bytes of `data` with anything but printable ASCII as '?', for a log line.
 std::string PrintableText(const uint8_t* data, size_t size) {
   std::string out(reinterpret_cast<const char*>(data), std::min<size_t>(size, 128));
@@ -447,7 +464,8 @@ bool Http2::Receive(const char* data, size_t size) {
     AbuseReason reason = AbuseReason::kProtocolError;
     if (rv == NGHTTP2_ERR_FLOODED) reason = AbuseReason::kControlFlood;
     if (rv == NGHTTP2_ERR_TOO_MANY_CONTINUATIONS) reason = AbuseReason::kContinuations;
-    if (rv == NGHTTP2_ERR_TOO_MANY_SETTINGS) reason = AbuseReason::kSettings;
+    // (Too many SETTINGS entries is not an error nghttp2 1.52 returns here: it sends its own
+    // GOAWAY, counted in OnFrameSend.)
     conn_->Abuse(reason, {{"nghttp2_error", nghttp2_strerror(static_cast<int>(rv))},
                           {"last_frame", FrameTypeName(last_recv_type_)}});
     // A flood or a bad preface: nothing more is sent (nghttp2 may not be used again).
@@ -1212,11 +1230,8 @@ int Http2::OnFrameSend(nghttp2_session* session, const nghttp2_frame* frame, voi
       break;
     case NGHTTP2_GOAWAY:
       if (self->our_goaway_ || frame->goaway.error_code == NGHTTP2_NO_ERROR) break;
-      // nghttp2's own: a protocol error (its reset rate limit, out of reach since the reset
-      // bucket is ours, would be reset_rate).
-      self->conn_->Abuse(self->last_recv_type_ == NGHTTP2_RST_STREAM
-                             ? AbuseReason::kResetRate
-                             : AbuseReason::kProtocolError,
+      // nghttp2's own: a protocol error, or one of its limits (see NghttpGoawayReason).
+      self->conn_->Abuse(NghttpGoawayReason(frame->goaway, self->last_recv_type_),
                          {{"goaway_error", nghttp2_http2_strerror(frame->goaway.error_code)},
                           // nghttp2's reason, e.g. "DATA: stream in idle" (its own text)
                           {"goaway_reason", PrintableText(frame->goaway.opaque_data,
