@@ -164,7 +164,7 @@ class H2Client {
     nghttp2_session_callbacks_set_send_callback(cb, [](nghttp2_session*, const uint8_t* data,
                                                        size_t len, int, void* self) -> ssize_t {
       const ssize_t n = send(static_cast<H2Client*>(self)->fd_, data, len, MSG_NOSIGNAL);
-      return n < 0 ? NGHTTP2_ERR_CALLBACK_FAILURE : n;
+      return n < 0 ? static_cast<ssize_t>(NGHTTP2_ERR_CALLBACK_FAILURE) : n;
     });
     nghttp2_session_callbacks_set_on_header_callback(
         cb, [](nghttp2_session*, const nghttp2_frame* frame, const uint8_t* name, size_t namelen,
@@ -323,7 +323,7 @@ class H2Client {
     std::memcpy(buf, out->data.data() + out->offset, n);
     out->offset += n;
     if (out->offset == out->data.size()) {
-      if (!out->end) return n == 0 ? NGHTTP2_ERR_DEFERRED : static_cast<ssize_t>(n);
+      if (!out->end) return n == 0 ? static_cast<ssize_t>(NGHTTP2_ERR_DEFERRED) : static_cast<ssize_t>(n);
       *flags |= NGHTTP2_DATA_FLAG_EOF;
     }
     return static_cast<ssize_t>(n);
