@@ -102,10 +102,11 @@ function makeClient(server: string, protocol: "connect" | "grpc-web", token: str
 }
 
 // An error as the page shows it. A fetch that the browser refused (CORS) or could not send
-// surfaces as Code.Unknown caused by a TypeError ("Failed to fetch" in Chromium).
+// surfaces as Code.Unavailable caused by a TypeError ("Failed to fetch" in Chromium): the
+// client's fetch transport retried it within the deadline, as it retries a server that is down.
 function describeError(e: unknown): string {
   if (e instanceof ConnectError) {
-    if (e.code === Code.Unknown && e.cause instanceof TypeError) {
+    if (e.code === Code.Unavailable && e.cause instanceof TypeError) {
       return `${e.message} (network error or refused by the browser: is this page's origin in the ` +
         `server's --http_cors_origins? The browser console says which)`;
     }

@@ -331,7 +331,7 @@ describe("examples/web in headless Chromium", () => {
         assert.match(status, /^error: setup: .*Failed to fetch/, `the page says: ${status}`);
         assert.match(await page.locator("#status").innerText(), /^error: /);
         assert.equal(results.setup.ok, false);
-        assert.match(await page.locator("#setup").innerText(), /error \(over Connect\): \[unknown\] Failed to fetch/);
+        assert.match(await page.locator("#setup").innerText(), /error \(over Connect\): \[unavailable\] the server was not reached: Failed to fetch/);
         for (const step of results.steps) {
           for (const lane of LANES) {
             const c = step.cells[lane];
@@ -342,7 +342,7 @@ describe("examples/web in headless Chromium", () => {
             if (["verify", "verify-tampered"].includes(step.id)) {
               // Needs no key: sent, and refused by the browser.
               assert.equal(c.skipped, false);
-              assert.match(shown.text, /^error: \[unknown\] Failed to fetch/);
+              assert.match(shown.text, /^error: \[unavailable\] the server was not reached: Failed to fetch/);
             } else {
               assert.equal(c.skipped, true);
             }
