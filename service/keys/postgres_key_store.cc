@@ -328,11 +328,15 @@ absl::Status PostgresKeyStore::ForCaller(absl::string_view what, absl::Status s,
   }
   Log(LogLevel::kWarning, "keystore_unavailable",
       {{"store", description_}, {"call", std::string(what)}, {"error", std::string(s.message())}});
-  return absl::UnavailableError(
-      outcome_unknown ? absl::StrCat(kKeyStoreUnavailable, ": the connection was lost during the "
-                                     "change and its outcome is unknown; read the key before "
-                                     "trying again")
-                      : std::string(kKeyStoreUnavailable));
+  // A change whose COMMIT may have gone through is not UNAVAILABLE (which says "not done, send
+  // it again": clients retry that, and a rotation would run twice) but UNKNOWN, with no retry
+  // delay: the caller reads the key to learn what happened.
+  if (outcome_unknown) {
+    return absl::UnknownError(absl::StrCat(kKeyStoreUnavailable,
+                                           ": the connection was lost during the change and its "
+                                           "outcome is unknown; read the key before trying again"));
+  }
+  return absl::UnavailableError(std::string(kKeyStoreUnavailable));
 }
 
 absl::Status PostgresKeyStore::ReadLocked(absl::string_view what,

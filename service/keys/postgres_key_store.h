@@ -130,8 +130,8 @@ class PostgresKeyStore final : public KeyStore {
   absl::Status WriteAttemptsLocked(absl::string_view what, const WriteBody& body,
                                    bool* outcome_unknown) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What the callers of the store's calls (and through KeyManager, the service's callers) see
-  // of `s`: an Unavailable status becomes kKeyStoreUnavailable (with a word on a change whose
-  // outcome is unknown), and its detail - the store's address, libpq's message - goes to the
+  // of `s`: an Unavailable status becomes kKeyStoreUnavailable (Unknown instead, with a word,
+  // for a change whose outcome is unknown: it must not be sent again blindly), and its detail - the store's address, libpq's message - goes to the
   // server's log only (keystore_unavailable, naming the call `what`). Other codes keep their
   // message without the store's description in front (logged whole: keystore_error).
   absl::Status ForCaller(absl::string_view what, absl::Status s, bool outcome_unknown = false) const;
