@@ -1134,7 +1134,7 @@ absl::StatusOr<v1::BoxSealResponse> Client::BoxSeal(absl::string_view key_id,
     req.set_key_id(std::string(key_id));
     req.set_peer_public_key(std::string(peer_public_key));
     req.set_nonce(std::string(nonce));
-    req.set_plaintext(std::string(plaintext));
+    req.mutable_plaintext()->assign(plaintext.data(), plaintext.size());  // no temporary left unwiped
     auto r = InvokeUnary<v1::BoxSealResponse>(key_id, [&](const Endpoint& e,
                                                          grpc::ClientContext* ctx,
                                                          v1::BoxSealResponse* resp) {
@@ -1197,7 +1197,7 @@ absl::StatusOr<v1::AeadSealResponse> Client::AeadSeal(absl::string_view key_id,
   return Run([&]() -> absl::StatusOr<v1::AeadSealResponse> {
     v1::AeadSealRequest req;
     req.set_key_id(std::string(key_id));
-    req.set_plaintext(std::string(plaintext));
+    req.mutable_plaintext()->assign(plaintext.data(), plaintext.size());  // no temporary left unwiped
     req.set_associated_data(std::string(associated_data));
     const uint64_t generation = open_memo_ != nullptr ? open_memo_->generation() : 0;
     auto r = InvokeUnary<v1::AeadSealResponse>(key_id, [&](const Endpoint& e, grpc::ClientContext* ctx,

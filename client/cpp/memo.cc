@@ -90,13 +90,21 @@ Memo::~Memo() { Clear(); }
 
 absl::Duration Memo::Now() const { return options_.clock ? options_.clock() : SystemClock(); }
 
-absl::Duration Memo::SystemClock() {
+int Memo::SystemClockId() {
 #ifdef CLOCK_BOOTTIME
   // steady_clock (CLOCK_MONOTONIC) stops while the machine sleeps: a phone or laptop that
   // resumes would find its entries younger than they are.
-  timespec ts;
-  if (clock_gettime(CLOCK_BOOTTIME, &ts) == 0) return absl::DurationFromTimespec(ts);
+  return CLOCK_BOOTTIME;
+#else
+  return -1;
 #endif
+}
+
+absl::Duration Memo::SystemClock() {
+  timespec ts;
+  if (const int id = SystemClockId(); id >= 0 && clock_gettime(id, &ts) == 0) {
+    return absl::DurationFromTimespec(ts);
+  }
   return absl::FromChrono(std::chrono::steady_clock::now().time_since_epoch());
 }
 

@@ -160,6 +160,8 @@ class Memo final {
   // The clock `max_age` runs on without MemoOptions::clock: CLOCK_BOOTTIME where there is one
   // (it counts time asleep), else steady_clock.
   static absl::Duration SystemClock();
+  // The POSIX clock SystemClock reads (CLOCK_BOOTTIME where defined); -1: steady_clock.
+  static int SystemClockId();
 
   // Read it before the RPC whose answer will be inserted, and pass it to Insert: the insert
   // is ignored if its owner was dropped, or the memo cleared, after it was read.
