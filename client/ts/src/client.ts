@@ -698,6 +698,15 @@ export class OffloadClient {
         reject(invalid);
         return;
       }
+      // The per-call headers are read first: a malformed one (CR LF, a non-Latin-1 value) is the
+      // caller's INVALID_ARGUMENT before any input is copied or any timer is set.
+      let key: string;
+      try {
+        key = batchKey(kind, opts?.headers);
+      } catch (e) {
+        reject(new ConnectError(`headers: ${e instanceof Error ? e.message : String(e)}`, Code.InvalidArgument));
+        return;
+      }
       const p: Pending<Q, R> = {
         q: kind.own ? kind.own(q) : q,
         resolve,
@@ -722,7 +731,6 @@ export class OffloadClient {
       }
       // Only calls that would travel the same way share a batch: a Batch* call carries one set of
       // headers, so a caller's own `authorization` (its identity) never speaks for another's.
-      const key = batchKey(kind, opts?.headers);
       let queue = this.queues.get(key);
       if (!queue) {
         this.queues.set(key, (queue = []));

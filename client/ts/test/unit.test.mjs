@@ -358,6 +358,22 @@ describe("retries", () => {
     }
   });
 
+  it("a malformed per-call header is the caller's INVALID_ARGUMENT, and nothing is sent", async () => {
+    let attempts = 0;
+    const c = createOffloadClient({
+      baseUrl: "http://127.0.0.1:1",
+      fetch: (input, init) => (attempts++, fetch(input, init)),
+      retry: false,
+    });
+    const plaintext = new Uint8Array([1, 2, 3]);
+    await assert.rejects(
+      c.seal({ keyId: "k", plaintext }, { headers: { "x-tenant": "a\r\nx-evil: 1" } }),
+      (e) => e instanceof ConnectError && e.code === Code.InvalidArgument && /headers/.test(e.message),
+    );
+    assert.equal(attempts, 0);
+    assert.deepEqual([...plaintext], [1, 2, 3]); // the caller's bytes are the caller's
+  });
+
   it("UNKNOWN answered by the server is not retried", async () => {
     r.state.seen = [];
     r.state.script = [connectRefusal(500, "unknown"), okListKeys];
