@@ -719,9 +719,16 @@ TEST_F(GatewayTest, TheGrpcPortCountsItsConnectionsUnderItsName) {
   });
   testhttp::Connection held(gateway_->port());
   ASSERT_TRUE(held.connected());
-  for (int i = 0; i < 50 && gateway_->server_stats().open < 1; ++i) absl::SleepFor(absl::Milliseconds(10));
+  for (int i = 0; i < 2000 && gateway_->server_stats().open < 1; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(gateway_->server_stats().open, 1);
+  testing::internal::CaptureStderr();
   testhttp::Connection refused(gateway_->port());
   EXPECT_TRUE(refused.ClosedWithin(std::chrono::seconds(15)));
+  const std::string log = testing::internal::GetCapturedStderr();
+  EXPECT_THAT(log, HasSubstr(R"("event":"connection_refused")"));
+  EXPECT_THAT(log, HasSubstr(R"("max_connections":1)"));
   const std::string scrape = metrics_->Scrape();
   EXPECT_THAT(scrape, HasSubstr("offload_http_connections{port=\"grpc\"} 1"));
   EXPECT_THAT(scrape, HasSubstr("offload_http_connections_total{port=\"grpc\",result=\"accepted\"} 2"));

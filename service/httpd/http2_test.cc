@@ -54,6 +54,12 @@ class Handler2 final : public Handler {
   bool Streaming(const Exchange& exchange) override {
     return exchange.path() == "/stream" || exchange.path() == "/stream-inline";
   }
+  // A request's own body bound, when it names one (`x-limit`), as the gateway gives its protocol's.
+  int64_t BodyLimit(const Exchange& exchange) override {
+    int64_t limit = -1;
+    if (auto v = exchange.header("x-limit")) (void)absl::SimpleAtoi(*v, &limit);
+    return limit;
+  }
 
   void Handle(std::shared_ptr<Exchange> exchange) override {
     const absl::string_view path = exchange->path();
@@ -451,6 +457,41 @@ TEST_F(Http2Test, BodyOverTheLimitIsTheHandlersToAnswer) {
   const int32_t next = c.Submit("/unary", "small");
   ASSERT_TRUE(c.Run([&] { return c.results[next].closed; }));
   EXPECT_EQ(c.results[next].body, "small");
+}
+
+// The handler's bound for one request (Handler::BodyLimit), below the server's: a body announced
+// past it is refused on its Content-Length, one without a Content-Length as its DATA passes it;
+// a body at the bound is read; each refusal is counted as body_too_large.
+TEST_F(Http2Test, ARequestsOwnBodyLimitIsEnforcedOnLengthAndOnData) {
+  Server::Options options;
+  options.max_body_bytes = 1 << 20;
+  Start(options);
+  H2Client c(server_->port());
+  const auto too_large = [&] {
+    return server_->stats().abuse[static_cast<int>(AbuseReason::kBodyTooLarge)];
+  };
+  // Refused on the header alone: not a byte of the body is sent.
+  const int32_t announced = c.Submit("/unary", "", /*end=*/false, "POST",
+                                     {{"x-limit", "1000"}, {"content-length", "1001"}});
+  ASSERT_TRUE(c.Run([&] { return c.results[announced].closed; }));
+  EXPECT_EQ(c.results[announced].status, 413);
+  EXPECT_EQ(too_large(), 1u);
+  const int32_t unannounced = c.Submit("/unary", std::string(1001, 'b'), true, "POST",
+                                       {{"x-limit", "1000"}});
+  ASSERT_TRUE(c.Run([&] { return c.results[unannounced].closed; }));
+  EXPECT_EQ(c.results[unannounced].status, 413);
+  EXPECT_EQ(too_large(), 2u);
+  const int32_t at_bound = c.Submit("/unary", std::string(1000, 'c'), true, "POST",
+                                    {{"x-limit", "1000"}, {"content-length", "1000"}});
+  ASSERT_TRUE(c.Run([&] { return c.results[at_bound].closed; }));
+  EXPECT_EQ(c.results[at_bound].status, 200);
+  EXPECT_EQ(c.results[at_bound].body, std::string(1000, 'c'));
+  // A bound above the server's is the server's.
+  const int32_t above = c.Submit("/unary", std::string((1 << 20) + 1, 'd'), true, "POST",
+                                 {{"x-limit", "99999999"}});
+  ASSERT_TRUE(c.Run([&] { return c.results[above].closed; }));
+  EXPECT_EQ(c.results[above].status, 413);
+  EXPECT_EQ(too_large(), 3u);
 }
 
 TEST_F(Http2Test, DrainSendsTwoGoawaysAndFinishesTheStreamInFlight) {

@@ -24,7 +24,8 @@ void RegisterPortMetrics(metrics::Metrics* metrics, const std::shared_ptr<Gatewa
   };
   using Stats = httpd::Server::Stats;
   static constexpr char kConnectionsHelp[] =
-      "Connections to the port: accepted, or refused at accept (--http_max_connections reached)";
+      "Connections to the port: accepted (every one taken from the listener, the refused "
+      "included), and of those refused at accept (--http_max_connections reached)";
   metrics->AddPullGauge("offload_http_connections", "Open connections on the port",
                         {{"port", port}}, read(&Stats::open));
   metrics->AddPullCounter("offload_http_connections_total", kConnectionsHelp,
