@@ -228,7 +228,7 @@ interface Kind<Q, R> {
   // Read before the request is sent, given to onSuccess: Seal's open-memo generation.
   snapshot?: (q: Q) => number;
   // Awaited with each success before its caller gets it: Seal records its envelope.
-  onSuccess?: (q: Q, r: R, snapshot: number) => Promise<void>;
+  onSuccess?: (q: Q, r: R, snapshot: number, scope: string) => Promise<void>;
   // A second caller's copy of a result (secret bytes copied); default: the same object.
   clone?: (r: R) => R;
   // The client's own copy of a request's bytes, taken when the call is made, when a memo keys or
@@ -244,7 +244,10 @@ interface Kind<Q, R> {
 
 interface MemoHook<Q, R, V> {
   memo: Memo<V>;
-  digest: (q: Q) => Promise<string>;
+  // `scope`: the call's per-call headers, canonical (headerScope): open and derive entries are
+  // kept per scope, so a result fetched under one caller's headers (its `authorization`) is
+  // never answered to a call made with other headers. Verify answers depend on no identity.
+  digest: (q: Q, scope: string) => Promise<string>;
   keep: (q: Q, r: R) => V | undefined; // a copy to keep, or undefined: not remembered
   answer: (v: V) => R; // a fresh copy for the caller
   sent: (q: Q) => number;
@@ -295,10 +298,17 @@ function take(b: Uint8Array): Uint8Array {
 // caller's headers (its token, its identity) for all of them. The deadline is not part of it:
 // a batch runs to the latest of its callers' deadlines, and each caller's own ends its own call.
 function batchKey(kind: Kind<any, any>, headers: HeadersInit | undefined): string {
+  return JSON.stringify([kind.name, headerScope(headers)]);
+}
+
+// Per-call headers, canonical: "" for none, else their sorted pairs as JSON. Throws a TypeError
+// for a malformed header (as `Headers` does).
+function headerScope(headers: HeadersInit | undefined): string {
   const pairs: [string, string][] = [];
   if (headers !== undefined) new Headers(headers).forEach((v, k) => pairs.push([k, v]));
+  if (pairs.length === 0) return "";
   pairs.sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0));
-  return JSON.stringify([kind.name, pairs]);
+  return JSON.stringify(pairs);
 }
 
 /**
@@ -535,7 +545,8 @@ export class OffloadClient {
     const openHook: MemoHook<OpenRequest, OpenResult, { plaintext: Uint8Array; keyVersion: number }> | undefined =
       this.openMemo && {
         memo: this.openMemo,
-        digest: async (q) => (await self.digests()).digest("open", q.keyId, q.envelope, q.associatedData ?? new Uint8Array()),
+        digest: async (q, scope) =>
+          (await self.digests()).digest("open", scope, q.keyId, q.envelope, q.associatedData ?? new Uint8Array()),
         keep: (_q, r) => ({ plaintext: copy(r.plaintext), keyVersion: r.keyVersion }),
         answer: (v) => ({ plaintext: copy(v.plaintext), keyVersion: v.keyVersion, memoHit: true, local: true }),
         sent: (q) => q.keyId.length + q.envelope.length + (q.associatedData?.length ?? 0),
@@ -544,8 +555,8 @@ export class OffloadClient {
     const deriveHook: MemoHook<DeriveRequest, DeriveResult, { sharedKey: Uint8Array; keyVersion: number }> | undefined =
       this.deriveMemo && {
         memo: this.deriveMemo,
-        digest: async (q) =>
-          (await self.digests()).digest("derive", q.keyId, q.keyVersion ?? 0, q.output ?? DeriveOutput.RAW, q.peerPublicKey),
+        digest: async (q, scope) =>
+          (await self.digests()).digest("derive", scope, q.keyId, q.keyVersion ?? 0, q.output ?? DeriveOutput.RAW, q.peerPublicKey),
         keep: (_q, r) => ({ sharedKey: copy(r.sharedKey), keyVersion: r.keyVersion }),
         answer: (v) => ({ sharedKey: copy(v.sharedKey), keyVersion: v.keyVersion, memoHit: true, local: true }),
         sent: (q) => q.keyId.length + q.peerPublicKey.length + 8,
@@ -583,10 +594,10 @@ export class OffloadClient {
       // Seal records the envelope it produced, so that opening it costs nothing; a refusal of
       // the key seen while the seal was under way wins (the generation read before sending).
       snapshot: (q) => openHook?.memo.generation(q.keyId) ?? 0,
-      onSuccess: async (q, r, generation) => {
+      onSuccess: async (q, r, generation, scope) => {
         if (!openHook) return;
         try {
-          const d = await openHook.digest({ keyId: q.keyId, envelope: r.envelope, associatedData: q.associatedData });
+          const d = await openHook.digest({ keyId: q.keyId, envelope: r.envelope, associatedData: q.associatedData }, scope);
           openHook.memo.put(d, q.keyId, { plaintext: copy(q.plaintext), keyVersion: r.keyVersion }, generation);
         } catch {
           // not remembered: the seal itself succeeded
@@ -756,7 +767,9 @@ export class OffloadClient {
     if (hook) {
       let digests: string[];
       try {
-        digests = await Promise.all(items.map((p) => hook.digest(p.q)));
+        // One queue's calls share their per-call headers (batchKey): one scope.
+        const scope = headerScope(items[0]?.headers);
+        digests = await Promise.all(items.map((p) => hook.digest(p.q, scope)));
       } catch (e) {
         for (const p of items) {
           this.settle(p, false, ConnectError.from(e, Code.Internal));
@@ -828,7 +841,7 @@ export class OffloadClient {
         done();
         return;
       }
-      await kind.onSuccess?.(m.p.q, outcome.value, snapshots[i]);
+      await kind.onSuccess?.(m.p.q, outcome.value, snapshots[i], headerScope(m.p.headers));
       if (hook && m.digest !== undefined) {
         const v = hook.keep(m.p.q, outcome.value);
         if (v !== undefined) hook.memo.put(m.digest, kind.keyId(m.p.q) ?? "", v, m.generation);

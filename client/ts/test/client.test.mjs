@@ -531,6 +531,16 @@ describe("tokens", () => {
     const opened = await Promise.allSettled([phone.open({ keyId, envelope }, alice), phone.open({ keyId, envelope }, bob)]);
     assert.deepEqual(opened.map(outcome), ["ok", "PermissionDenied"]);
     await assertCountsSince(authServer, before, { "AeadService/Open OK": 1, "AeadService/Open PERMISSION_DENIED": 1 }, "one open per identity");
+    // Later ticks. Bob's refusal dropped the key's entries (PERMISSION_DENIED does): alice's
+    // open is fetched again and remembered, then answered locally. Bob's is not answered from
+    // what alice's call fetched (entries are kept per set of per-call headers): the server
+    // refuses it again.
+    before = await requestCounts(authServer);
+    await phone.open({ keyId, envelope }, alice);
+    const hit = await phone.open({ keyId, envelope }, alice);
+    assert.equal(hit.local, true);
+    await assert.rejects(phone.open({ keyId, envelope }, bob), (e) => e.code === Code.PermissionDenied);
+    await assertCountsSince(authServer, before, { "AeadService/Open OK": 1, "AeadService/Open PERMISSION_DENIED": 1 }, "bob asks the server");
   });
 
   it("a refused fresh token is not asked for again: the call fails UNAUTHENTICATED", async () => {
