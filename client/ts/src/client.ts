@@ -261,6 +261,7 @@ interface Pending<Q, R> {
   deadline: number;
   signal?: AbortSignal;
   headers?: HeadersInit;
+  scope: string; // `headers`, canonical (headerScope): its batch queue and its memo entries
   settled: boolean;
   timer?: ReturnType<typeof setTimeout>;
   onAbort?: () => void;
@@ -297,8 +298,8 @@ function take(b: Uint8Array): Uint8Array {
 // never batched together, nor asked once as equal inputs: the batch would go out with one
 // caller's headers (its token, its identity) for all of them. The deadline is not part of it:
 // a batch runs to the latest of its callers' deadlines, and each caller's own ends its own call.
-function batchKey(kind: Kind<any, any>, headers: HeadersInit | undefined): string {
-  return JSON.stringify([kind.name, headerScope(headers)]);
+function batchKey(kind: Kind<any, any>, scope: string): string {
+  return JSON.stringify([kind.name, scope]);
 }
 
 // Per-call headers, canonical: "" for none, else their sorted pairs as JSON. Throws a TypeError
@@ -711,9 +712,9 @@ export class OffloadClient {
       }
       // The per-call headers are read first: a malformed one (CR LF, a non-Latin-1 value) is the
       // caller's INVALID_ARGUMENT before any input is copied or any timer is set.
-      let key: string;
+      let scope: string;
       try {
-        key = batchKey(kind, opts?.headers);
+        scope = headerScope(opts?.headers);
       } catch (e) {
         reject(new ConnectError(`headers: ${e instanceof Error ? e.message : String(e)}`, Code.InvalidArgument));
         return;
@@ -725,6 +726,7 @@ export class OffloadClient {
         deadline: this.deadlineOf(opts),
         signal: opts?.signal,
         headers: opts?.headers,
+        scope,
         settled: false,
       };
       // This caller's own deadline and signal, whatever the batch it joins does.
@@ -742,6 +744,7 @@ export class OffloadClient {
       }
       // Only calls that would travel the same way share a batch: a Batch* call carries one set of
       // headers, so a caller's own `authorization` (its identity) never speaks for another's.
+      const key = batchKey(kind, scope);
       let queue = this.queues.get(key);
       if (!queue) {
         this.queues.set(key, (queue = []));
@@ -767,9 +770,7 @@ export class OffloadClient {
     if (hook) {
       let digests: string[];
       try {
-        // One queue's calls share their per-call headers (batchKey): one scope.
-        const scope = headerScope(items[0]?.headers);
-        digests = await Promise.all(items.map((p) => hook.digest(p.q, scope)));
+        digests = await Promise.all(items.map((p) => hook.digest(p.q, p.scope)));
       } catch (e) {
         for (const p of items) {
           this.settle(p, false, ConnectError.from(e, Code.Internal));
@@ -841,7 +842,7 @@ export class OffloadClient {
         done();
         return;
       }
-      await kind.onSuccess?.(m.p.q, outcome.value, snapshots[i], headerScope(m.p.headers));
+      await kind.onSuccess?.(m.p.q, outcome.value, snapshots[i], m.p.scope);
       if (hook && m.digest !== undefined) {
         const v = hook.keep(m.p.q, outcome.value);
         if (v !== undefined) hook.memo.put(m.digest, kind.keyId(m.p.q) ?? "", v, m.generation);

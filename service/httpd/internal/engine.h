@@ -217,6 +217,7 @@ struct Stream {
   bool refused = false;       // refused unread (Exchange::refusal): its body is dropped
   int64_t body_bytes = 0;     // body bytes received
   int64_t body_limit = 0;     // the largest body (Handler::BodyLimit), once the headers are in
+  int64_t announced = -1;     // HTTP/2: the Content-Length header's value (-1: none, or unread)
   int64_t body_reserved = 0;  // the body buffer's room reserved from its announced length
   int64_t body_charge = 0;    // what the body costs the budgets: max(reserved, received)
   int64_t held = 0;           // request bytes charged for this stream (header text, body)

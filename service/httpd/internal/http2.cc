@@ -592,7 +592,10 @@ int Http2::OnHeader(nghttp2_session*, const nghttp2_frame* frame, const uint8_t*
   }
   Access::AddHeader(e, n, v, /*lower_name=*/false);  // nghttp2 checked they are lower-case
   uint64_t length = 0;
-  if (n == "content-length" && absl::SimpleAtoi(v, &length) && length > 0 &&
+  if (n == "content-length" && absl::SimpleAtoi(v, &length)) {
+    s->announced = static_cast<int64_t>(std::min<uint64_t>(length, INT64_MAX));
+  }
+  if (n == "content-length" && length > 0 &&
       length <= static_cast<uint64_t>(self->options_.max_body_bytes)) {
     // nghttp2 holds the body to this length: room for it at once, charged (at most
     // kBodyReserve and one stream window, so that a length announced and never sent costs
@@ -636,10 +639,7 @@ void Http2::HeadersDone(Stream* s) {
   s->body_limit = RequestBodyLimit(conn_->handler(), *s, options_.max_body_bytes);
   // Decided on the header alone when it says: a body announced past the limit is refused
   // before a byte of it is held (nghttp2 holds the stream to its Content-Length).
-  uint64_t length = 0;
-  if (auto v = s->exchange->header("content-length");
-      v.has_value() && absl::SimpleAtoi(*v, &length) &&
-      length > static_cast<uint64_t>(s->body_limit)) {
+  if (s->announced > s->body_limit) {
     conn_->Abuse(AbuseReason::kBodyTooLarge);
     Refuse(s, Exchange::Refusal::kBodyTooLarge);
   }
