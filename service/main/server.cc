@@ -477,13 +477,17 @@ void RegisterGuardMetrics(metrics::Metrics& m, ops::Admission& admission,
                  [tokens] { return tokens != nullptr ? double(tokens->remembered_bytes()) : 0.0; });
 }
 
-// The server_started line: where it listens and its limits.
-void LogStarted(const ServerConfig& config, int grpc_port, size_t workers) {
+// The server_started line: where it listens (the addresses as given and the ports bound, which
+// differ for port 0; 0 for a port that is off) and its limits.
+void LogStarted(const ServerConfig& config, int grpc_port, int http_port, int metrics_port,
+                size_t workers) {
   Log(LogLevel::kInfo, "server_started",
       {{"grpc_address", config.grpc_address},
        {"grpc_port", grpc_port},
        {"http_address", config.http_address},
+       {"http_port", http_port},
        {"metrics_address", config.metrics_address},
+       {"metrics_port", metrics_port},
        {"workers", workers},
        {"max_batch_items", config.max_batch_items},
        {"max_message_bytes", config.max_message_bytes},
@@ -780,7 +784,8 @@ absl::Status RunServer(const ServerConfig& config) {
   ready->store(true);
   grpc_gateway.SetReady(true);
   if (http_gateway != nullptr) http_gateway->SetReady(true);
-  LogStarted(config, grpc_gateway.port(), pool.size());
+  LogStarted(config, grpc_gateway.port(), http_gateway != nullptr ? http_gateway->port() : 0,
+             metrics_endpoint != nullptr ? metrics_endpoint->port() : 0, pool.size());
 
   const int signal_number = WaitForStopSignal();
   Log(LogLevel::kInfo, "server_draining",

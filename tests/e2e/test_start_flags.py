@@ -13,7 +13,7 @@ import json
 import subprocess
 import unittest
 
-from harness import Server, free_port, pb
+from harness import Server, pb
 
 # (argument, the flag named, the accepted range as the error states it, the value it quotes)
 REFUSED = [
@@ -78,8 +78,7 @@ class StartFlagsTest(unittest.TestCase):
         binary = Server("flags").binary
         run = subprocess.run(
             [binary, arg, "--data_dir=/nonexistent/start-flags-test", "--memory_limit_file=",
-             "--grpc_address=127.0.0.1:%d" % free_port(),
-             "--http_address=127.0.0.1:%d" % free_port(), "--metrics_address="],
+             "--grpc_address=127.0.0.1:0", "--http_address=127.0.0.1:0", "--metrics_address="],
             capture_output=True, text=True, timeout=60)
         errors = []
         for text in run.stderr.splitlines():
