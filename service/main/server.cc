@@ -155,6 +155,13 @@ absl::Status CheckConfig(const ServerConfig& config) {
     return FlagOutOfRange("key_deletion_wait", "0 (wipe at once) to 87840h (10 years)",
                           absl::FormatDuration(config.key_deletion_wait));
   }
+  // Negative would cut every call in flight at SIGTERM as 0 does, without saying so; past an
+  // hour (or inf) one stuck call would hold a stopping server longer than any orchestrator waits
+  // before its SIGKILL (Kubernetes: 30 s unless raised).
+  if (config.drain_timeout < absl::ZeroDuration() || config.drain_timeout > absl::Hours(1)) {
+    return FlagOutOfRange("drain_timeout", "0 (no wait for calls in flight) to 1h",
+                          absl::FormatDuration(config.drain_timeout));
+  }
   if (!(config.log_requests_sample_rate >= 0 && config.log_requests_sample_rate <= 1)) {
     return FlagOutOfRange("log_requests_sample_rate", "a fraction from 0 to 1",
                           absl::StrCat(config.log_requests_sample_rate));
