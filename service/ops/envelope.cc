@@ -7,6 +7,22 @@
 
 namespace offload::ops {
 
+absl::Status CheckEnvelopeShape(absl::Span<const uint8_t> envelope) {
+  if (envelope.size() < kEnvelopeMinSize) {
+    return absl::InvalidArgumentError(absl::StrCat("envelope: expected at least ",
+                                                   kEnvelopeMinSize, " bytes, got ",
+                                                   envelope.size()));
+  }
+  if (envelope[0] != kEnvelopeFormatVersion) {
+    return absl::InvalidArgumentError(absl::StrCat("envelope: unknown format version ",
+                                                   envelope[0], ", expected 1"));
+  }
+  if (envelope[1] == 0 && envelope[2] == 0 && envelope[3] == 0 && envelope[4] == 0) {
+    return absl::InvalidArgumentError("envelope: key version 0 does not exist");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<EnvelopeView> ParseEnvelope(absl::Span<const uint8_t> envelope, size_t nonce_size) {
   const size_t minimum = kEnvelopeHeaderPrefix + nonce_size + kEnvelopeTagSize;
   if (envelope.size() < minimum) {

@@ -29,6 +29,14 @@ struct EnvelopeView {
   size_t plaintext_size() const { return ciphertext_and_tag.size() - kEnvelopeTagSize; }
 };
 
+// The shortest envelope of any algorithm: a 12-byte nonce, an empty plaintext.
+inline constexpr size_t kEnvelopeMinSize = kEnvelopeHeaderPrefix + 12 + kEnvelopeTagSize;
+
+// What can be told of `envelope` before its key is known (aead.proto: sizes are checked before
+// anything else): InvalidArgument("envelope: ...") when it is shorter than any algorithm's
+// (kEnvelopeMinSize), of an unknown format version, or names key version 0.
+absl::Status CheckEnvelopeShape(absl::Span<const uint8_t> envelope);
+
 // InvalidArgument("envelope: ...") for a short envelope or an unknown format version.
 absl::StatusOr<EnvelopeView> ParseEnvelope(absl::Span<const uint8_t> envelope, size_t nonce_size);
 

@@ -52,5 +52,25 @@ TEST(EnvelopeTest, RejectsUnknownFormatVersionOfAnySize) {
   }
 }
 
+// [aead.proto] What an envelope shows alone, before any key is known: the shortest length of any
+// algorithm, the format version, a key version that cannot exist.
+TEST(EnvelopeTest, ShapeIsCheckedWithoutTheKey) {
+  for (size_t n = 0; n < kEnvelopeMinSize; ++n) {
+    const absl::Status s = CheckEnvelopeShape(std::vector<uint8_t>(n, 1));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << n;
+    EXPECT_NE(s.message().find("envelope: expected at least 33 bytes, got"),
+              absl::string_view::npos)
+        << s;
+  }
+  std::vector<uint8_t> envelope(kEnvelopeMinSize, 0);
+  envelope[0] = 1;
+  EXPECT_NE(CheckEnvelopeShape(envelope).message().find("key version 0"), absl::string_view::npos);
+  envelope[4] = 7;
+  EXPECT_TRUE(CheckEnvelopeShape(envelope).ok());
+  envelope[0] = 2;
+  EXPECT_NE(CheckEnvelopeShape(envelope).message().find("unknown format version 2"),
+            absl::string_view::npos);
+}
+
 }  // namespace
 }  // namespace offload::ops

@@ -340,14 +340,12 @@ absl::Status Operations::AeadSeal(const v1::AeadSealRequest& request,
 
 absl::Status Operations::AeadRewrap(const v1::AeadRewrapRequest& request,
                                     v1::AeadRewrapResponse* response) const {
+  OFFLOAD_RETURN_IF_ERROR(CheckEnvelopeShape(Bytes(request.envelope())));
   OFFLOAD_ASSIGN_OR_RETURN(KeyPtr key, FindKey(*keys_, request.key_id(), IsAeadType, "an AEAD type"));
   const keys::ManagedKeyVersion* current = key->Current();
   const size_t nonce_size = crypto::AeadNonceSize(current->aead->algorithm());
   OFFLOAD_ASSIGN_OR_RETURN(const EnvelopeView view,
                            ParseEnvelope(Bytes(request.envelope()), nonce_size));
-  if (view.key_version == 0) {
-    return absl::InvalidArgumentError("envelope: key version 0 does not exist");
-  }
   OFFLOAD_ASSIGN_OR_RETURN(const keys::ManagedKeyVersion* old, FindVersion(*key, view.key_version));
   SecretBytes plaintext(view.plaintext_size());
   OFFLOAD_RETURN_IF_ERROR(old->aead->Open(view.nonce, Bytes(request.associated_data()),
@@ -395,14 +393,13 @@ bool Operations::AeadOpenFromMemoShared(const v1::AeadOpenRequest& request, Open
 bool Operations::AeadOpenFromMemoShared(const OpenRequestView& request, OpenResult* result,
                                         OpenProbe* probe, absl::Status* status) const {
   *status = [&]() -> absl::Status {
+    // What the envelope shows alone is refused before the key is looked up (aead.proto).
+    OFFLOAD_RETURN_IF_ERROR(CheckEnvelopeShape(Bytes(request.envelope)));
     OFFLOAD_ASSIGN_OR_RETURN(probe->key,
                              FindKey(*keys_, request.key_id, IsAeadType, "an AEAD type"));
     // Any version of one key has the same algorithm: the current one tells the nonce size.
     const size_t nonce_size = crypto::AeadNonceSize(probe->key->Current()->aead->algorithm());
     OFFLOAD_ASSIGN_OR_RETURN(probe->view, ParseEnvelope(Bytes(request.envelope), nonce_size));
-    if (probe->view.key_version == 0) {
-      return absl::InvalidArgumentError("envelope: key version 0 does not exist");
-    }
     OFFLOAD_ASSIGN_OR_RETURN(probe->version, FindVersion(*probe->key, probe->view.key_version));
     return absl::OkStatus();
   }();

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "service/crypto/op_counts.h"
@@ -132,6 +133,36 @@ TEST_F(OperationsTest, FailedOpenFailsEveryTimeAndIsNeverCached) {
     EXPECT_TRUE(response.plaintext().empty());
   }
   EXPECT_EQ(CryptoOpCount(CryptoOp::kAeadOpen) - before, 5u);
+}
+
+// [aead.proto, common.proto] Sizes are checked before anything else: an envelope too short for
+// any algorithm, of another format or naming key version 0 is INVALID_ARGUMENT whatever the key
+// id names (unknown, another type, disabled), for Open and Rewrap alike.
+TEST_F(OperationsTest, MalformedEnvelopeIsRefusedBeforeTheKeyIsLookedUp) {
+  CreateKey("ed", v1::KEY_TYPE_ED25519);
+  CreateKey("k", v1::KEY_TYPE_CHACHA20_POLY1305);
+  std::string version0 = Seal("k", "x");
+  version0[1] = version0[2] = version0[3] = version0[4] = 0;
+  std::string format2 = Seal("k", "x");
+  format2[0] = 2;
+  for (const std::string& envelope : {std::string(), std::string("\x01"), std::string(32, '\x01'),
+                                      version0, format2}) {
+    for (const char* key_id : {"nokey", "ed", "k"}) {
+      v1::AeadOpenResponse opened;
+      const absl::Status open = Open(key_id, envelope, &opened);
+      EXPECT_EQ(open.code(), absl::StatusCode::kInvalidArgument) << key_id << ": " << open;
+      EXPECT_TRUE(absl::StartsWith(open.message(), "envelope: ")) << open;
+      v1::AeadRewrapRequest rewrap;
+      rewrap.set_key_id(key_id);
+      rewrap.set_envelope(envelope);
+      v1::AeadRewrapResponse rewrapped;
+      EXPECT_EQ(ops_->AeadRewrap(rewrap, &rewrapped).code(), absl::StatusCode::kInvalidArgument)
+          << key_id;
+    }
+  }
+  // A well-formed envelope still needs its key: the lookup decides.
+  v1::AeadOpenResponse opened;
+  EXPECT_EQ(Open("nokey", Seal("k", "x"), &opened).code(), absl::StatusCode::kNotFound);
 }
 
 // The gRPC Open handler answers hits with AeadOpenFromMemo alone and sends misses to a worker
