@@ -25,6 +25,7 @@ Run: OFFLOAD_SERVER=build/bin/offload_server /usr/bin/python3 -m unittest -v tes
      (from tests/integration; ctest sets the variables)
 """
 
+import json
 import os
 import secrets
 import sys
@@ -129,25 +130,49 @@ class PostgresReconnectTest(harness.ServerTestCase):
     def log_marks(self):
         return [len(r.log_lines()) for r in self.replicas]
 
+    @staticmethod
+    def store_failure(lines, i):
+        """The error the key store logged for the call behind bad event lines[i]: the listener's
+        reload (on_change -> Load, call "load") or resync (on_resync -> LoadAll, call "load
+        all") logs keystore_unavailable with the store's detail just before the listener logs
+        the bad event, whose own error is only "key store unavailable" (the store gives its
+        callers no more, see PostgresKeyStore::ForCaller). None if there is no such line."""
+        call = "load" if "keystore_reload_failed" in lines[i] else "load all"
+        for line in reversed(lines[:i]):
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("event") == "keystore_unavailable" and event.get("call") == call:
+                return event.get("error", "")
+        return None
+
     def assert_no_bad_events(self, marks, heal_timeout=10.0):
         deadline = time.monotonic() + heal_timeout
         for r, mark in zip(self.replicas, marks):
             while True:
-                lines = r.log_lines()[mark:]
+                lines = r.log_lines()
                 bad, unhealed = [], []
-                for i, line in enumerate(lines):
+                for i in range(mark, len(lines)):
+                    line = lines[i]
                     if not any(e in line for e in BAD_EVENTS):
                         continue
                     # A reload (queued by a NOTIFY before a PostgreSQL restart) or a resync (of a
                     # listener that reconnected while PostgreSQL was shutting down) that runs
-                    # while PostgreSQL is down cannot connect: no dead connection was used, and
+                    # while PostgreSQL is down cannot connect: no dead connection was used (a
+                    # session the restart closed during the call is retried once on a new one,
+                    # keystore_retry, and it is that new connection that fails to connect), and
                     # the resync after the listener's next reconnect heals it (required here; it
-                    # may come after the last call of the test, so it is waited for).
-                    if "connect:" in line:
+                    # may come after the last call of the test, so it is waited for). The store's
+                    # detail ("postgres: connect: ...") is on its keystore_unavailable line, not
+                    # on the listener's: a query that failed on a dead connection says no
+                    # "connect:" there and stays a failure.
+                    cause = self.store_failure(lines, i)
+                    if cause is not None and "postgres: connect:" in cause:
                         if not any("keys_resynced" in later for later in lines[i + 1:]):
                             unhealed.append(line)
                         continue
-                    bad.append(line)
+                    bad.append("%s (store: %s)" % (line, cause))
                 self.assertEqual(bad, [], "%s used a dead connection" % r.name)
                 if not unhealed or time.monotonic() > deadline:
                     break
