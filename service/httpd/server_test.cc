@@ -1,6 +1,6 @@
 // The HTTP engine over real loopback sockets, with a plain blocking socket as the client: keep-alive,
 // answers from another thread, clients that leave, the connection bound, the read and idle
-// timeouts, header and body limits, drain and stop.
+// timeouts, header and body limits, request framing (Transfer-Encoding), drain and stop.
 #include "service/httpd/server.h"
 #include "tests/testing/http_client.h"
 
@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <thread>
@@ -32,6 +33,7 @@ namespace offload::httpd {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Echoes method, path, query and body; "/later" answers from another thread after a signal;
 // "/hold" never answers until released.
@@ -341,6 +343,73 @@ TEST_F(ServerTest, HeaderAndBodyLimits) {
   EXPECT_EQ(r.status, 200);
   EXPECT_THAT(r.body, HasSubstr(" 2000 "));
   close(fd);
+}
+
+// Request smuggling shapes (RFC 9112 6.1, 6.3): a Transfer-Encoding that is not exactly one
+// `chunked` is refused before any body byte is read and before the handler sees the request -
+// 400 when chunked is not the final coding or the framing is ambiguous, 501 for a coding we do
+// not implement under a final chunked - and the connection closes (the next read is EOF), so
+// that no byte of the body can be read as a next request. The two Beast refuses on its own
+// (Content-Length with chunked, in either order) answer the same way.
+TEST_F(ServerTest, TransferEncodingOtherThanOneChunkedIsRefusedAndTheConnectionCloses) {
+  Start({});
+  struct Case {
+    const char* headers;  // after the request line and Host
+    const char* body;
+    int status;
+  };
+  const Case cases[] = {
+      {"Transfer-Encoding: xchunked\r\nContent-Length: 5\r\n", "hello", 400},
+      {"Transfer-Encoding: chunked, gzip\r\nContent-Length: 5\r\n", "hello", 400},
+      {"Transfer-Encoding: identity\r\n", "5\r\nhello\r\n0\r\n\r\n", 400},
+      {"Transfer-Encoding: chunked, chunked\r\n", "5\r\nhello\r\n0\r\n\r\n", 400},
+      {"Transfer-Encoding: \r\n", "5\r\nhello\r\n0\r\n\r\n", 400},
+      {"Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n", "5\r\nhello\r\n0\r\n\r\n", 400},
+      {"Transfer-Encoding: gzip, chunked\r\n", "5\r\nhello\r\n0\r\n\r\n", 501},
+      {"Transfer-Encoding: x-custom , Chunked\r\n", "5\r\nhello\r\n0\r\n\r\n", 501},
+      // Beast's own refusals.
+      {"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n", "5\r\nhello\r\n0\r\n\r\n", 400},
+      {"Transfer-Encoding: chunked\r\nContent-Length: 5\r\n", "5\r\nhello\r\n0\r\n\r\n", 400},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.headers);
+    const int fd = Connect(server_->port());
+    // The body is followed by what would be a second request if the body were framed wrongly.
+    SendAll(fd, absl::StrCat("POST /echo HTTP/1.1\r\nHost: x\r\n", c.headers, "\r\n", c.body,
+                             "GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n"));
+    const HttpResponse r = ReadResponse(fd);
+    EXPECT_EQ(r.status, c.status);
+    EXPECT_THAT(absl::AsciiStrToLower(r.head), HasSubstr("connection: close"));
+    EXPECT_THAT(absl::AsciiStrToLower(r.head), Not(HasSubstr("keep-alive")));
+    EXPECT_TRUE(ClosedWithin(fd, std::chrono::seconds(10)));
+    close(fd);
+  }
+  EXPECT_EQ(server_->stats().requests, 0u);  // the handler saw none of them
+  EXPECT_EQ(server_->stats().abuse[static_cast<int>(AbuseReason::kProtocolError)],
+            std::size(cases));
+  // One chunked coding, any case, with whitespace around it: served, and the connection stays.
+  const int fd = Connect(server_->port());
+  SendAll(fd, "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding:  ChunKed \t\r\n\r\n"
+              "5\r\nhello\r\n0\r\n\r\n");
+  HttpResponse r = ReadResponse(fd);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, absl::StrCat("POST /echo  5 -", TestHandler::kTail));
+  SendAll(fd, "GET /next HTTP/1.1\r\nHost: x\r\n\r\n");
+  r = ReadResponse(fd);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, absl::StrCat("GET /next  0 -", TestHandler::kTail));
+  close(fd);
+  // HTTP/1.0 with a Transfer-Encoding: served, then closed even though it asked for keep-alive
+  // (RFC 9112 6.1: its framing is treated as faulty).
+  const int old = Connect(server_->port());
+  SendAll(old, "POST /echo HTTP/1.0\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n"
+               "\r\n5\r\nhello\r\n0\r\n\r\n");
+  r = ReadResponse(old);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, absl::StrCat("POST /echo  5 -", TestHandler::kTail));
+  EXPECT_THAT(absl::AsciiStrToLower(r.head), HasSubstr("connection: close"));
+  EXPECT_TRUE(ClosedWithin(old, std::chrono::seconds(10)));
+  close(old);
 }
 
 TEST_F(ServerTest, HeadHasHeadersOnly) {
