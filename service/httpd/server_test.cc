@@ -1,6 +1,6 @@
 // The HTTP engine over real loopback sockets, with a plain blocking socket as the client: keep-alive,
 // answers from another thread, clients that leave, the connection bound, the read and idle
-// timeouts, header and body limits, request framing (Transfer-Encoding), drain and stop.
+// timeouts, header and body limits, request framing (Transfer-Encoding, Host), drain and stop.
 #include "service/httpd/server.h"
 #include "tests/testing/http_client.h"
 
@@ -410,6 +410,45 @@ TEST_F(ServerTest, TransferEncodingOtherThanOneChunkedIsRefusedAndTheConnectionC
   EXPECT_THAT(absl::AsciiStrToLower(r.head), HasSubstr("connection: close"));
   EXPECT_TRUE(ClosedWithin(old, std::chrono::seconds(10)));
   close(old);
+}
+
+// RFC 9112 3.2: an HTTP/1.1 request without Host, or any request with two, is 400 and the
+// connection closes; HTTP/1.0 may omit Host (the Docker health check's `GET /readyz HTTP/1.0`).
+TEST_F(ServerTest, Http11RequestWithoutHostIsRefused) {
+  Start({});
+  for (const char* request : {"GET /echo HTTP/1.1\r\n\r\n",
+                              "GET /echo HTTP/1.1\r\nX-Test: y\r\n\r\n",
+                              "GET /echo HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+                              "GET /echo HTTP/1.0\r\nHost: a\r\nHost: b\r\n\r\n"}) {
+    SCOPED_TRACE(request);
+    const int fd = Connect(server_->port());
+    SendAll(fd, request);
+    const HttpResponse r = ReadResponse(fd);
+    EXPECT_EQ(r.status, 400);
+    EXPECT_THAT(absl::AsciiStrToLower(r.head), HasSubstr("connection: close"));
+    EXPECT_TRUE(ClosedWithin(fd, std::chrono::seconds(10)));
+    close(fd);
+  }
+  EXPECT_EQ(server_->stats().requests, 0u);
+  EXPECT_EQ(server_->stats().abuse[static_cast<int>(AbuseReason::kProtocolError)], 4u);
+  // HTTP/1.0 without Host: served (and closed after it, HTTP/1.0's default).
+  int fd = Connect(server_->port());
+  SendAll(fd, "GET /echo HTTP/1.0\r\n\r\n");
+  HttpResponse r = ReadResponse(fd);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_THAT(r.head, HasSubstr("x-version: 256"));
+  EXPECT_TRUE(ClosedWithin(fd, std::chrono::seconds(10)));
+  close(fd);
+  // ... and kept alive when it asks, without Host either.
+  fd = Connect(server_->port());
+  for (int i = 0; i < 2; ++i) {
+    SendAll(fd, "GET /echo HTTP/1.0\r\nConnection: keep-alive\r\n\r\n");
+    r = ReadResponse(fd);
+    EXPECT_EQ(r.status, 200);
+    EXPECT_THAT(absl::AsciiStrToLower(r.head), HasSubstr("connection: keep-alive"));
+  }
+  close(fd);
+  EXPECT_EQ(server_->stats().requests, 3u);
 }
 
 TEST_F(ServerTest, HeadHasHeadersOnly) {

@@ -8,7 +8,8 @@
 // a Transfer-Encoding that is not exactly one `chunked` (400 when chunked is not the final coding,
 // is repeated, or the fields are several; 501 for another coding under a final chunked, since
 // chunked is the only one served) - Beast itself refuses Content-Length beside chunked, and
-// disagreeing Content-Lengths. All are counted as protocol_error.
+// disagreeing Content-Lengths - and, RFC 9112 3.2, an HTTP/1.1 request without Host or any
+// request with two (HTTP/1.0 may omit it). All are counted as protocol_error.
 #include <boost/beast/http/basic_parser.hpp>
 #include <boost/beast/http/error.hpp>
 
@@ -172,7 +173,7 @@ class Http1 final : public Protocol {
   // `detail` joins the abuse log line.
   void Refuse(int status, std::string text, AbuseReason reason,
               nlohmann::json detail = nlohmann::json());
-  // Whether the request's framing fields (Transfer-Encoding) are ones we serve; if not,
+  // Whether the request's framing fields (Transfer-Encoding, Host) are ones we serve; if not,
   // sets stop_ and bad_ for Parse to refuse it (see the file comment). REQUIRES: headers whole.
   bool FramingAcceptable();
   void StartAnswer(Stream* s);
@@ -201,6 +202,7 @@ class Http1 final : public Protocol {
   int request_version_ = 11;   // Beast's: 10 * major + minor
   int transfer_encodings_ = 0;  // Transfer-Encoding fields
   Coding coding_ = Coding::kNone;  // the last one's verdict
+  int hosts_ = 0;              // Host fields
   bool finished_ = false;            // set by the parser, handled after put()
   bool keep_alive_ = true;
   bool close_ = false;               // close once the answer is written
@@ -358,7 +360,7 @@ bool Http1::OnRequest(absl::string_view method, absl::string_view target, int ve
   keep_alive_ = version >= 11;
   expect_continue_ = false;
   request_version_ = version;
-  transfer_encodings_ = 0;
+  transfer_encodings_ = hosts_ = 0;
   coding_ = Coding::kNone;
   return stream_->header_bytes <= options_.max_header_bytes;
 }
@@ -377,6 +379,8 @@ bool Http1::OnField(absl::string_view name, absl::string_view value) {
   if (absl::EqualsIgnoreCase(name, "transfer-encoding")) {
     ++transfer_encodings_;
     coding_ = JudgeTransferEncoding(value);
+  } else if (absl::EqualsIgnoreCase(name, "host")) {
+    ++hosts_;
   } else if (absl::EqualsIgnoreCase(name, "connection")) {
     for (absl::string_view token : absl::StrSplit(value, ',')) {
       token = absl::StripAsciiWhitespace(token);
@@ -420,6 +424,13 @@ bool Http1::FramingAcceptable() {
       case Coding::kNone:
         break;
     }
+  }
+  if (*bad_.text == '\0' && hosts_ == 0 && request_version_ >= 11) {
+    bad_.text = "bad request: an HTTP/1.1 request needs a Host field\n";
+    bad_.problem = "host_missing";
+  } else if (*bad_.text == '\0' && hosts_ > 1) {
+    bad_.text = "bad request: more than one Host field\n";
+    bad_.problem = "host_fields";
   }
   if (*bad_.text == '\0') return true;
   stop_ = Stop::kBadRequest;
