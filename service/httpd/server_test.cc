@@ -1,6 +1,7 @@
 // The HTTP engine over real loopback sockets, with a plain blocking socket as the client: keep-alive,
 // answers from another thread, clients that leave, the connection bound, the read and idle
-// timeouts, header and body limits, request framing (Transfer-Encoding, Host), drain and stop.
+// timeouts, header and body limits, request framing (Transfer-Encoding, Host) and the keep-alive
+// hint, drain and stop.
 #include "service/httpd/server.h"
 #include "tests/testing/http_client.h"
 
@@ -18,6 +19,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -449,6 +451,55 @@ TEST_F(ServerTest, Http11RequestWithoutHostIsRefused) {
   }
   close(fd);
   EXPECT_EQ(server_->stats().requests, 3u);
+}
+
+// An answer on a connection that stays open tells the client how long it may stay idle
+// (`keep-alive: timeout=N`, whole seconds of the idle timeout, at least 1), so that a pooling
+// client (undici, Node's fetch) retires the connection before the server closes it; an answer
+// after which the connection closes carries no such hint.
+TEST_F(ServerTest, KeptOpenAnswersCarryTheKeepAliveHint) {
+  const std::pair<absl::Duration, const char*> timeouts[] = {
+      {absl::Seconds(7), "keep-alive: timeout=7\r\n"},
+      {absl::Milliseconds(2900), "keep-alive: timeout=2\r\n"},
+      {absl::Milliseconds(300), "keep-alive: timeout=1\r\n"}};
+  for (const auto& [idle, hint] : timeouts) {
+    SCOPED_TRACE(hint);
+    Server::Options options;
+    options.idle_timeout = idle;
+    options.max_body_bytes = 100;
+    Start(options);
+    int fd = Connect(server_->port());
+    SendAll(fd, "GET /echo HTTP/1.1\r\nHost: x\r\n\r\n");
+    HttpResponse r = ReadResponse(fd);
+    EXPECT_EQ(r.status, 200);
+    EXPECT_THAT(r.head + "\r\n", HasSubstr(hint));
+    // HTTP/1.0 kept alive: the same hint.
+    SendAll(fd, "GET /echo HTTP/1.0\r\nConnection: keep-alive\r\n\r\n");
+    r = ReadResponse(fd);
+    EXPECT_EQ(r.status, 200);
+    EXPECT_THAT(r.head + "\r\n", HasSubstr(hint));
+    // The client closes: no hint.
+    SendAll(fd, "GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    r = ReadResponse(fd);
+    EXPECT_EQ(r.status, 200);
+    EXPECT_THAT(absl::AsciiStrToLower(r.head), HasSubstr("connection: close"));
+    EXPECT_THAT(absl::AsciiStrToLower(r.head), Not(HasSubstr("keep-alive")));
+    EXPECT_TRUE(ClosedWithin(fd, std::chrono::seconds(10)));
+    close(fd);
+    // HTTP/1.0 without keep-alive, and a refusal that closes: no hint.
+    fd = Connect(server_->port());
+    SendAll(fd, "GET /echo HTTP/1.0\r\n\r\n");
+    r = ReadResponse(fd);
+    EXPECT_EQ(r.status, 200);
+    EXPECT_THAT(absl::AsciiStrToLower(r.head), Not(HasSubstr("keep-alive")));
+    close(fd);
+    fd = Connect(server_->port());
+    SendAll(fd, "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n");
+    r = ReadResponse(fd);
+    EXPECT_EQ(r.status, 413);
+    EXPECT_THAT(absl::AsciiStrToLower(r.head), Not(HasSubstr("keep-alive")));
+    close(fd);
+  }
 }
 
 TEST_F(ServerTest, HeadHasHeadersOnly) {

@@ -10,6 +10,8 @@
 // chunked is the only one served) - Beast itself refuses Content-Length beside chunked, and
 // disagreeing Content-Lengths - and, RFC 9112 3.2, an HTTP/1.1 request without Host or any
 // request with two (HTTP/1.0 may omit it). All are counted as protocol_error.
+// An answer on a connection that stays open carries `keep-alive: timeout=N` (the idle timeout,
+// whole seconds, at least 1): pooling clients (undici) retire the connection before we close it.
 #include <boost/beast/http/basic_parser.hpp>
 #include <boost/beast/http/error.hpp>
 
@@ -85,7 +87,11 @@ class Parser final : public http::basic_parser<true> {
 
 class Http1 final : public Protocol {
  public:
-  explicit Http1(Conn* conn) : conn_(conn), options_(conn->options()) {}
+  explicit Http1(Conn* conn)
+      : conn_(conn),
+        options_(conn->options()),
+        keep_alive_seconds_(static_cast<int>(std::clamp<int64_t>(
+            absl::ToInt64Seconds(conn->options().idle_timeout), 1, 1 << 30))) {}
   ~Http1() override { Closed(); }
 
   bool Receive(const char* data, size_t size) override;
@@ -203,6 +209,7 @@ class Http1 final : public Protocol {
   int transfer_encodings_ = 0;  // Transfer-Encoding fields
   Coding coding_ = Coding::kNone;  // the last one's verdict
   int hosts_ = 0;              // Host fields
+  const int keep_alive_seconds_;  // the `keep-alive: timeout=` hint (Options::idle_timeout)
   bool finished_ = false;            // set by the parser, handled after put()
   bool keep_alive_ = true;
   bool close_ = false;               // close once the answer is written
@@ -609,6 +616,13 @@ void Http1::StartAnswer(Stream* s) {
   if (keep_alive_ && s->exchange != nullptr && s->exchange->http_version() == 0x100) {
     head += "connection: keep-alive\r\n";
   }
+  // How long the connection may stay idle: clients that pool connections retire it before we
+  // close it (undici, Node's fetch, reads this; without it, its own 4 s default races ours). Not
+  // when the connection ends after this answer: a request whose body is still arriving may yet
+  // close it (Finished).
+  if (keep_alive_ && s->request_done) {
+    absl::StrAppend(&head, "keep-alive: timeout=", keep_alive_seconds_, "\r\n");
+  }
   head += "\r\n";
   head_ = std::move(head);  // kept until written (Finished)
   Push(Piece{head_.data(), head_.size(), nullptr});
@@ -707,6 +721,8 @@ void Http1::Finished() {
     return;
   }
   keep_alive_ = true;
+  // The idle timeout runs from the end of the answer, as the keep-alive hint told the client.
+  conn_->set_last_busy(Clock::now());
   ParseBuffered();  // a pipelined request may be waiting
 }
 
