@@ -7,6 +7,10 @@
 A port is drawn at random below the kernel's ephemeral range: a port from that range (bind to
 port 0) can be taken by any outgoing connection's source port before the server binds it
 ("cannot listen on ...: Address already in use" under a busy ctest -j).
+
+Any port picked here may still be taken by another test before its owner binds it. Where the
+owner can bind port 0 itself, let it: offload_server does, and names the ports it bound in its
+server_started line (tests/e2e/harness.py reads them).
 """
 import random
 import socket

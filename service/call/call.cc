@@ -192,9 +192,7 @@ void Call::Start(Caller caller, absl::Time deadline) {
     open_owner_ = open->mutable_envelope();
   }
   batch_size_ = method_->batch ? BatchSize(*request_) : 0;
-  peer_.identity = std::move(caller.certificate_identity);
-  peer_.identity_source = peer_.identity.empty() ? "" : "certificate";
-  peer_.address = std::move(caller.address);
+  SetCaller(std::move(caller));
   if (method_->open) return Run();
   if (absl::Status s = ForwardedIdentity(); !s.ok()) return Refuse(s);
   if (context_->tokens != nullptr) {
@@ -218,6 +216,12 @@ void Call::Start(Caller caller, absl::Time deadline) {
     }
   }
   AuthorizeAndRun(/*on_worker=*/false);
+}
+
+void Call::SetCaller(Caller caller) {
+  peer_.identity = std::move(caller.certificate_identity);
+  peer_.identity_source = peer_.identity.empty() ? "" : "certificate";
+  peer_.address = std::move(caller.address);
 }
 
 void Call::VerifyTokenOnWorker(const std::string& token) {

@@ -148,8 +148,13 @@ class Call : public std::enable_shared_from_this<Call> {
   void Start(Caller caller, absl::Time deadline);
 
   // Ends a call that never ran (a request the protocol side could not read): answered, counted
-  // and logged as any call. REQUIRES: Start was not called.
+  // and logged as any call; with its `caller` once known (a request that could not be decoded is
+  // audited under its peer). REQUIRES: Start was not called.
   void Fail(absl::Status status) { Finish(std::move(status)); }
+  void Fail(absl::Status status, Caller caller) {
+    SetCaller(std::move(caller));
+    Finish(std::move(status));
+  }
 
  protected:
   // The protocol side. Metadata (HTTP headers, gRPC metadata) by lower-case name: nullopt when
@@ -190,6 +195,8 @@ class Call : public std::enable_shared_from_this<Call> {
 
   void VerifyTokenOnWorker(const std::string& token);
   void AuthorizeAndRun(bool on_worker);
+  // The peer's address and certificate identity, from `caller`.
+  void SetCaller(Caller caller);
   void Refuse(absl::Status status);
   auth::AuditSink::Done HeldRefusal(absl::Status status, Challenge challenge);
   absl::StatusOr<absl::string_view> BearerToken() const;

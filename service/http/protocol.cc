@@ -119,7 +119,7 @@ absl::StatusOr<std::string> PercentDecode(absl::string_view text) {
     } else if (c == '%') {
       int value = 0;
       if (i + 2 >= text.size()) {
-        return absl::InvalidArgumentError("query: a '%' escape is cut short");
+        return absl::InvalidArgumentError("a '%' escape is cut short");
       }
       for (int k = 1; k <= 2; ++k) {
         const char h = text[i + k];
@@ -131,7 +131,7 @@ absl::StatusOr<std::string> PercentDecode(absl::string_view text) {
         } else if (h >= 'A' && h <= 'F') {
           value |= h - 'A' + 10;
         } else {
-          return absl::InvalidArgumentError("query: a '%' escape is not two hex digits");
+          return absl::InvalidArgumentError("a '%' escape is not two hex digits");
         }
       }
       out.push_back(static_cast<char>(value));
@@ -157,6 +157,7 @@ absl::StatusOr<ConnectGetQuery> ParseConnectGetQuery(absl::string_view query, si
     else if (key == "base64") slot = &base64;
     else if (key == "connect") slot = &connect;
     if (slot == nullptr) continue;  // e.g. a cache buster
+    if (slot->has_value()) continue;  // the first one counts, as connect-go's Query().Get reads it
     if (raw.size() > 4 * max_bytes + 64) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "query: ", key, ": expected at most ", max_bytes, " bytes once decoded"));

@@ -447,6 +447,13 @@ TEST(ConnectGet, QueryParameters) {
   EXPECT_EQ(code("encoding=proto&compression=br&message="), absl::StatusCode::kUnimplemented);
   EXPECT_EQ(code("encoding=proto&message=123456789"), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(ParseConnectGetQuery("message=x", 8).status().message(), HasSubstr("encoding"));
+  EXPECT_EQ(ParseConnectGetQuery("encoding=proto&message=%zz", 8).status().message(),
+            "query: message: a '%' escape is not two hex digits");
+  // A parameter given twice: the first counts, as connect-go reads it.
+  q = ParseConnectGetQuery("encoding=proto&message=a&message=b&encoding=json", 8);
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_EQ(q->message, "a");
+  EXPECT_EQ(q->codec, Codec::kProto);
 }
 
 TEST(Cors, ExactOriginsOnly) {

@@ -1,9 +1,15 @@
 #include "service/http/rpc_codec.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <string>
 #include <utility>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/stubs/common.h"
 #include "google/protobuf/util/json_util.h"
@@ -13,10 +19,83 @@
 namespace offload::http {
 namespace {
 
-absl::Status FromProtobuf(const google::protobuf::util::Status& s) {
+// Whether `path` ("a.b[2].c", as protobuf's JSON parser names where it stopped) names fields of
+// `type`, by proto or JSON name: only then is it the schema's text rather than the caller's.
+bool IsFieldPath(absl::string_view path, const google::protobuf::Descriptor* type) {
+  if (path.empty() || path.size() > 256) return false;
+  for (absl::string_view part : absl::StrSplit(path, '.')) {
+    if (type == nullptr) return false;  // a name below a field that is not a message
+    if (const size_t bracket = part.find('['); bracket != absl::string_view::npos) {
+      absl::string_view index = part.substr(bracket);
+      if (!absl::ConsumePrefix(&index, "[") || !absl::ConsumeSuffix(&index, "]") ||
+          index.empty() || !std::all_of(index.begin(), index.end(), absl::ascii_isdigit)) {
+        return false;
+      }
+      part = part.substr(0, bracket);
+    }
+    const std::string name(part);
+    const google::protobuf::FieldDescriptor* field = type->FindFieldByName(name);
+    for (int i = 0; field == nullptr && i < type->field_count(); ++i) {
+      if (type->field(i)->json_name() == name) field = type->field(i);
+    }
+    if (field == nullptr) return false;
+    type = field->message_type();
+  }
+  return true;
+}
+
+// Whether `text` is the parser's own wording ("Unexpected token.", "Cannot find field."):
+// letters, spaces and punctuation, no quotes or digits, so no value of the caller's.
+bool IsParserText(absl::string_view text) {
+  if (text.empty() || text.size() > 120) return false;
+  return std::all_of(text.begin(), text.end(), [](char c) {
+    return absl::ascii_isalpha(static_cast<unsigned char>(c)) ||
+           absl::string_view(" ,.:;{}[]_-").find(c) != absl::string_view::npos;
+  });
+}
+
+// The JSON parser's error without anything the caller sent but the schema's names: its messages
+// quote the offending value ("(secret): invalid value \"<an ImportKey's private key>\"") or a
+// snippet of the input, and the message goes to the caller, the log and the audit log.
+std::string DescribeJsonError(absl::string_view message, const google::protobuf::Descriptor* type) {
+  const absl::string_view first = message.substr(0, message.find('\n'));
+  absl::string_view path, rest;
+  if (absl::StartsWith(first, "(") && first.find("): ") != absl::string_view::npos) {
+    const size_t end = first.find("): ");
+    path = first.substr(1, end - 1);
+    rest = first.substr(end + 3);
+  } else if (const size_t colon = first.find(": "); colon != absl::string_view::npos) {
+    path = first.substr(0, colon);
+    rest = first.substr(colon + 2);
+  } else {
+    return IsParserText(first) ? std::string(first) : "not well-formed";
+  }
+  if (rest == "Cannot find field.") return "a field the message does not have";
+  std::string what = "invalid value";
+  if (absl::StartsWith(rest, "invalid value")) {
+    // "... for type T": T is the schema's (the value comes before it).
+    const size_t at = rest.rfind(" for type ");
+    const absl::string_view t =
+        at == absl::string_view::npos ? absl::string_view() : rest.substr(at + 10);
+    if (!t.empty() && t.size() <= 128 &&
+        std::all_of(t.begin(), t.end(), [](char c) {
+          return absl::ascii_isalnum(static_cast<unsigned char>(c)) ||
+                 absl::string_view("_./").find(c) != absl::string_view::npos;
+        })) {
+      absl::StrAppend(&what, " for type ", t);
+    }
+  } else if (IsParserText(rest)) {
+    what = std::string(rest);
+  }
+  return IsFieldPath(path, type) ? absl::StrCat(path, ": ", what) : what;
+}
+
+absl::Status FromProtobuf(const google::protobuf::util::Status& s,
+                          const google::protobuf::Descriptor* type) {
   if (s.ok()) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("request: invalid JSON: ", std::string(s.message().data(), s.message().size())));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "request: invalid JSON: ",
+      DescribeJsonError(absl::string_view(s.message().data(), s.message().size()), type)));
 }
 
 }  // namespace
@@ -160,7 +239,9 @@ absl::Status ParseMessage(Codec codec, bool compressed, absl::string_view messag
     options.ignore_unknown_fields = false;
     const absl::string_view json = message.empty() ? absl::string_view("{}") : message;
     return FromProtobuf(google::protobuf::util::JsonStringToMessage(
-        google::protobuf::StringPiece(json.data(), json.size()), request, options));
+                            google::protobuf::StringPiece(json.data(), json.size()), request,
+                            options),
+                        request->GetDescriptor());
   }
   if (!request->ParseFromArray(message.data(), static_cast<int>(message.size()))) {
     return absl::InvalidArgumentError(absl::StrCat("request: cannot parse ", message.size(),

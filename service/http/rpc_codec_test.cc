@@ -11,12 +11,14 @@
 #include "gtest/gtest.h"
 #include "offload/v1/aead.pb.h"
 #include "offload/v1/ed25519.pb.h"
+#include "offload/v1/keys.pb.h"
 #include "tests/testing/payloads.h"
 
 namespace offload::http {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testhttp::JsonLike;
 using testhttp::RandomBytes;
 
@@ -110,6 +112,46 @@ TEST(DecodeRequest, ProtoJsonFramesAndGzip) {
   EXPECT_EQ(got.message(), "hi");
   got.Clear();
   EXPECT_TRUE(DecodeRequest(json, Encoding::kIdentity, "", 1 << 20, &got).ok());  // as {}
+}
+
+// A JSON request the parser refuses is described by the schema's names only: protobuf's message
+// quotes the offending value or a snippet of the input (an ImportKey's private key, into the
+// caller's answer, the log and the audit log).
+TEST(DecodeRequest, JsonErrorsNameTheFieldButNeverRepeatTheInput) {
+  const ContentType json{Protocol::kConnect, Codec::kJson};
+  struct Case {
+    std::string body;
+    std::string expect;  // a part of the message
+  };
+  const Case cases[] = {
+      {R"({"keyId":"a","type":"KEY_TYPE_ED25519","secret":"-----BEGIN SECRET-----"})",
+       "request: invalid JSON: secret: invalid value for type TYPE_BYTES"},
+      {R"({"keyId":"a","secret":"U0VDUkVU U0VDUkVU"})", "secret: invalid value"},
+      {R"({"keyId":"a", "secret": "SECRET" "x"})", "Expected , or } after key:value pair."},
+      {R"({"keyId":"a","secret":SECRET})", "Unexpected token."},
+      {R"({"keyId":"a","secret":["SECRET"]})", "secret: "},
+      {R"({"keyId":"a","type":"SECRET"})", "type: invalid value for type"},
+      {R"({"keyId":"a","SECRET":1})", "a field the message does not have"},
+      {R"({"keyId":"a","secret":{"x":"SECRET"}})", "request: invalid JSON: "},
+      {R"({"SECRET)", "request: invalid JSON: "},
+      {R"({"keyId":"a","secret":"SECRET\u0000"})", "request: invalid JSON: "},
+  };
+  for (const Case& c : cases) {
+    v1::ImportKeyRequest got;
+    const absl::Status s = DecodeRequest(json, Encoding::kIdentity, c.body, 1 << 20, &got);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.body;
+    EXPECT_THAT(s.message(), HasSubstr(c.expect)) << c.body;
+    EXPECT_THAT(s.message(), Not(HasSubstr("SECRET"))) << c.body << " -> " << s.message();
+    EXPECT_THAT(s.message(), Not(HasSubstr("U0VD"))) << c.body << " -> " << s.message();
+    EXPECT_THAT(s.message(), Not(HasSubstr("\n"))) << c.body;
+  }
+  // Nested fields are named by their path.
+  v1::BatchVerifyRequest batch;
+  const absl::Status s = DecodeRequest(
+      json, Encoding::kIdentity, R"({"items":[{"signature":"%SECRET%"}]})", 1 << 20, &batch);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("signature"));
+  EXPECT_THAT(s.message(), Not(HasSubstr("SECRET"))) << s.message();
 }
 
 TEST(DecodeRequest, Refusals) {

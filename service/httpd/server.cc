@@ -225,7 +225,7 @@ struct Server::Impl::Io {
 };
 
 Server::Impl::Impl(const Options& options, Handler* handler)
-    : options(options), handler(handler) {}
+    : options(options), handler(handler), address(options.address) {}
 Server::Impl::~Impl() = default;
 
 namespace {
@@ -311,6 +311,10 @@ absl::Status Server::Start() {
         absl::StrCat("cannot listen on ", options_.address, ": ", ec.message()));
   }
   port_ = acceptor->local_endpoint(ec).port();
+  if (endpoint->port() == 0) {  // the loops have not started: nothing reads it yet
+    impl.address =
+        absl::StrCat(options_.address.substr(0, options_.address.rfind(':')), ":", port_);
+  }
   impl.io->acceptor = std::move(acceptor);
   impl.io->retry = std::make_unique<asio::steady_timer>(impl.loops[0]->ctx());
 

@@ -317,8 +317,8 @@ class Handler {
 class Server final {
  public:
   struct Options {
-    // host:port (port 0 picks a free one, see port()); IPv6 as [::1]:8080; a host name is
-    // resolved (its first address).
+    // host:port (port 0 picks a free one, see port(), and the engine's log lines name that
+    // one); IPv6 as [::1]:8080; a host name is resolved (its first address).
     std::string address = "127.0.0.1:0";
     // Event loop threads; 0 = one per core, at most 4.
     int threads = 0;

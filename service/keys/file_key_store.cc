@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "service/common/log.h"
 #include "service/common/status_macros.h"
 #include "service/keys/envelope.h"
 #include "service/keys/record_codec.h"
@@ -75,7 +76,7 @@ absl::StatusOr<std::unique_ptr<FileKeyStore>> FileKeyStore::Open(const std::stri
   return store;
 }
 
-absl::StatusOr<std::vector<KeyRecord>> FileKeyStore::ReadLocked(std::string* kek_name) {
+absl::StatusOr<SecretBytes> FileKeyStore::ReadBlobLocked() {
   absl::StatusOr<SecretBytes> blob =
       internal::ReadFileAt(dir_fd_.get(), kFileName, kMaxFileSize);
   if (!blob.ok()) {
@@ -84,17 +85,61 @@ absl::StatusOr<std::vector<KeyRecord>> FileKeyStore::ReadLocked(std::string* kek
     }
     return Annotate(blob.status(), dir_);
   }
+  return blob;
+}
+
+absl::StatusOr<std::vector<KeyRecord>> FileKeyStore::DecodeLocked(const SecretBytes& blob,
+                                                                  std::string* kek_name) {
   if (kek_name != nullptr) {
-    absl::StatusOr<std::string> name = EnvelopeKekName(*blob);
+    absl::StatusOr<std::string> name = EnvelopeKekName(blob);
     if (!name.ok()) return Annotate(name.status(), path_);
     *kek_name = *std::move(name);
   }
   absl::StatusOr<SecretBytes> plain =
-      OpenEnvelope(*keks_, EnvelopeKind::kKeyStoreContents, {}, *blob);
+      OpenEnvelope(*keks_, EnvelopeKind::kKeyStoreContents, {}, blob);
   if (!plain.ok()) return Annotate(plain.status(), path_);
   absl::StatusOr<std::vector<KeyRecord>> records = ParseKeyStoreContents(*plain);
   if (!records.ok()) return Annotate(records.status(), path_);
   return records;
+}
+
+absl::StatusOr<std::vector<KeyRecord>> FileKeyStore::ReadLocked(std::string* kek_name) {
+  OFFLOAD_ASSIGN_OR_RETURN(SecretBytes blob, ReadBlobLocked());
+  return DecodeLocked(blob, kek_name);
+}
+
+absl::Status FileKeyStore::Logged(absl::string_view call, const absl::Status& detail,
+                                  absl::Status for_caller) const {
+  Log(LogLevel::kWarning, "keystore_error",
+      {{"store", Describe()}, {"call", std::string(call)}, {"error", detail.ToString()}});
+  return for_caller;
+}
+
+absl::StatusOr<std::vector<KeyRecord>> FileKeyStore::ReadForCallLocked(absl::string_view call,
+                                                                       std::string* kek_name) {
+  absl::StatusOr<SecretBytes> blob = ReadBlobLocked();
+  if (!blob.ok()) {
+    return Logged(call, blob.status(),
+                  absl::UnavailableError(absl::StrCat(
+                      kKeyStoreUnavailable, ": the key store file could not be read")));
+  }
+  absl::StatusOr<std::vector<KeyRecord>> records = DecodeLocked(*blob, kek_name);
+  if (!records.ok()) {
+    return Logged(call, records.status(),
+                  absl::DataLossError("the key store file cannot be opened: it is damaged, or "
+                                      "sealed under a KEK this server does not hold"));
+  }
+  return records;
+}
+
+absl::Status FileKeyStore::WriteForCallLocked(absl::string_view call,
+                                              absl::Span<const KeyRecord> records) {
+  absl::Status written = WriteLocked(records);
+  if (written.ok()) return written;
+  return Logged(call, written,
+                absl::UnavailableError(absl::StrCat(
+                    kKeyStoreUnavailable, ": the change could not be written to the key store "
+                                          "file")));
 }
 
 absl::Status FileKeyStore::WriteLocked(absl::Span<const KeyRecord> records) {
@@ -108,13 +153,13 @@ absl::Status FileKeyStore::WriteLocked(absl::Span<const KeyRecord> records) {
 
 absl::StatusOr<std::vector<KeyRecord>> FileKeyStore::LoadAll() {
   absl::MutexLock lock(&mu_);
-  return ReadLocked();
+  return ReadForCallLocked("load_all");
 }
 
 absl::Status FileKeyStore::Put(const KeyRecord& record) {
   OFFLOAD_RETURN_IF_ERROR(ValidateKeyRecord(record));
   absl::MutexLock lock(&mu_);
-  OFFLOAD_ASSIGN_OR_RETURN(std::vector<KeyRecord> records, ReadLocked());
+  OFFLOAD_ASSIGN_OR_RETURN(std::vector<KeyRecord> records, ReadForCallLocked("put"));
   auto it = std::lower_bound(
       records.begin(), records.end(), record.key_id,
       [](const KeyRecord& r, const std::string& id) { return r.key_id < id; });
@@ -123,7 +168,7 @@ absl::Status FileKeyStore::Put(const KeyRecord& record) {
   } else {
     records.insert(it, record);
   }
-  return WriteLocked(records);
+  return WriteForCallLocked("put", records);
 }
 
 namespace {
@@ -141,27 +186,27 @@ absl::StatusOr<std::vector<KeyRecord>::iterator> Find(std::vector<KeyRecord>& re
 
 absl::Status FileKeyStore::Delete(absl::string_view key_id) {
   absl::MutexLock lock(&mu_);
-  OFFLOAD_ASSIGN_OR_RETURN(std::vector<KeyRecord> records, ReadLocked());
+  OFFLOAD_ASSIGN_OR_RETURN(std::vector<KeyRecord> records, ReadForCallLocked("delete"));
   OFFLOAD_ASSIGN_OR_RETURN(auto it, Find(records, key_id));
   records.erase(it);
-  return WriteLocked(records);
+  return WriteForCallLocked("delete", records);
 }
 
 absl::Status FileKeyStore::DeleteIf(absl::string_view key_id, const DeletePredicate& only_if) {
   absl::MutexLock lock(&mu_);
-  OFFLOAD_ASSIGN_OR_RETURN(std::vector<KeyRecord> records, ReadLocked());
+  OFFLOAD_ASSIGN_OR_RETURN(std::vector<KeyRecord> records, ReadForCallLocked("delete_if"));
   OFFLOAD_ASSIGN_OR_RETURN(auto it, Find(records, key_id));
   if (!only_if(*it)) {
     return absl::FailedPreconditionError(
         absl::StrCat("key \"", key_id, "\" changed in the store: not removed"));
   }
   records.erase(it);
-  return WriteLocked(records);
+  return WriteForCallLocked("delete_if", records);
 }
 
 absl::StatusOr<KeyRecord> FileKeyStore::Load(absl::string_view key_id) {
   absl::MutexLock lock(&mu_);
-  OFFLOAD_ASSIGN_OR_RETURN(std::vector<KeyRecord> records, ReadLocked());
+  OFFLOAD_ASSIGN_OR_RETURN(std::vector<KeyRecord> records, ReadForCallLocked("load"));
   for (KeyRecord& r : records) {
     if (r.key_id == key_id) return std::move(r);
   }
@@ -171,7 +216,7 @@ absl::StatusOr<KeyRecord> FileKeyStore::Load(absl::string_view key_id) {
 absl::Status FileKeyStore::Insert(const KeyRecord& record) {
   OFFLOAD_RETURN_IF_ERROR(ValidateKeyRecord(record));
   absl::MutexLock lock(&mu_);
-  OFFLOAD_ASSIGN_OR_RETURN(std::vector<KeyRecord> records, ReadLocked());
+  OFFLOAD_ASSIGN_OR_RETURN(std::vector<KeyRecord> records, ReadForCallLocked("insert"));
   auto it = std::lower_bound(
       records.begin(), records.end(), record.key_id,
       [](const KeyRecord& r, const std::string& id) { return r.key_id < id; });
@@ -180,12 +225,12 @@ absl::Status FileKeyStore::Insert(const KeyRecord& record) {
         absl::StrCat("key \"", record.key_id, "\" is already in the store"));
   }
   records.insert(it, record);
-  return WriteLocked(records);
+  return WriteForCallLocked("insert", records);
 }
 
 absl::Status FileKeyStore::Update(absl::string_view key_id, const UpdateFn& update) {
   absl::MutexLock lock(&mu_);
-  OFFLOAD_ASSIGN_OR_RETURN(std::vector<KeyRecord> records, ReadLocked());
+  OFFLOAD_ASSIGN_OR_RETURN(std::vector<KeyRecord> records, ReadForCallLocked("update"));
   OFFLOAD_ASSIGN_OR_RETURN(auto it, Find(records, key_id));
   OFFLOAD_ASSIGN_OR_RETURN(KeyRecord updated, update(*it));
   if (updated.key_id != key_id) {
@@ -194,16 +239,17 @@ absl::Status FileKeyStore::Update(absl::string_view key_id, const UpdateFn& upda
   }
   OFFLOAD_RETURN_IF_ERROR(ValidateKeyRecord(updated));
   *it = std::move(updated);
-  return WriteLocked(records);
+  return WriteForCallLocked("update", records);
 }
 
 absl::StatusOr<RewrapReport> FileKeyStore::RewrapAll() {
   absl::MutexLock lock(&mu_);
   std::string kek_name;
-  OFFLOAD_ASSIGN_OR_RETURN(std::vector<KeyRecord> records, ReadLocked(&kek_name));
+  OFFLOAD_ASSIGN_OR_RETURN(std::vector<KeyRecord> records,
+                           ReadForCallLocked("rewrap_all", &kek_name));
   RewrapReport report;
   if (kek_name == keks_->Current()->name()) return report;
-  OFFLOAD_RETURN_IF_ERROR(WriteLocked(records));
+  OFFLOAD_RETURN_IF_ERROR(WriteForCallLocked("rewrap_all", records));
   report.rewrapped = records.size();
   return report;
 }

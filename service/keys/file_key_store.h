@@ -69,10 +69,32 @@ class FileKeyStore final : public KeyStore {
  private:
   FileKeyStore(std::string data_dir, internal::UniqueFd dir_fd, std::shared_ptr<KekRing> keks);
 
-  // `kek_name`, when given, receives the name of the KEK keys.db is wrapped under.
+  // `kek_name`, when given, receives the name of the KEK keys.db is wrapped under. Errors name
+  // the file's path (for Open's caller: the server's start-up log).
   absl::StatusOr<std::vector<KeyRecord>> ReadLocked(std::string* kek_name = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // keys.db's bytes (a failure here is I/O: missing, not a file, unreadable) and their contents
+  // (a failure here is the file itself: damaged, or sealed under a KEK the ring lacks).
+  absl::StatusOr<SecretBytes> ReadBlobLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::vector<KeyRecord>> DecodeLocked(const SecretBytes& blob,
+                                                      std::string* kek_name)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status WriteLocked(absl::Span<const KeyRecord> records) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // As ReadLocked / WriteLocked for the store's calls (`call` names one in the log): what their
+  // callers - through KeyManager, the service's callers on either port - see of a failure names
+  // no path of the server's. Bytes that cannot be read or written are Unavailable
+  // ("key store unavailable: the key store file could not be read / written"), contents that
+  // cannot be opened DataLoss; the full error, path and all, goes to the server's log
+  // (keystore_error, with the store and the call).
+  absl::StatusOr<std::vector<KeyRecord>> ReadForCallLocked(absl::string_view call,
+                                                           std::string* kek_name = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status WriteForCallLocked(absl::string_view call, absl::Span<const KeyRecord> records)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Logs `detail` (keystore_error) and returns `for_caller`.
+  absl::Status Logged(absl::string_view call, const absl::Status& detail,
+                      absl::Status for_caller) const;
 
   const std::string dir_;
   const std::string path_;

@@ -289,5 +289,49 @@ TEST_F(FileKeyStoreTest, DuplicateIdsInTheFileAreDataLoss) {
   EXPECT_THAT(std::string(store.status().message()), HasSubstr("appears twice"));
 }
 
+// The calls' failures reach the service's callers (KeyManager passes them on): they say what
+// failed, with the code a caller can act on, and name no path. Made as root can't undo: a
+// directory where the temp file goes, then where keys.db is, then keys.db overwritten.
+TEST_F(FileKeyStoreTest, CallFailuresNameNoPath) {
+  auto store = OpenOrDie();
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(store->Put(MakeRecord("ed", v1::KEY_TYPE_ED25519, 1)).ok());
+  const auto expect_no_path = [&](const absl::Status& s) {
+    EXPECT_THAT(std::string(s.message()), ::testing::Not(HasSubstr(dir_.path()))) << s;
+    EXPECT_THAT(std::string(s.message()), ::testing::Not(HasSubstr("/"))) << s;
+  };
+
+  const std::string temp = dir_.Sub(FileKeyStore::kTempFileName);
+  ASSERT_EQ(::mkdir(temp.c_str(), 0700), 0);
+  absl::Status put = store->Put(MakeRecord("x", v1::KEY_TYPE_X25519, 1));
+  EXPECT_TRUE(absl::IsUnavailable(put)) << put;
+  EXPECT_THAT(std::string(put.message()), HasSubstr("key store unavailable: the change could not "
+                                                    "be written"));
+  expect_no_path(put);
+  ASSERT_EQ(::rmdir(temp.c_str()), 0);
+  EXPECT_TRUE(absl::IsNotFound(store->Load("x").status()));  // nothing was written
+
+  const std::string aside = db() + ".aside";
+  ASSERT_EQ(::rename(db().c_str(), aside.c_str()), 0);
+  ASSERT_EQ(::mkdir(db().c_str(), 0700), 0);
+  absl::StatusOr<KeyRecord> load = store->Load("ed");
+  EXPECT_TRUE(absl::IsUnavailable(load.status())) << load.status();
+  EXPECT_THAT(std::string(load.status().message()),
+              HasSubstr("key store unavailable: the key store file could not be read"));
+  expect_no_path(load.status());
+  ASSERT_EQ(::rmdir(db().c_str()), 0);
+  ASSERT_EQ(::rename(aside.c_str(), db().c_str()), 0);
+  EXPECT_TRUE(store->Load("ed").ok());
+
+  const std::vector<uint8_t> good = ReadBytes(db());
+  testing::WriteText(db(), "this is not a key store, just some text that is long enough......");
+  absl::Status update = store->Update("ed", [](KeyRecord r) { return r; });
+  EXPECT_TRUE(absl::IsDataLoss(update)) << update;
+  EXPECT_THAT(std::string(update.message()), HasSubstr("the key store file cannot be opened"));
+  expect_no_path(update);
+  WriteBytes(db(), good);
+  EXPECT_TRUE(store->Update("ed", [](KeyRecord r) { return r; }).ok());
+}
+
 }  // namespace
 }  // namespace offload::keys

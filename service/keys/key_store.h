@@ -29,6 +29,11 @@ namespace offload::keys {
 // X25519 scalar, or the AEAD key.
 inline constexpr size_t kKeySecretSize = 32;
 
+// The message (or its start) of the Unavailable status a store's calls return while it cannot
+// be reached, read or written; the detail (addresses, paths, the driver's words) is in the
+// server's log only, never in what a caller sees.
+inline constexpr char kKeyStoreUnavailable[] = "key store unavailable";
+
 struct KeyVersionRecord {
   uint32_t version = 0;
   int64_t created_unix_seconds = 0;

@@ -51,9 +51,9 @@ namespace offload::keys {
 
 inline constexpr char kPostgresDsnEnvVar[] = "OFFLOAD_POSTGRES_DSN";
 inline constexpr char kPostgresNotifyChannel[] = "offload_key_changes";
-// The message of the Unavailable status the store's calls return while PostgreSQL cannot be
-// reached; the detail is in the server's log (keystore_unavailable).
-inline constexpr char kKeyStoreUnavailable[] = "key store unavailable";
+// kKeyStoreUnavailable (key_store.h) is the message of the Unavailable status the store's calls
+// return while PostgreSQL cannot be reached; the detail is in the server's log
+// (keystore_unavailable).
 
 // "host=... port=... dbname=... user=..." from a libpq connection string (keyword or URI form),
 // for logs: never the password or any other option. "(unparsable)" if libpq cannot parse it.

@@ -155,6 +155,13 @@ absl::Status CheckConfig(const ServerConfig& config) {
     return FlagOutOfRange("key_deletion_wait", "0 (wipe at once) to 87840h (10 years)",
                           absl::FormatDuration(config.key_deletion_wait));
   }
+  // Negative would cut every call in flight at SIGTERM as 0 does, without saying so; past an
+  // hour (or inf) one stuck call would hold a stopping server longer than any orchestrator waits
+  // before its SIGKILL (Kubernetes: 30 s unless raised).
+  if (config.drain_timeout < absl::ZeroDuration() || config.drain_timeout > absl::Hours(1)) {
+    return FlagOutOfRange("drain_timeout", "0 (no wait for calls in flight) to 1h",
+                          absl::FormatDuration(config.drain_timeout));
+  }
   if (!(config.log_requests_sample_rate >= 0 && config.log_requests_sample_rate <= 1)) {
     return FlagOutOfRange("log_requests_sample_rate", "a fraction from 0 to 1",
                           absl::StrCat(config.log_requests_sample_rate));
@@ -477,13 +484,17 @@ void RegisterGuardMetrics(metrics::Metrics& m, ops::Admission& admission,
                  [tokens] { return tokens != nullptr ? double(tokens->remembered_bytes()) : 0.0; });
 }
 
-// The server_started line: where it listens and its limits.
-void LogStarted(const ServerConfig& config, int grpc_port, size_t workers) {
+// The server_started line: where it listens (the addresses as given and the ports bound, which
+// differ for port 0; 0 for a port that is off) and its limits.
+void LogStarted(const ServerConfig& config, int grpc_port, int http_port, int metrics_port,
+                size_t workers) {
   Log(LogLevel::kInfo, "server_started",
       {{"grpc_address", config.grpc_address},
        {"grpc_port", grpc_port},
        {"http_address", config.http_address},
+       {"http_port", http_port},
        {"metrics_address", config.metrics_address},
+       {"metrics_port", metrics_port},
        {"workers", workers},
        {"max_batch_items", config.max_batch_items},
        {"max_message_bytes", config.max_message_bytes},
@@ -780,7 +791,8 @@ absl::Status RunServer(const ServerConfig& config) {
   ready->store(true);
   grpc_gateway.SetReady(true);
   if (http_gateway != nullptr) http_gateway->SetReady(true);
-  LogStarted(config, grpc_gateway.port(), pool.size());
+  LogStarted(config, grpc_gateway.port(), http_gateway != nullptr ? http_gateway->port() : 0,
+             metrics_endpoint != nullptr ? metrics_endpoint->port() : 0, pool.size());
 
   const int signal_number = WaitForStopSignal();
   Log(LogLevel::kInfo, "server_draining",

@@ -17,9 +17,6 @@ absl::Status CheckEnvelopeShape(absl::Span<const uint8_t> envelope) {
     return absl::InvalidArgumentError(absl::StrCat("envelope: unknown format version ",
                                                    envelope[0], ", expected 1"));
   }
-  if (envelope[1] == 0 && envelope[2] == 0 && envelope[3] == 0 && envelope[4] == 0) {
-    return absl::InvalidArgumentError("envelope: key version 0 does not exist");
-  }
   return absl::OkStatus();
 }
 

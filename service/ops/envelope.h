@@ -34,7 +34,8 @@ inline constexpr size_t kEnvelopeMinSize = kEnvelopeHeaderPrefix + 12 + kEnvelop
 
 // What can be told of `envelope` before its key is known (aead.proto: sizes are checked before
 // anything else): InvalidArgument("envelope: ...") when it is shorter than any algorithm's
-// (kEnvelopeMinSize), of an unknown format version, or names key version 0.
+// (kEnvelopeMinSize) or of an unknown format version. Which key version it names is the key's
+// business (an unknown key id is NOT_FOUND, whatever version its envelope names).
 absl::Status CheckEnvelopeShape(absl::Span<const uint8_t> envelope);
 
 // InvalidArgument("envelope: ...") for a short envelope or an unknown format version.

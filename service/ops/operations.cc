@@ -346,6 +346,9 @@ absl::Status Operations::AeadRewrap(const v1::AeadRewrapRequest& request,
   const size_t nonce_size = crypto::AeadNonceSize(current->aead->algorithm());
   OFFLOAD_ASSIGN_OR_RETURN(const EnvelopeView view,
                            ParseEnvelope(Bytes(request.envelope()), nonce_size));
+  if (view.key_version == 0) {
+    return absl::InvalidArgumentError("envelope: key version 0 does not exist");
+  }
   OFFLOAD_ASSIGN_OR_RETURN(const keys::ManagedKeyVersion* old, FindVersion(*key, view.key_version));
   SecretBytes plaintext(view.plaintext_size());
   OFFLOAD_RETURN_IF_ERROR(old->aead->Open(view.nonce, Bytes(request.associated_data()),
@@ -400,6 +403,9 @@ bool Operations::AeadOpenFromMemoShared(const OpenRequestView& request, OpenResu
     // Any version of one key has the same algorithm: the current one tells the nonce size.
     const size_t nonce_size = crypto::AeadNonceSize(probe->key->Current()->aead->algorithm());
     OFFLOAD_ASSIGN_OR_RETURN(probe->view, ParseEnvelope(Bytes(request.envelope), nonce_size));
+    if (probe->view.key_version == 0) {
+      return absl::InvalidArgumentError("envelope: key version 0 does not exist");
+    }
     OFFLOAD_ASSIGN_OR_RETURN(probe->version, FindVersion(*probe->key, probe->view.key_version));
     return absl::OkStatus();
   }();

@@ -136,17 +136,15 @@ TEST_F(OperationsTest, FailedOpenFailsEveryTimeAndIsNeverCached) {
 }
 
 // [aead.proto, common.proto] Sizes are checked before anything else: an envelope too short for
-// any algorithm, of another format or naming key version 0 is INVALID_ARGUMENT whatever the key
-// id names (unknown, another type, disabled), for Open and Rewrap alike.
+// any algorithm or of another format is INVALID_ARGUMENT whatever the key id names (unknown,
+// another type), for Open and Rewrap alike.
 TEST_F(OperationsTest, MalformedEnvelopeIsRefusedBeforeTheKeyIsLookedUp) {
   CreateKey("ed", v1::KEY_TYPE_ED25519);
   CreateKey("k", v1::KEY_TYPE_CHACHA20_POLY1305);
-  std::string version0 = Seal("k", "x");
-  version0[1] = version0[2] = version0[3] = version0[4] = 0;
   std::string format2 = Seal("k", "x");
   format2[0] = 2;
-  for (const std::string& envelope : {std::string(), std::string("\x01"), std::string(32, '\x01'),
-                                      version0, format2}) {
+  for (const std::string& envelope :
+       {std::string(), std::string("\x01"), std::string(32, '\x01'), format2}) {
     for (const char* key_id : {"nokey", "ed", "k"}) {
       v1::AeadOpenResponse opened;
       const absl::Status open = Open(key_id, envelope, &opened);
@@ -160,9 +158,13 @@ TEST_F(OperationsTest, MalformedEnvelopeIsRefusedBeforeTheKeyIsLookedUp) {
           << key_id;
     }
   }
-  // A well-formed envelope still needs its key: the lookup decides.
+  // A well-formed envelope still needs its key: the lookup decides, also for key version 0.
   v1::AeadOpenResponse opened;
-  EXPECT_EQ(Open("nokey", Seal("k", "x"), &opened).code(), absl::StatusCode::kNotFound);
+  std::string version0 = Seal("k", "x");
+  EXPECT_EQ(Open("nokey", version0, &opened).code(), absl::StatusCode::kNotFound);
+  version0[1] = version0[2] = version0[3] = version0[4] = 0;
+  EXPECT_EQ(Open("nokey", version0, &opened).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Open("k", version0, &opened).code(), absl::StatusCode::kInvalidArgument);
 }
 
 // The gRPC Open handler answers hits with AeadOpenFromMemo alone and sends misses to a worker

@@ -156,6 +156,44 @@ def rpc_error(fn, *args, **kwargs):
     return None
 
 
+# The listeners of offload_server, by flag; server_started names the port each one bound
+# (grpc_port, http_port, metrics_port: 0 for one that is off).
+LISTENER_FLAGS = ("grpc_address", "http_address", "metrics_address")
+
+
+def read_started(log_path):
+    """The server_started line in the log at `log_path` as a dict, or None before it."""
+    with open(log_path, "rb") as f:
+        for line in f:
+            if line.startswith(b"{") and b'"event":"server_started"' in line:
+                return json.loads(line)
+    return None
+
+
+def wait_started(proc, log_path, timeout=START_TIMEOUT_S):
+    """Waits for the server_started line of `proc` (a server writing its log to `log_path`) and
+    returns it. Once it is there, that process has bound its ports: what answers on them is that
+    server and no other. RuntimeError if the process exits first or the line takes `timeout`
+    seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        started = read_started(log_path)
+        if started is not None:
+            return started
+        rc = proc.poll()
+        if rc is not None:
+            raise RuntimeError("exited with code %s before server_started" % rc)
+        if time.monotonic() > deadline:
+            raise RuntimeError("no server_started within %.0fs" % timeout)
+        time.sleep(0.02)
+
+
+def started_ports(started):
+    """{listener flag: bound port} from a server_started line (0: that listener is off)."""
+    return {flag: int(started.get(flag[:-len("_address")] + "_port") or 0)
+            for flag in LISTENER_FLAGS}
+
+
 _SERVER_FLAGS = None
 
 
@@ -250,49 +288,45 @@ class Server:
     # -- lifecycle --------------------------------------------------------------------------
 
     def command(self):
-        port = free_port()
-        self.address = "127.0.0.1:%d" % port
+        # Every listener the harness fills in asks for port 0: the server binds a free port itself
+        # and names it in its server_started line (started_ports), so no other process can take
+        # a port between our choice and the bind. A port picked free and handed over instead was
+        # taken now and then by a test running beside this one under a busy ctest -j, and the
+        # start failed with "cannot listen on".
+        self.address = "127.0.0.1:0"
         cmd = [self.binary, "--grpc_address=" + self.address, "--data_dir=" + self.data_dir]
         if self.backend:
             cmd.append("--backend=" + self.backend)
-        # Any other listener the binary has (HTTP gateway, metrics) gets its own free loopback
-        # port, so that several servers can run side by side.
+        # Any other listener the binary has (HTTP gateway, metrics) gets its own port, so that
+        # several servers can run side by side.
         for flag in sorted(server_flags(self.binary)):
             if flag == "grpc_address" or any(a.startswith("--%s=" % flag) for a in self.extra_args):
                 continue
-            if flag.endswith("_address") or flag.endswith("_addr") or flag.endswith("_listen"):
-                cmd.append("--%s=127.0.0.1:%d" % (flag, free_port()))
-            elif flag.endswith("_port") and flag != "grpc_port":
-                cmd.append("--%s=%d" % (flag, free_port()))
+            if flag in LISTENER_FLAGS:
+                cmd.append("--%s=127.0.0.1:0" % flag)
         cmd += shlex.split(os.environ.get("OFFLOAD_SERVER_EXTRA_ARGS", ""))
         cmd += self.extra_args
         self.command_line = cmd
         return cmd
 
     def flag_value(self, flag):
-        """The value the running server got for --`flag` (the last one given wins)."""
+        """The value the running server got for --`flag` (the last one given wins); for a
+        listener asked for port 0, the port it bound (once started)."""
         for arg in reversed(self.command_line):
             if arg.startswith("--%s=" % flag):
                 return arg.split("=", 1)[1]
         raise KeyError(flag)
 
+    def bound_port(self, flag):
+        """The port the running server listens on for --`flag` (grpc_address, http_address,
+        metrics_address)."""
+        return int(self.flag_value(flag).rsplit(":", 1)[1])
+
     def start(self):
         """Starts the process and waits until it logged server_started and health reports
-        SERVING (fails fast if it exits). The ports come from free_port(), so another process
-        may take one of them before the server binds it: the server then exits with "cannot
-        listen on" (it refuses shared ports, SO_REUSEPORT off), and the start is retried on
-        fresh ports, up to 3 times."""
-        for attempt in range(3):
-            try:
-                return self._start_once()
-            except RuntimeError:
-                if attempt == 2 or b"cannot listen on" not in self._read_log():
-                    raise
-                if self.proc is not None:  # it exited: reap it, then try fresh ports
-                    self.proc.wait()
-                    self._closed()
-
-    def _start_once(self):
+        SERVING (fails fast if it exits). Its listeners were asked for port 0 (see command); the
+        ports bound are read from server_started and put in place of the 0s, so that address,
+        flag_value and bound_port name them."""
         assert self.proc is None, "already running"
         self.starts += 1
         cmd = self.command()
@@ -304,9 +338,23 @@ class Server:
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log,
                                      stderr=self._log, env=env)
         _LIVE_SERVERS.append(self)
-        # Our own process must have bound its ports: until then, what listens on them (and
-        # answers the health check) may be another process that took the same free port.
-        self._wait_logged(b'"event":"server_started"', START_TIMEOUT_S)
+        # Our own process must have bound its ports: its server_started line says which.
+        try:
+            started = wait_started(self.proc, self.log_path, START_TIMEOUT_S)
+        except RuntimeError as e:
+            self._log.flush()
+            if self.proc.poll() is None:
+                self.kill()
+            raise RuntimeError("%s: %s\n%s" % (self.name, e, self.log_tail())) from None
+        ports = started_ports(started)
+        for i in reversed(range(len(self.command_line))):
+            flag, _, value = self.command_line[i][2:].partition("=")
+            if flag not in ports:  # not a listener, or an earlier one overridden by this one
+                continue
+            if value.endswith(":0") and ports[flag]:
+                self.command_line[i] = "--%s=%s:%d" % (flag, value.rsplit(":", 1)[0], ports[flag])
+            del ports[flag]  # the last one given is the one in use
+        self.address = self.flag_value("grpc_address")
         # A channel made before the port listens backs off (about 1 s, then longer) before it
         # tries again: wait for the port first, then connect once.
         self._wait_listening(START_TIMEOUT_S)
@@ -318,21 +366,6 @@ class Server:
     def _read_log(self):
         with open(self.log_path, "rb") as f:
             return f.read()
-
-    def _wait_logged(self, needle, timeout):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if needle in self._read_log():
-                return
-            rc = self.proc.poll()
-            if rc is not None:
-                self._log.flush()
-                raise RuntimeError("%s exited with code %s before %s\n%s"
-                                   % (self.name, rc, needle.decode(), self.log_tail()))
-            time.sleep(0.02)
-        self.kill()
-        raise RuntimeError("%s did not log %s within %.0fs\n%s"
-                           % (self.name, needle.decode(), timeout, self.log_tail()))
 
     def _wait_listening(self, timeout):
         host, port = self.address.rsplit(":", 1)

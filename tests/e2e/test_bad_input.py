@@ -12,6 +12,7 @@ import os
 import re
 import struct
 import unittest
+import urllib.error
 import urllib.request
 
 import grpc
@@ -354,6 +355,67 @@ class BadInputTest(ServerTestCase):
                         self.assertItem(res, INVALID_ARGUMENT, what=list(bad)[i // 2])
                 # The good envelope still opens (no failure was cached as success or vice versa).
                 self.assertEqual(self.aead.Open(open_(env), timeout=T).plaintext, pt)
+
+    def test_malformed_envelope_is_refused_whatever_the_key_id(self):
+        # aead.proto: what the envelope shows alone (shorter than any algorithm's 33 bytes,
+        # another format version) is INVALID_ARGUMENT before the key is looked up: an unknown
+        # key id or one of another type does not turn it into NOT_FOUND or FAILED_PRECONDITION.
+        env = self.aead.Seal(pb.aead.AeadSealRequest(key_id="bad-chacha", plaintext=b"p"),
+                             timeout=T).envelope
+        shapes = {"empty": b"", "1 byte": b"\x01", "32 bytes": b"\x01" * 32,
+                  "format 2": b"\x02" + env[1:]}
+        for key_id in ("no-such-key", "bad-ed", "bad-chacha"):
+            for what, e in shapes.items():
+                with self.subTest(key=key_id, envelope=what):
+                    err = self.assertRpcError(IA, self.aead.Open,
+                                              pb.aead.AeadOpenRequest(key_id=key_id, envelope=e),
+                                              timeout=T)
+                    self.assertIn("envelope: ", err.details())
+                    self.assertRpcError(IA, self.aead.Rewrap,
+                                        pb.aead.AeadRewrapRequest(key_id=key_id, envelope=e),
+                                        timeout=T)
+            r = self.aead.BatchOpen(pb.aead.BatchAeadOpenRequest(items=[
+                pb.aead.AeadOpenRequest(key_id=key_id, envelope=e) for e in shapes.values()]),
+                timeout=T)
+            for res in r.results:
+                self.assertItem(res, INVALID_ARGUMENT, what=key_id)
+        # A well-formed envelope still needs its key.
+        self.assertRpcError(grpc.StatusCode.NOT_FOUND, self.aead.Open,
+                            pb.aead.AeadOpenRequest(key_id="no-such-key", envelope=env), timeout=T)
+
+    def test_json_errors_never_repeat_a_secret(self):
+        # A Connect JSON ImportKey whose secret the parser refuses: protobuf's error quotes the
+        # value (here a PEM private key) or a snippet of the input. Neither the caller's answer,
+        # nor the log, nor the audit line may carry it; the audit line names the peer.
+        marker = "MC4CAQAwBQYDK2VwBCIEIKEYMATERIALNEVERLOGGED"
+        bodies = [
+            '{"keyId":"imp-json","type":"KEY_TYPE_ED25519","secret":"-----BEGIN PRIVATE KEY-----'
+            '\\n%s\\n-----END PRIVATE KEY-----"}' % marker,
+            '{"keyId":"imp-json","secret":%s}' % marker,
+            '{"keyId":"imp-json","secret":"%s" "x"}' % marker,
+            '{"keyId":"imp-json","secret":"%s' % marker,
+        ]
+        url = "http://%s/offload.v1.KeyService/ImportKey" % self.server.flag_value("http_address")
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        for body in bodies:
+            with self.subTest(body=body[:40]):
+                req = urllib.request.Request(url, data=body.encode(), method="POST",
+                                             headers={"Content-Type": "application/json"})
+                try:
+                    opener.open(req, timeout=T)
+                    self.fail("a malformed ImportKey was accepted")
+                except urllib.error.HTTPError as e:
+                    self.assertEqual(e.code, 400)
+                    answer = e.read().decode()
+                self.assertIn('"invalid_argument"', answer)
+                self.assertIn("invalid JSON", answer)
+                self.assertNotIn(marker, answer)
+        lines = [l for l in self.server.log_lines() if '"method":"ImportKey"' in l]
+        self.assertGreaterEqual(len(lines), len(bodies))
+        for line in self.server.log_lines():
+            self.assertNotIn(marker, line)
+        for line in lines:
+            self.assertRegex(line, r'"peer":"ipv4:127\.0\.0\.1:\d+"')
 
     def _open_error(self, req):
         try:

@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import unittest
 
-from harness import Server, ServerTestCase, free_port
+from harness import Server, ServerTestCase
 
 ALLOWED = "https://app.example.com"
 FOREIGN = ("https://evil.example.com", "https://app.example.com.evil.com", "http://app.example.com",
@@ -46,10 +46,9 @@ def preflight(port, origin, http2=False):
 @unittest.skipUnless(shutil.which("curl"), "needs curl (scripts/install-deps.sh installs it)")
 class CorsTest(ServerTestCase):
     def start(self, *args):
-        port = free_port()
-        server = Server("cors", args=["--http_address=127.0.0.1:%d" % port] + list(args)).start()
+        server = Server("cors", args=list(args)).start()
         self.addCleanup(server.stop)
-        return port
+        return server.bound_port("http_address")
 
     def assertNoAllowHeaders(self, fields, what):
         allow = sorted(k for k in fields if k.startswith("access-control-allow"))
@@ -103,8 +102,8 @@ class CorsTest(ServerTestCase):
             # Refused by the flag check, before anything listens or touches a key store.
             run = subprocess.run(
                 [binary, "--http_cors_origins=" + bad, "--data_dir=/nonexistent/cors-test",
-                 "--grpc_address=127.0.0.1:%d" % free_port(),
-                 "--http_address=127.0.0.1:%d" % free_port(), "--metrics_address="],
+                 "--grpc_address=127.0.0.1:0", "--http_address=127.0.0.1:0",
+                 "--metrics_address="],
                 capture_output=True, text=True, timeout=30)
             self.assertNotEqual(run.returncode, 0, bad)
             self.assertIn("http_cors_origins", run.stderr, bad)

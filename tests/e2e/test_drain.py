@@ -211,9 +211,8 @@ class IdleShutdownTest(ServerTestCase):
     def test_idle_server_exits_at_once(self):
         import http.client
         import socket
-        from harness import free_port
-        http_port = free_port()
-        server = Server("idle-exit", args=["--http_address=127.0.0.1:%d" % http_port]).start()
+        server = Server("idle-exit").start()
+        http_port = server.bound_port("http_address")
         self.addCleanup(server.kill)
         server.keys.ListKeys(pb.keys.ListKeysRequest(), timeout=T)  # the pooled channel is used
         conn = http.client.HTTPConnection("127.0.0.1", http_port, timeout=10)

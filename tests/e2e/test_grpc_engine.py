@@ -30,7 +30,7 @@ import grpc
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from harness import MAX_MESSAGE, PROTO_DIR, Server, ServerTestCase, _WORK, free_port, pb
+from harness import MAX_MESSAGE, PROTO_DIR, Server, ServerTestCase, _WORK, pb
 
 T = 30
 MAX = 256 * 1024  # --max_message_bytes of these servers
@@ -53,12 +53,12 @@ class GrpcOnEngineTest(ServerTestCase):
 
     @classmethod
     def setUpClass(cls):
-        cls.http_port = free_port()
         cls.servers = []
         cls.server = Server("grpc-engine", args=[
-            "--http_address=127.0.0.1:%d" % cls.http_port, "--max_message_bytes=%d" % MAX,
+            "--max_message_bytes=%d" % MAX,
             "--http_read_timeout=1s", "--http_idle_timeout=1s", "--drain_timeout=120s"]).start()
         cls.servers = [cls.server]
+        cls.http_port = cls.server.bound_port("http_address")
         cls.metrics_port = int(cls.server.flag_value("metrics_address").rsplit(":", 1)[1])
         s = cls.server
         s.keys.CreateKey(pb.keys.CreateKeyRequest(key_id="ge-ed", type=pb.keys.KEY_TYPE_ED25519),
@@ -219,10 +219,10 @@ class ReflectionTest(ServerTestCase):
 
     @classmethod
     def setUpClass(cls):
-        cls.http_port = free_port()
-        cls.server = Server("grpc-reflection", args=["--http_address=127.0.0.1:%d" % cls.http_port])
+        cls.server = Server("grpc-reflection")
         cls.servers = [cls.server]
         cls.server.start()
+        cls.http_port = cls.server.bound_port("http_address")
         cls.channel = grpc.insecure_channel("127.0.0.1:%d" % cls.http_port,
                                             options=[("grpc.enable_http_proxy", 0)])
         cls.stubs = reflection_stubs()
@@ -310,10 +310,9 @@ class HealthWatchDrainTest(ServerTestCase):
     a drain tells and ends them instead of waiting for them."""
 
     def test_watch_hears_the_drain(self):
-        http_port = free_port()
         server = Server("grpc-engine-watch", args=[
-            "--http_address=127.0.0.1:%d" % http_port, "--http_read_timeout=1s",
-            "--http_idle_timeout=1s", "--drain_timeout=120s"]).start()
+            "--http_read_timeout=1s", "--http_idle_timeout=1s", "--drain_timeout=120s"]).start()
+        http_port = server.bound_port("http_address")
         self.servers = [server]
         self.addCleanup(server.kill)
         ch = grpc.insecure_channel("127.0.0.1:%d" % http_port, options=[("grpc.enable_http_proxy", 0)])

@@ -24,7 +24,7 @@ import urllib.request
 
 import grpc
 
-from harness import Server, ServerTestCase, free_port, pb
+from harness import Server, ServerTestCase, pb
 
 IDLE = 2000
 STALLED = 500
@@ -61,11 +61,10 @@ class HttpConnections(ServerTestCase):
         limit = raise_fd_limit(IDLE + STALLED + 500)
         if limit < IDLE + STALLED + 200:
             self.skipTest("the open-file limit (%d) is below %d" % (limit, IDLE + STALLED + 200))
-        http_port = free_port()
         server = Server("http-conns", backend="libsodium",
-                        args=["--http_address=127.0.0.1:%d" % http_port,
-                              "--http_read_timeout=600s", "--http_idle_timeout=600s",
+                        args=["--http_read_timeout=600s", "--http_idle_timeout=600s",
                               "--drain_timeout=120s"]).start()
+        http_port = server.bound_port("http_address")
         self.addCleanup(server.kill)
         server.keys.CreateKey(pb.keys.CreateKeyRequest(key_id="signer",
                                                        type=pb.keys.KEY_TYPE_ED25519))

@@ -65,10 +65,9 @@ def metric(server, name, labels):
 
 
 class OverloadServer(harness.Server):
-    def command(self):
-        cmd = super().command()
-        self.metrics_address = [a for a in cmd if a.startswith("--metrics_address=")][0].split("=", 1)[1]
-        return cmd
+    @property
+    def metrics_address(self):
+        return self.flag_value("metrics_address")  # the port bound, once started
 
 
 def codes_of(futures):

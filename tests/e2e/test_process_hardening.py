@@ -11,7 +11,6 @@ import secrets
 import signal
 import subprocess
 import tempfile
-import time
 import unittest
 import urllib.request
 
@@ -19,8 +18,11 @@ import harness
 
 
 def start(cwd, *flags):
-    """offload_server in `cwd` with an unlimited core size limit; returns (process, log path)."""
-    http = harness.free_port()
+    """offload_server in `cwd` with an unlimited core size limit; returns (process, log path).
+
+    Its ports are port 0, bound by the server itself, and read from its own server_started line
+    (harness.wait_started): a port picked free beforehand could be taken by a test running beside
+    this one, and then this server would exit, or another server answer our readiness probe."""
     log_path = os.path.join(cwd, "server.log")
     log = open(log_path, "wb")
 
@@ -28,23 +30,24 @@ def start(cwd, *flags):
         resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
 
     proc = subprocess.Popen(
-        [os.environ["OFFLOAD_SERVER"], "--grpc_address=127.0.0.1:%d" % harness.free_port(),
-         "--http_address=127.0.0.1:%d" % http, "--metrics_address=",
+        [os.environ["OFFLOAD_SERVER"], "--grpc_address=127.0.0.1:0",
+         "--http_address=127.0.0.1:0", "--metrics_address=",
          "--data_dir=" + os.path.join(cwd, "data")] + list(flags),
         cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=unlimited_core,
         env=dict(os.environ, OFFLOAD_KEK=secrets.token_hex(32)))
     log.close()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError("server exited: %s" % open(log_path).read()[-2000:])
-        try:
-            urllib.request.urlopen("http://127.0.0.1:%d/readyz" % http, timeout=1)
-            return proc, log_path
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise AssertionError("server did not become ready")
+    try:
+        started = harness.wait_started(proc, log_path, timeout=60)
+    except RuntimeError as e:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        raise AssertionError("server: %s: %s" % (e, open(log_path).read()[-2000:])) from None
+    http = harness.started_ports(started)["http_address"]
+    with urllib.request.urlopen("http://127.0.0.1:%d/readyz" % http, timeout=30) as r:
+        if r.status != 200:
+            raise AssertionError("/readyz answered %d" % r.status)
+    return proc, log_path
 
 
 def logged(log_path, event):

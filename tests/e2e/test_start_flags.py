@@ -13,7 +13,7 @@ import json
 import subprocess
 import unittest
 
-from harness import Server, free_port, pb
+from harness import Server, pb
 
 # (argument, the flag named, the accepted range as the error states it, the value it quotes)
 REFUSED = [
@@ -34,6 +34,9 @@ REFUSED = [
     ("--key_deletion_wait=-1s", "key_deletion_wait", "0 (wipe at once) to 87840h (10 years)",
      "-1s"),
     ("--backend=foo", "backend", "auto, libsodium or openssl", '"foo"'),
+    ("--drain_timeout=-1s", "drain_timeout", "0 (no wait for calls in flight) to 1h", "-1s"),
+    ("--drain_timeout=61m", "drain_timeout", "0 (no wait for calls in flight) to 1h", "1h1m"),
+    ("--drain_timeout=inf", "drain_timeout", "0 (no wait for calls in flight) to 1h", "inf"),
     # The HTTP flags, once one sentence for all, each by name.
     ("--http_threads=-1", "http_threads", "0 (one per core, at most 4) or more", "-1"),
     ("--http_max_connections=-1", "http_max_connections", "0 (no bound) or more", "-1"),
@@ -66,7 +69,8 @@ REFUSED = [
 EDGES = ["--workers=0", "--inline_max_call_us=0", "--inline_turn_budget_us=0",
          "--http2_min_ping_interval=0", "--http2_idle_ping_interval=0",
          "--http2_max_ping_strikes=0", "--http2_premature_reset_streams=0",
-         "--log_requests_sample_rate=1", "--key_deletion_wait=0", "--http_threads=0",
+         "--log_requests_sample_rate=1", "--key_deletion_wait=0", "--drain_timeout=0",
+         "--http_threads=0",
          "--http_max_connections=0", "--http_memory_budget_bytes=0",
          "--grpc_max_concurrent_streams=0"]
 
@@ -78,8 +82,7 @@ class StartFlagsTest(unittest.TestCase):
         binary = Server("flags").binary
         run = subprocess.run(
             [binary, arg, "--data_dir=/nonexistent/start-flags-test", "--memory_limit_file=",
-             "--grpc_address=127.0.0.1:%d" % free_port(),
-             "--http_address=127.0.0.1:%d" % free_port(), "--metrics_address="],
+             "--grpc_address=127.0.0.1:0", "--http_address=127.0.0.1:0", "--metrics_address="],
             capture_output=True, text=True, timeout=60)
         errors = []
         for text in run.stderr.splitlines():

@@ -83,8 +83,11 @@ class HttpCall final : public call::Call {
       exchange_->SetDeadline(deadline);  // a reset at its end is the client's timer, not abuse
     }
     if (auto origin = exchange_->header("origin")) origin_ = std::string(*origin);
-    if (absl::Status s = DecodeBody(encoding, bytes); !s.ok()) return Fail(std::move(s));
-    Start({exchange_->peer_address(), exchange_->peer_identity()}, deadline);
+    call::Caller caller{exchange_->peer_address(), exchange_->peer_identity()};
+    if (absl::Status s = DecodeBody(encoding, bytes); !s.ok()) {
+      return Fail(std::move(s), std::move(caller));
+    }
+    Start(std::move(caller), deadline);
   }
 
   // [issue 34] The request into NewRequest(); an AEAD Open in binary proto, uncompressed, is

@@ -646,7 +646,7 @@ void Loop::Adopt(tcp::socket socket) {
       if (last != second && counters.refused_logged_second.compare_exchange_strong(
                                 last, second, std::memory_order_relaxed)) {
         Log(LogLevel::kWarning, "connection_refused",
-            {{"address", impl_->options.address},
+            {{"address", impl_->address},
              {"max_connections", max},
              {"unlogged_since_last",
               counters.refused_unlogged.exchange(0, std::memory_order_relaxed)}});

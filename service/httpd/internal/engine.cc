@@ -249,7 +249,7 @@ void Conn::Abuse(AbuseReason reason, nlohmann::json detail) {
     return;
   }
   nlohmann::json fields = {{"reason", AbuseReasonName(reason)},
-                           {"address", impl_->options.address},
+                           {"address", impl_->address},
                            {"peer", *peer_address_},
                            {"unlogged_since_last", c.unlogged[i].exchange(0, std::memory_order_relaxed)}};
   if (detail.is_object()) fields.update(detail);

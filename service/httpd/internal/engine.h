@@ -432,6 +432,10 @@ struct Server::Impl {
 
   const Options& options;
   Handler* const handler;
+  // The address the log lines name (http_abuse, connection_refused): options.address, with the
+  // port bound in place of port 0 (two ports asked for port 0 would both say ":0"). Set by Start
+  // before the loops run; read-only after.
+  std::string address;
   internal::Counters counters;
   std::atomic<bool> draining{false};
   std::atomic<bool> stopping{false};
