@@ -29,7 +29,11 @@
 // a read timeout (HTTP/1.1 request headers whole within it, TLS handshakes within it, and a
 // request body that makes no progress for that long is cut); a send timeout (an answer the client
 // does not take); limits on header bytes (431) and body bytes (the handler answers, see
-// Exchange::refusal).
+// Exchange::refusal). HTTP/1.1 framing that could smuggle a request (a Transfer-Encoding other
+// than one `chunked`, Content-Length beside chunked, an HTTP/1.1 request without Host) is answered
+// 400 or 501 by the engine before any body byte is read, and the connection closes. HTTP/1.1
+// answers on a connection that stays open carry `keep-alive: timeout=N` (the idle timeout in
+// whole seconds, at least 1), counted from the end of the answer.
 //
 // Abuse defences (HTTP/2 unless said; each counted in Stats::abuse by reason, see AbuseReason):
 // a client reset rate (a token bucket); nghttp2's own limits (CONTINUATION frames per header
@@ -121,7 +125,9 @@ enum class AbuseReason : int {
   kControlFlood,         // the client does not read our PING/SETTINGS ACKs and resets
   kSettings,             // too many entries in a SETTINGS frame
   kNoProgress,           // GOAWAY ENHANCE_YOUR_CALM: frames that make no progress
-  kProtocolError,        // a connection error (bad preface, bad frame, unparseable HTTP/1.1)
+  kProtocolError,        // a connection error (bad preface, bad frame, unparseable HTTP/1.1, or
+                         // HTTP/1.1 framing refused: Transfer-Encoding other than one chunked,
+                         // Host missing from HTTP/1.1 or repeated; 400 or 501, then closed)
   kHeaderTooLarge,       // request headers over the limit (431)
   kBodyTooLarge,         // a request body over the limit (the handler answers it)
   kStreamRefused,        // request memory budget: a new request refused (Refusal::kBusy)

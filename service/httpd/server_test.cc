@@ -1,6 +1,7 @@
 // The HTTP engine over real loopback sockets, with a plain blocking socket as the client: keep-alive,
 // answers from another thread, clients that leave, the connection bound, the read and idle
-// timeouts, header and body limits, drain and stop.
+// timeouts, header and body limits, request framing (Transfer-Encoding, Host) and the keep-alive
+// hint, drain and stop.
 #include "service/httpd/server.h"
 #include "tests/testing/http_client.h"
 
@@ -14,9 +15,11 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -32,6 +35,7 @@ namespace offload::httpd {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Echoes method, path, query and body; "/later" answers from another thread after a signal;
 // "/hold" never answers until released.
@@ -341,6 +345,161 @@ TEST_F(ServerTest, HeaderAndBodyLimits) {
   EXPECT_EQ(r.status, 200);
   EXPECT_THAT(r.body, HasSubstr(" 2000 "));
   close(fd);
+}
+
+// Request smuggling shapes (RFC 9112 6.1, 6.3): a Transfer-Encoding that is not exactly one
+// `chunked` is refused before any body byte is read and before the handler sees the request -
+// 400 when chunked is not the final coding or the framing is ambiguous, 501 for a coding we do
+// not implement under a final chunked - and the connection closes (the next read is EOF), so
+// that no byte of the body can be read as a next request. The two Beast refuses on its own
+// (Content-Length with chunked, in either order) answer the same way.
+TEST_F(ServerTest, TransferEncodingOtherThanOneChunkedIsRefusedAndTheConnectionCloses) {
+  Start({});
+  struct Case {
+    const char* headers;  // after the request line and Host
+    const char* body;
+    int status;
+  };
+  const Case cases[] = {
+      {"Transfer-Encoding: xchunked\r\nContent-Length: 5\r\n", "hello", 400},
+      {"Transfer-Encoding: chunked, gzip\r\nContent-Length: 5\r\n", "hello", 400},
+      {"Transfer-Encoding: identity\r\n", "5\r\nhello\r\n0\r\n\r\n", 400},
+      {"Transfer-Encoding: chunked, chunked\r\n", "5\r\nhello\r\n0\r\n\r\n", 400},
+      {"Transfer-Encoding: \r\n", "5\r\nhello\r\n0\r\n\r\n", 400},
+      {"Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n", "5\r\nhello\r\n0\r\n\r\n", 400},
+      {"Transfer-Encoding: gzip, chunked\r\n", "5\r\nhello\r\n0\r\n\r\n", 501},
+      {"Transfer-Encoding: x-custom , Chunked\r\n", "5\r\nhello\r\n0\r\n\r\n", 501},
+      // Beast's own refusals.
+      {"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n", "5\r\nhello\r\n0\r\n\r\n", 400},
+      {"Transfer-Encoding: chunked\r\nContent-Length: 5\r\n", "5\r\nhello\r\n0\r\n\r\n", 400},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.headers);
+    const int fd = Connect(server_->port());
+    // The body is followed by what would be a second request if the body were framed wrongly.
+    SendAll(fd, absl::StrCat("POST /echo HTTP/1.1\r\nHost: x\r\n", c.headers, "\r\n", c.body,
+                             "GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n"));
+    const HttpResponse r = ReadResponse(fd);
+    EXPECT_EQ(r.status, c.status);
+    EXPECT_THAT(absl::AsciiStrToLower(r.head), HasSubstr("connection: close"));
+    EXPECT_THAT(absl::AsciiStrToLower(r.head), Not(HasSubstr("keep-alive")));
+    EXPECT_TRUE(ClosedWithin(fd, std::chrono::seconds(10)));
+    close(fd);
+  }
+  EXPECT_EQ(server_->stats().requests, 0u);  // the handler saw none of them
+  EXPECT_EQ(server_->stats().abuse[static_cast<int>(AbuseReason::kProtocolError)],
+            std::size(cases));
+  // One chunked coding, any case, with whitespace around it: served, and the connection stays.
+  const int fd = Connect(server_->port());
+  SendAll(fd, "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding:  ChunKed \t\r\n\r\n"
+              "5\r\nhello\r\n0\r\n\r\n");
+  HttpResponse r = ReadResponse(fd);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, absl::StrCat("POST /echo  5 -", TestHandler::kTail));
+  SendAll(fd, "GET /next HTTP/1.1\r\nHost: x\r\n\r\n");
+  r = ReadResponse(fd);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, absl::StrCat("GET /next  0 -", TestHandler::kTail));
+  close(fd);
+  // HTTP/1.0 with a Transfer-Encoding: served, then closed even though it asked for keep-alive
+  // (RFC 9112 6.1: its framing is treated as faulty).
+  const int old = Connect(server_->port());
+  SendAll(old, "POST /echo HTTP/1.0\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n"
+               "\r\n5\r\nhello\r\n0\r\n\r\n");
+  r = ReadResponse(old);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, absl::StrCat("POST /echo  5 -", TestHandler::kTail));
+  EXPECT_THAT(absl::AsciiStrToLower(r.head), HasSubstr("connection: close"));
+  EXPECT_TRUE(ClosedWithin(old, std::chrono::seconds(10)));
+  close(old);
+}
+
+// RFC 9112 3.2: an HTTP/1.1 request without Host, or any request with two, is 400 and the
+// connection closes; HTTP/1.0 may omit Host (the Docker health check's `GET /readyz HTTP/1.0`).
+TEST_F(ServerTest, Http11RequestWithoutHostIsRefused) {
+  Start({});
+  for (const char* request : {"GET /echo HTTP/1.1\r\n\r\n",
+                              "GET /echo HTTP/1.1\r\nX-Test: y\r\n\r\n",
+                              "GET /echo HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+                              "GET /echo HTTP/1.0\r\nHost: a\r\nHost: b\r\n\r\n"}) {
+    SCOPED_TRACE(request);
+    const int fd = Connect(server_->port());
+    SendAll(fd, request);
+    const HttpResponse r = ReadResponse(fd);
+    EXPECT_EQ(r.status, 400);
+    EXPECT_THAT(absl::AsciiStrToLower(r.head), HasSubstr("connection: close"));
+    EXPECT_TRUE(ClosedWithin(fd, std::chrono::seconds(10)));
+    close(fd);
+  }
+  EXPECT_EQ(server_->stats().requests, 0u);
+  EXPECT_EQ(server_->stats().abuse[static_cast<int>(AbuseReason::kProtocolError)], 4u);
+  // HTTP/1.0 without Host: served (and closed after it, HTTP/1.0's default).
+  int fd = Connect(server_->port());
+  SendAll(fd, "GET /echo HTTP/1.0\r\n\r\n");
+  HttpResponse r = ReadResponse(fd);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_THAT(r.head, HasSubstr("x-version: 256"));
+  EXPECT_TRUE(ClosedWithin(fd, std::chrono::seconds(10)));
+  close(fd);
+  // ... and kept alive when it asks, without Host either.
+  fd = Connect(server_->port());
+  for (int i = 0; i < 2; ++i) {
+    SendAll(fd, "GET /echo HTTP/1.0\r\nConnection: keep-alive\r\n\r\n");
+    r = ReadResponse(fd);
+    EXPECT_EQ(r.status, 200);
+    EXPECT_THAT(absl::AsciiStrToLower(r.head), HasSubstr("connection: keep-alive"));
+  }
+  close(fd);
+  EXPECT_EQ(server_->stats().requests, 3u);
+}
+
+// An answer on a connection that stays open tells the client how long it may stay idle
+// (`keep-alive: timeout=N`, whole seconds of the idle timeout, at least 1), so that a pooling
+// client (undici, Node's fetch) retires the connection before the server closes it; an answer
+// after which the connection closes carries no such hint.
+TEST_F(ServerTest, KeptOpenAnswersCarryTheKeepAliveHint) {
+  const std::pair<absl::Duration, const char*> timeouts[] = {
+      {absl::Seconds(7), "keep-alive: timeout=7\r\n"},
+      {absl::Milliseconds(2900), "keep-alive: timeout=2\r\n"},
+      {absl::Milliseconds(300), "keep-alive: timeout=1\r\n"}};
+  for (const auto& [idle, hint] : timeouts) {
+    SCOPED_TRACE(hint);
+    Server::Options options;
+    options.idle_timeout = idle;
+    options.max_body_bytes = 100;
+    Start(options);
+    int fd = Connect(server_->port());
+    SendAll(fd, "GET /echo HTTP/1.1\r\nHost: x\r\n\r\n");
+    HttpResponse r = ReadResponse(fd);
+    EXPECT_EQ(r.status, 200);
+    EXPECT_THAT(r.head + "\r\n", HasSubstr(hint));
+    // HTTP/1.0 kept alive: the same hint.
+    SendAll(fd, "GET /echo HTTP/1.0\r\nConnection: keep-alive\r\n\r\n");
+    r = ReadResponse(fd);
+    EXPECT_EQ(r.status, 200);
+    EXPECT_THAT(r.head + "\r\n", HasSubstr(hint));
+    // The client closes: no hint.
+    SendAll(fd, "GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    r = ReadResponse(fd);
+    EXPECT_EQ(r.status, 200);
+    EXPECT_THAT(absl::AsciiStrToLower(r.head), HasSubstr("connection: close"));
+    EXPECT_THAT(absl::AsciiStrToLower(r.head), Not(HasSubstr("keep-alive")));
+    EXPECT_TRUE(ClosedWithin(fd, std::chrono::seconds(10)));
+    close(fd);
+    // HTTP/1.0 without keep-alive, and a refusal that closes: no hint.
+    fd = Connect(server_->port());
+    SendAll(fd, "GET /echo HTTP/1.0\r\n\r\n");
+    r = ReadResponse(fd);
+    EXPECT_EQ(r.status, 200);
+    EXPECT_THAT(absl::AsciiStrToLower(r.head), Not(HasSubstr("keep-alive")));
+    close(fd);
+    fd = Connect(server_->port());
+    SendAll(fd, "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n");
+    r = ReadResponse(fd);
+    EXPECT_EQ(r.status, 413);
+    EXPECT_THAT(absl::AsciiStrToLower(r.head), Not(HasSubstr("keep-alive")));
+    close(fd);
+  }
 }
 
 TEST_F(ServerTest, HeadHasHeadersOnly) {

@@ -96,6 +96,8 @@ class HttpConnections(ServerTestCase):
             connect_times.append(time.monotonic() - t0)
             conn.close()
             self.assertEqual(response.status, 200)
+            # A kept-open HTTP/1.1 answer tells pooling clients the idle timeout (whole seconds).
+            self.assertEqual(response.getheader("keep-alive"), "timeout=600")
             parsed = pb.ed.VerifyResponse()
             parsed.ParseFromString(body)
             self.assertTrue(parsed.valid)

@@ -2,6 +2,16 @@
 // reads; no allocation per header: names and values go straight into the Exchange). One request
 // at a time: bytes of a pipelined next request wait until the answer is written. Answers are
 // written in one piece (head and body), or chunked when the handler streams or sends trailers.
+//
+// Request framing is refused before any body byte is read and before the handler sees the
+// request, and the connection closes after the answer (RFC 9112 6.1, 6.3; request smuggling):
+// a Transfer-Encoding that is not exactly one `chunked` (400 when chunked is not the final coding,
+// is repeated, or the fields are several; 501 for another coding under a final chunked, since
+// chunked is the only one served) - Beast itself refuses Content-Length beside chunked, and
+// disagreeing Content-Lengths - and, RFC 9112 3.2, an HTTP/1.1 request without Host or any
+// request with two (HTTP/1.0 may omit it). All are counted as protocol_error.
+// An answer on a connection that stays open carries `keep-alive: timeout=N` (the idle timeout,
+// whole seconds, at least 1): pooling clients (undici) retire the connection before we close it.
 #include <boost/beast/http/basic_parser.hpp>
 #include <boost/beast/http/error.hpp>
 
@@ -22,6 +32,34 @@ namespace http = boost::beast::http;
 using boost::beast::error_code;
 
 constexpr absl::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+
+// What one Transfer-Encoding field says of the body's framing. Chunked is the only coding we
+// implement, and it must be applied once and last (RFC 9112 6.1, 7).
+enum class Coding : uint8_t {
+  kNone,         // no Transfer-Encoding field
+  kChunked,      // exactly one coding: chunked
+  kNotFinal,     // chunked is not the final coding (or no coding at all): 400
+  kRepeated,     // chunked more than once: 400
+  kUnsupported,  // another coding under a final chunked (gzip, chunked): 501
+};
+
+// The verdict on a Transfer-Encoding field value: a comma-separated list of codings, optional
+// whitespace around each, names without case; empty list elements are ignored (RFC 9110 5.6.1).
+Coding JudgeTransferEncoding(absl::string_view value) {
+  int codings = 0;
+  int chunked = 0;
+  bool last_chunked = false;
+  for (absl::string_view coding : absl::StrSplit(value, ',')) {
+    coding = absl::StripAsciiWhitespace(coding);
+    if (coding.empty()) continue;
+    ++codings;
+    last_chunked = absl::EqualsIgnoreCase(coding, "chunked");
+    if (last_chunked) ++chunked;
+  }
+  if (!last_chunked) return Coding::kNotFinal;
+  if (chunked > 1) return Coding::kRepeated;
+  return codings == 1 ? Coding::kChunked : Coding::kUnsupported;
+}
 
 class Http1;
 
@@ -49,7 +87,11 @@ class Parser final : public http::basic_parser<true> {
 
 class Http1 final : public Protocol {
  public:
-  explicit Http1(Conn* conn) : conn_(conn), options_(conn->options()) {}
+  explicit Http1(Conn* conn)
+      : conn_(conn),
+        options_(conn->options()),
+        keep_alive_seconds_(static_cast<int>(std::clamp<int64_t>(
+            absl::ToInt64Seconds(conn->options().idle_timeout), 1, 1 << 30))) {}
   ~Http1() override { Closed(); }
 
   bool Receive(const char* data, size_t size) override;
@@ -134,7 +176,12 @@ class Http1 final : public Protocol {
   // never read, and the connection closes after the answer.
   void Refused(Exchange::Refusal why);
   // An answer of the engine's own (400, 431, 503); the connection closes after it.
-  void Refuse(int status, std::string text, AbuseReason reason);
+  // `detail` joins the abuse log line.
+  void Refuse(int status, std::string text, AbuseReason reason,
+              nlohmann::json detail = nlohmann::json());
+  // Whether the request's framing fields (Transfer-Encoding, Host) are ones we serve; if not,
+  // sets stop_ and bad_ for Parse to refuse it (see the file comment). REQUIRES: headers whole.
+  bool FramingAcceptable();
   void StartAnswer(Stream* s);
   void Finished();
   void Push(std::shared_ptr<const std::string> bytes);
@@ -149,9 +196,20 @@ class Http1 final : public Protocol {
   std::string in_;                   // bytes read and not yet parsed (only what a read left over)
   std::optional<Parser> parser_;     // the request being read
   std::unique_ptr<Stream> stream_;   // the request under way (read or answered)
-  enum class Stop { kNone, kRefused };
+  enum class Stop { kNone, kRefused, kBadRequest };
   Stop stop_ = Stop::kNone;          // why a callback stopped the parser
   Exchange::Refusal refusal_ = Exchange::Refusal::kNone;  // with Stop::kRefused
+  struct BadRequest {
+    int status = 400;
+    const char* text = "";     // the answer's body
+    const char* problem = "";  // the abuse log line's `problem`
+  } bad_;                      // with Stop::kBadRequest
+  // The request's header fields that decide its framing (FramingAcceptable).
+  int request_version_ = 11;   // Beast's: 10 * major + minor
+  int transfer_encodings_ = 0;  // Transfer-Encoding fields
+  Coding coding_ = Coding::kNone;  // the last one's verdict
+  int hosts_ = 0;              // Host fields
+  const int keep_alive_seconds_;  // the `keep-alive: timeout=` hint (Options::idle_timeout)
   bool finished_ = false;            // set by the parser, handled after put()
   bool keep_alive_ = true;
   bool close_ = false;               // close once the answer is written
@@ -272,6 +330,9 @@ size_t Http1::Parse(const char* data, size_t size) {
       stop_ = Stop::kNone;
       if (stop == Stop::kRefused) {
         Refused(refusal_);
+      } else if (stop == Stop::kBadRequest) {
+        Refuse(bad_.status, bad_.text, AbuseReason::kProtocolError,
+               {{"status", bad_.status}, {"problem", bad_.problem}});
       } else if (ec == http::error::header_limit) {
         const int64_t got = stream_ != nullptr ? stream_->header_bytes : 0;
         Refuse(431,
@@ -305,6 +366,9 @@ bool Http1::OnRequest(absl::string_view method, absl::string_view target, int ve
   stream_->header_bytes = static_cast<int64_t>(method.size() + target.size());
   keep_alive_ = version >= 11;
   expect_continue_ = false;
+  request_version_ = version;
+  transfer_encodings_ = hosts_ = 0;
+  coding_ = Coding::kNone;
   return stream_->header_bytes <= options_.max_header_bytes;
 }
 
@@ -316,7 +380,15 @@ bool Http1::OnField(absl::string_view name, absl::string_view value) {
   stream_->header_bytes += static_cast<int64_t>(name.size() + value.size());
   if (stream_->header_bytes > options_.max_header_bytes) return false;
   Access::AddHeader(*stream_->exchange, name, value, /*lower_name=*/true);
-  if (absl::EqualsIgnoreCase(name, "connection")) {
+  // What follows is about the request's head: fields of a chunked body's trailer (the parser is
+  // past the header then) neither frame the request nor keep or close the connection.
+  if (parser_->is_header_done()) return true;
+  if (absl::EqualsIgnoreCase(name, "transfer-encoding")) {
+    ++transfer_encodings_;
+    coding_ = JudgeTransferEncoding(value);
+  } else if (absl::EqualsIgnoreCase(name, "host")) {
+    ++hosts_;
+  } else if (absl::EqualsIgnoreCase(name, "connection")) {
     for (absl::string_view token : absl::StrSplit(value, ',')) {
       token = absl::StripAsciiWhitespace(token);
       if (absl::EqualsIgnoreCase(token, "close")) keep_alive_ = false;
@@ -328,9 +400,57 @@ bool Http1::OnField(absl::string_view name, absl::string_view value) {
   return true;
 }
 
+bool Http1::FramingAcceptable() {
+  bad_ = BadRequest();
+  if (transfer_encodings_ > 1) {
+    bad_.text = "bad request: more than one Transfer-Encoding field\n";
+    bad_.problem = "transfer_encoding_fields";
+  } else if (transfer_encodings_ == 1) {
+    switch (coding_) {
+      case Coding::kNotFinal:
+        bad_.text = "bad request: the final transfer coding must be chunked\n";
+        bad_.problem = "transfer_encoding_not_chunked";
+        break;
+      case Coding::kRepeated:
+        bad_.text = "bad request: chunked more than once\n";
+        bad_.problem = "transfer_encoding_repeated";
+        break;
+      case Coding::kUnsupported:
+        bad_.status = 501;
+        bad_.text = "not implemented: chunked is the only transfer coding served\n";
+        bad_.problem = "transfer_coding_unsupported";
+        break;
+      case Coding::kChunked:
+        // Beast frames the body by its own reading of the field: served only when it reads
+        // chunked too, never framed one way here and another way there.
+        if (!parser_->chunked()) {
+          bad_.text = "bad request: ambiguous Transfer-Encoding\n";
+          bad_.problem = "transfer_encoding_ambiguous";
+        }
+        break;
+      case Coding::kNone:
+        break;
+    }
+  }
+  if (*bad_.text == '\0' && hosts_ == 0 && request_version_ >= 11) {
+    bad_.text = "bad request: an HTTP/1.1 request needs a Host field\n";
+    bad_.problem = "host_missing";
+  } else if (*bad_.text == '\0' && hosts_ > 1) {
+    bad_.text = "bad request: more than one Host field\n";
+    bad_.problem = "host_fields";
+  }
+  if (*bad_.text == '\0') return true;
+  stop_ = Stop::kBadRequest;
+  return false;
+}
+
 bool Http1::OnHeaderDone() {
   Stream* s = stream_.get();
   if (s == nullptr) return false;
+  if (!FramingAcceptable()) return false;  // answered by Parse, before any body byte is read
+  // HTTP/1.0 with a Transfer-Encoding: served, and the connection closes after it (RFC 9112 6.1:
+  // its framing is treated as faulty).
+  if (transfer_encodings_ > 0 && request_version_ < 11) keep_alive_ = false;
   if (const Exchange::Refusal why = conn_->RefuseNewRequest(); why != Exchange::Refusal::kNone) {
     stop_ = Stop::kRefused;  // answered by the handler, in its protocol's terms
     refusal_ = why;
@@ -434,8 +554,8 @@ void Http1::Complete() {
   if (stream_.get() == s) ReleaseBodyCharge(conn_, s);
 }
 
-void Http1::Refuse(int status, std::string text, AbuseReason reason) {
-  conn_->Abuse(reason);
+void Http1::Refuse(int status, std::string text, AbuseReason reason, nlohmann::json detail) {
+  conn_->Abuse(reason, std::move(detail));
   parser_.reset();  // close_ (below): the rest of the input is dropped
   keep_alive_ = false;
   close_ = true;
@@ -495,6 +615,13 @@ void Http1::StartAnswer(Stream* s) {
   if (!keep_alive_ && !has_connection) head += "connection: close\r\n";
   if (keep_alive_ && s->exchange != nullptr && s->exchange->http_version() == 0x100) {
     head += "connection: keep-alive\r\n";
+  }
+  // How long the connection may stay idle: clients that pool connections retire it before we
+  // close it (undici, Node's fetch, reads this; without it, its own 4 s default races ours). Not
+  // when the connection ends after this answer: a request whose body is still arriving may yet
+  // close it (Finished).
+  if (keep_alive_ && s->request_done) {
+    absl::StrAppend(&head, "keep-alive: timeout=", keep_alive_seconds_, "\r\n");
   }
   head += "\r\n";
   head_ = std::move(head);  // kept until written (Finished)
@@ -594,6 +721,8 @@ void Http1::Finished() {
     return;
   }
   keep_alive_ = true;
+  // The idle timeout runs from the end of the answer, as the keep-alive hint told the client.
+  conn_->set_last_busy(Clock::now());
   ParseBuffered();  // a pipelined request may be waiting
 }
 
