@@ -684,6 +684,15 @@ static void test_http1_request(void) {
                    "Content-Type: application/proto\r\nConnect-Protocol-Version: 1\r\n"
                    "Accept-Encoding: identity\r\nContent-Length: 3\r\n\r\nxyz") == 0,
         "keep-alive request without a token: %d parts, '%s'", count, joined);
+  /* An IPv6 literal is bracketed in Host; one given bracketed is left as it is. */
+  count = offload_http1_request(head, sizeof head, "::1", 8443, true, &r, parts);
+  CHECK(count == 2 && join(parts, count, joined, sizeof joined) > 0 &&
+            strstr(joined, "\r\nHost: [::1]:8443\r\n") != NULL,
+        "IPv6 Host: '%s'", joined);
+  count = offload_http1_request(head, sizeof head, "[::1]", 8443, true, &r, parts);
+  CHECK(count == 2 && join(parts, count, joined, sizeof joined) > 0 &&
+            strstr(joined, "\r\nHost: [::1]:8443\r\n") != NULL,
+        "bracketed IPv6 Host: '%s'", joined);
   r.bearer_token = "abc.def";
   count = offload_http1_request(head, sizeof head, "127.0.0.1", 80, false, &r, parts);
   CHECK(count == 2 && join(parts, count, joined, sizeof joined) > 0 &&

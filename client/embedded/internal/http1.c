@@ -62,6 +62,7 @@ int offload_http1_request(char* head, size_t head_cap, const char* host, uint16_
   static const char kEnd[] = "\r\n\r\n";
   size_t n = 0, token_len = 0;
   int count = 0;
+  bool bracket;
   if (head == NULL || head_cap == 0 || host == NULL || request == NULL ||
       !path_ok(request->path) || (request->body == NULL && request->body_len > 0)) {
     return OFFLOAD_HTTP1_ERR_ARGUMENT;
@@ -70,9 +71,13 @@ int offload_http1_request(char* head, size_t head_cap, const char* host, uint16_
     token_len = offload_token_length(request->bearer_token);
     if (token_len == 0) return OFFLOAD_HTTP1_ERR_ARGUMENT;
   }
+  /* An IPv6 literal is bracketed in Host (RFC 9112 3.2, RFC 3986 3.2.2): "[::1]:8080". */
+  bracket = strchr(host, ':') != NULL && host[0] != '[';
   if (!append(head, head_cap, &n, "POST ") || !append(head, head_cap, &n, request->path) ||
-      !append(head, head_cap, &n, " HTTP/1.1\r\nHost: ") || !append(head, head_cap, &n, host) ||
-      !append(head, head_cap, &n, ":") || !append_uint(head, head_cap, &n, port) ||
+      !append(head, head_cap, &n, " HTTP/1.1\r\nHost: ") ||
+      (bracket && !append(head, head_cap, &n, "[")) || !append(head, head_cap, &n, host) ||
+      !append(head, head_cap, &n, bracket ? "]:" : ":") ||
+      !append_uint(head, head_cap, &n, port) ||
       !append(head, head_cap, &n,
               "\r\nContent-Type: application/proto\r\nConnect-Protocol-Version: 1\r\n"
               "Accept-Encoding: identity\r\n") ||
