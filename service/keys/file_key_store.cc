@@ -21,8 +21,11 @@ namespace {
 constexpr mode_t kFileMode = 0600;
 constexpr mode_t kDirMode = 0700;
 
+// `status` with "`path`: " in front of its message (and its payloads: IsSystemError survives).
 absl::Status Annotate(const absl::Status& status, absl::string_view path) {
-  return absl::Status(status.code(), absl::StrCat(path, ": ", status.message()));
+  absl::Status annotated(status.code(), absl::StrCat(path, ": ", status.message()));
+  internal::CopyPayloads(status, annotated);
+  return annotated;
 }
 
 }  // namespace
@@ -79,27 +82,38 @@ absl::StatusOr<std::unique_ptr<FileKeyStore>> FileKeyStore::Open(const std::stri
 absl::StatusOr<SecretBytes> FileKeyStore::ReadBlobLocked() {
   absl::StatusOr<SecretBytes> blob =
       internal::ReadFileAt(dir_fd_.get(), kFileName, kMaxFileSize);
-  if (!blob.ok()) {
-    if (absl::IsNotFound(blob.status())) {
-      return absl::DataLossError(absl::StrCat(path_, ": the key store file has disappeared"));
-    }
-    return Annotate(blob.status(), dir_);
+  if (blob.ok()) return blob;
+  const absl::Status& s = blob.status();
+  if (absl::IsNotFound(s)) {
+    return absl::DataLossError(absl::StrCat(path_, ": the key store file has disappeared"));
   }
-  return blob;
+  if (internal::IsSystemError(s)) return Annotate(s, dir_);  // "open keys.db: <strerror>"
+  // The file itself: not a regular file, or too large. Said without its name, so that what
+  // remains after the path is fit for a caller.
+  if (absl::IsResourceExhausted(s)) {
+    return absl::Status(s.code(), absl::StrCat(path_, ": the key store file is larger than ",
+                                               kMaxFileSize >> 20, " MiB"));
+  }
+  if (absl::IsFailedPrecondition(s)) {
+    return absl::Status(s.code(),
+                        absl::StrCat(path_, ": the key store file is not a regular file"));
+  }
+  return Annotate(s, path_);
 }
 
 absl::StatusOr<std::vector<KeyRecord>> FileKeyStore::DecodeLocked(const SecretBytes& blob,
                                                                   std::string* kek_name) {
+  const std::string prefix = absl::StrCat(path_, ": the key store file cannot be opened");
   if (kek_name != nullptr) {
     absl::StatusOr<std::string> name = EnvelopeKekName(blob);
-    if (!name.ok()) return Annotate(name.status(), path_);
+    if (!name.ok()) return Annotate(name.status(), prefix);
     *kek_name = *std::move(name);
   }
   absl::StatusOr<SecretBytes> plain =
       OpenEnvelope(*keks_, EnvelopeKind::kKeyStoreContents, {}, blob);
-  if (!plain.ok()) return Annotate(plain.status(), path_);
+  if (!plain.ok()) return Annotate(plain.status(), prefix);
   absl::StatusOr<std::vector<KeyRecord>> records = ParseKeyStoreContents(*plain);
-  if (!records.ok()) return Annotate(records.status(), path_);
+  if (!records.ok()) return Annotate(records.status(), prefix);
   return records;
 }
 
@@ -108,47 +122,56 @@ absl::StatusOr<std::vector<KeyRecord>> FileKeyStore::ReadLocked(std::string* kek
   return DecodeLocked(blob, kek_name);
 }
 
-absl::Status FileKeyStore::Logged(absl::string_view call, const absl::Status& detail,
-                                  absl::Status for_caller) const {
-  Log(LogLevel::kWarning, "keystore_error",
-      {{"store", Describe()}, {"call", std::string(call)}, {"error", detail.ToString()}});
-  return for_caller;
-}
-
 absl::StatusOr<std::vector<KeyRecord>> FileKeyStore::ReadForCallLocked(absl::string_view call,
                                                                        std::string* kek_name) {
-  absl::StatusOr<SecretBytes> blob = ReadBlobLocked();
-  if (!blob.ok()) {
-    return Logged(call, blob.status(),
-                  absl::UnavailableError(absl::StrCat(
-                      kKeyStoreUnavailable, ": the key store file could not be read")));
+  absl::StatusOr<std::vector<KeyRecord>> records = ReadLocked(kek_name);
+  if (records.ok()) return records;
+  if (internal::IsSystemError(records.status())) {
+    return KeyStoreFailureForCaller(Describe(), path_, call, records.status(),
+                                    KeyStoreFailure::kUnavailable,
+                                    "the key store file could not be read");
   }
-  absl::StatusOr<std::vector<KeyRecord>> records = DecodeLocked(*blob, kek_name);
-  if (!records.ok()) {
-    return Logged(call, records.status(),
-                  absl::DataLossError("the key store file cannot be opened: it is damaged, or "
-                                      "sealed under a KEK this server does not hold"));
-  }
-  return records;
+  return KeyStoreFailureForCaller(Describe(), path_, call, records.status(),
+                                  KeyStoreFailure::kOther);
 }
 
 absl::Status FileKeyStore::WriteForCallLocked(absl::string_view call,
                                               absl::Span<const KeyRecord> records) {
-  absl::Status written = WriteLocked(records);
+  bool committed = false;
+  absl::Status written = WriteLocked(records, &committed);
   if (written.ok()) return written;
-  return Logged(call, written,
-                absl::UnavailableError(absl::StrCat(
-                    kKeyStoreUnavailable, ": the change could not be written to the key store "
-                                          "file")));
+  if (committed) {
+    // keys.db holds the change, but the directory's fsync failed: a crash may still undo it.
+    // Not "not written" (a retried rotation would rotate twice): the caller reads the key.
+    return KeyStoreFailureForCaller(Describe(), path_, call, written,
+                                    KeyStoreFailure::kOutcomeUnknown,
+                                    "the change was written to the key store file but could "
+                                    "not be made durable");
+  }
+  if (internal::IsSystemError(written)) {
+    return KeyStoreFailureForCaller(Describe(), path_, call, written,
+                                    KeyStoreFailure::kUnavailable,
+                                    "the change could not be written to the key store file");
+  }
+  return KeyStoreFailureForCaller(Describe(), path_, call, written, KeyStoreFailure::kOther);
 }
 
-absl::Status FileKeyStore::WriteLocked(absl::Span<const KeyRecord> records) {
-  OFFLOAD_ASSIGN_OR_RETURN(SecretBytes plain, SerializeKeyStoreContents(records));
-  OFFLOAD_ASSIGN_OR_RETURN(std::vector<uint8_t> blob,
-                           SealEnvelope(*keks_->Current(), EnvelopeKind::kKeyStoreContents, {},
-                                        plain));
-  return internal::WriteFileAtomically(dir_fd_.get(), dir_, kFileName, kTempFileName, blob,
-                                       kFileMode);
+absl::Status FileKeyStore::WriteLocked(absl::Span<const KeyRecord> records, bool* committed) {
+  if (committed != nullptr) *committed = false;
+  absl::StatusOr<SecretBytes> plain = SerializeKeyStoreContents(records);
+  if (!plain.ok()) return Annotate(plain.status(), path_);
+  absl::StatusOr<std::vector<uint8_t>> blob =
+      SealEnvelope(*keks_->Current(), EnvelopeKind::kKeyStoreContents, {}, *plain);
+  if (!blob.ok()) {
+    return Annotate(blob.status(),
+                    absl::StrCat(path_, ": the key store file cannot be sealed"));
+  }
+  // Errors name the temp file or the directory: the path in front is the store's, for the
+  // caller's view to strip.
+  absl::Status written = internal::WriteFileAtomically(dir_fd_.get(), dir_, kFileName,
+                                                       kTempFileName, *blob, kFileMode,
+                                                       /*no_replace=*/false, committed);
+  return written.ok() ? written : Annotate(written, path_);
 }
 
 absl::StatusOr<std::vector<KeyRecord>> FileKeyStore::LoadAll() {

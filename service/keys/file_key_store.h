@@ -79,22 +79,30 @@ class FileKeyStore final : public KeyStore {
   absl::StatusOr<std::vector<KeyRecord>> DecodeLocked(const SecretBytes& blob,
                                                       std::string* kek_name)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status WriteLocked(absl::Span<const KeyRecord> records) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Errors begin with the file's path. `committed`, when given: whether keys.db holds the change
+  // despite an error (only its directory's fsync failed).
+  absl::Status WriteLocked(absl::Span<const KeyRecord> records, bool* committed = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // As ReadLocked / WriteLocked for the store's calls (`call` names one in the log): what their
-  // callers - through KeyManager, the service's callers on either port - see of a failure names
-  // no path of the server's. Bytes that cannot be read or written are Unavailable
-  // ("key store unavailable: the key store file could not be read / written"), contents that
-  // cannot be opened DataLoss; the full error, path and all, goes to the server's log
-  // (keystore_error, with the store and the call).
+  // As ReadLocked / WriteLocked for the store's calls (`call` names one in the log), through
+  // KeyStoreFailureForCaller (key_store.h): what their callers - through KeyManager, the
+  // service's callers on either port - see of a failure names no path of the server's, and
+  // keeps its code, except that
+  //   - a system call that failed (open, read, write, rename: errno) is Unavailable
+  //     ("key store unavailable: the key store file could not be read" / "...: the change could
+  //     not be written to the key store file"), logged as keystore_unavailable;
+  //   - a change in keys.db that could not be made durable (the directory's fsync failed after
+  //     the rename) is Unknown ("...its outcome is unknown; read the key before trying again").
+  // Otherwise (logged as keystore_error): DataLoss "the key store file has disappeared" or
+  // "the key store file cannot be opened: <why>" (damaged), FailedPrecondition "...cannot be
+  // opened: encrypted under a different key-encryption key, "<name>"..." or "the key store file
+  // is not a regular file", ResourceExhausted "the key store file is larger than 64 MiB", and
+  // a KEK's own error (a PKCS#11 token that cannot be reached) with its code.
   absl::StatusOr<std::vector<KeyRecord>> ReadForCallLocked(absl::string_view call,
                                                            std::string* kek_name = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status WriteForCallLocked(absl::string_view call, absl::Span<const KeyRecord> records)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Logs `detail` (keystore_error) and returns `for_caller`.
-  absl::Status Logged(absl::string_view call, const absl::Status& detail,
-                      absl::Status for_caller) const;
 
   const std::string dir_;
   const std::string path_;

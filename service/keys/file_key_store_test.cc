@@ -292,6 +292,9 @@ TEST_F(FileKeyStoreTest, DuplicateIdsInTheFileAreDataLoss) {
 // The calls' failures reach the service's callers (KeyManager passes them on): they say what
 // failed, with the code a caller can act on, and name no path. Made as root can't undo: a
 // directory where the temp file goes, then where keys.db is, then keys.db overwritten.
+// Each failure is made for real (as root too: no mode bits). Only a system call that failed is
+// Unavailable (a retry may help); the file's own faults keep their code, so that clients do not
+// retry them forever. No message names a path of the server's.
 TEST_F(FileKeyStoreTest, CallFailuresNameNoPath) {
   auto store = OpenOrDie();
   ASSERT_NE(store, nullptr);
@@ -299,8 +302,16 @@ TEST_F(FileKeyStoreTest, CallFailuresNameNoPath) {
   const auto expect_no_path = [&](const absl::Status& s) {
     EXPECT_THAT(std::string(s.message()), ::testing::Not(HasSubstr(dir_.path()))) << s;
     EXPECT_THAT(std::string(s.message()), ::testing::Not(HasSubstr("/"))) << s;
+    EXPECT_THAT(std::string(s.message()), ::testing::Not(HasSubstr("keys.db"))) << s;
+  };
+  const auto expect_load_fails = [&](absl::StatusCode code, const std::string& words) {
+    absl::StatusOr<KeyRecord> load = store->Load("ed");
+    EXPECT_EQ(load.status().code(), code) << load.status();
+    EXPECT_THAT(std::string(load.status().message()), HasSubstr(words));
+    expect_no_path(load.status());
   };
 
+  // create keys.db.tmp: EISDIR.
   const std::string temp = dir_.Sub(FileKeyStore::kTempFileName);
   ASSERT_EQ(::mkdir(temp.c_str(), 0700), 0);
   absl::Status put = store->Put(MakeRecord("x", v1::KEY_TYPE_X25519, 1));
@@ -313,13 +324,21 @@ TEST_F(FileKeyStoreTest, CallFailuresNameNoPath) {
 
   const std::string aside = db() + ".aside";
   ASSERT_EQ(::rename(db().c_str(), aside.c_str()), 0);
+  // open keys.db: ELOOP (a symlink to itself).
+  ASSERT_EQ(::symlink(FileKeyStore::kFileName, db().c_str()), 0);
+  expect_load_fails(absl::StatusCode::kUnavailable,
+                    "key store unavailable: the key store file could not be read");
+  ASSERT_EQ(::unlink(db().c_str()), 0);
+  // Gone: no retry brings it back.
+  expect_load_fails(absl::StatusCode::kDataLoss, "the key store file has disappeared");
   ASSERT_EQ(::mkdir(db().c_str(), 0700), 0);
-  absl::StatusOr<KeyRecord> load = store->Load("ed");
-  EXPECT_TRUE(absl::IsUnavailable(load.status())) << load.status();
-  EXPECT_THAT(std::string(load.status().message()),
-              HasSubstr("key store unavailable: the key store file could not be read"));
-  expect_no_path(load.status());
+  expect_load_fails(absl::StatusCode::kFailedPrecondition,
+                    "the key store file is not a regular file");
   ASSERT_EQ(::rmdir(db().c_str()), 0);
+  testing::WriteText(db(), "");
+  ASSERT_EQ(::truncate(db().c_str(), FileKeyStore::kMaxFileSize + 1), 0);  // sparse
+  expect_load_fails(absl::StatusCode::kResourceExhausted,
+                    "the key store file is larger than 64 MiB");
   ASSERT_EQ(::rename(aside.c_str(), db().c_str()), 0);
   EXPECT_TRUE(store->Load("ed").ok());
 
@@ -329,6 +348,25 @@ TEST_F(FileKeyStoreTest, CallFailuresNameNoPath) {
   EXPECT_TRUE(absl::IsDataLoss(update)) << update;
   EXPECT_THAT(std::string(update.message()), HasSubstr("the key store file cannot be opened"));
   expect_no_path(update);
+
+  // Sealed under a KEK this store does not hold: FailedPrecondition naming it.
+  TempDir other_dir;
+  SecretBytes other_kek = RandomSecret();
+  std::string other_name;
+  {
+    absl::StatusOr<std::shared_ptr<KekRing>> ring = KekRing::FromRawKey(SecretBytes(other_kek));
+    ASSERT_TRUE(ring.ok()) << ring.status();
+    other_name = (*ring)->Current()->name();
+    auto other = FileKeyStore::Open(other_dir.path(), *std::move(ring));
+    ASSERT_TRUE(other.ok()) << other.status();
+  }
+  WriteBytes(db(), ReadBytes(other_dir.Sub(FileKeyStore::kFileName)));
+  absl::Status foreign = store->Update("ed", [](KeyRecord r) { return r; });
+  EXPECT_TRUE(absl::IsFailedPrecondition(foreign)) << foreign;
+  EXPECT_THAT(std::string(foreign.message()), HasSubstr(other_name));
+  EXPECT_THAT(std::string(foreign.message()), HasSubstr("does not hold"));
+  expect_no_path(foreign);
+
   WriteBytes(db(), good);
   EXPECT_TRUE(store->Update("ed", [](KeyRecord r) { return r; }).ok());
 }

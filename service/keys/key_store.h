@@ -34,6 +34,38 @@ inline constexpr size_t kKeySecretSize = 32;
 // server's log only, never in what a caller sees.
 inline constexpr char kKeyStoreUnavailable[] = "key store unavailable";
 
+// How a store call failed, for KeyStoreFailureForCaller.
+enum class KeyStoreFailure {
+  // The store could not be reached, read or written (the system's error, a lost connection)
+  // and nothing was changed: worth sending again.
+  kUnavailable,
+  // A change was made, or may have been, but the store could not confirm it (a COMMIT whose
+  // answer was lost, a replaced file whose directory could not be synced): not to be sent
+  // again blindly.
+  kOutcomeUnknown,
+  // Anything else (a record or file the server cannot open, a KEK it does not hold, a file that
+  // is not a regular file or too large): the code is kept.
+  kOther,
+};
+
+// What the caller of a store's call sees of the failure `s`, whose message may begin with
+// `hidden` followed by ": " (the store's path or address: for the server's log only). Both
+// stores use it, so that both log the same lines:
+//   kUnavailable    -> Unavailable "key store unavailable" (+ ": " + `detail` when given),
+//                      logged as keystore_unavailable;
+//   kOutcomeUnknown -> Unknown "key store unavailable: <detail: what happened> and its outcome
+//                      is unknown; read the key before trying again", logged as
+//                      keystore_unavailable;
+//   kOther          -> the code of `s` and its message without the `hidden` prefix, logged as
+//                      keystore_error; a message without that prefix is returned unchanged and
+//                      not logged (nothing of the store's is in it: an answer, not a failure).
+// Each log line has the store (`store`: its Describe()), the call (`call`) and `s` whole. OK
+// stays OK.
+absl::Status KeyStoreFailureForCaller(absl::string_view store, absl::string_view hidden,
+                                      absl::string_view call,
+                                      const absl::Status& s, KeyStoreFailure failure,
+                                      absl::string_view detail = "");
+
 struct KeyVersionRecord {
   uint32_t version = 0;
   int64_t created_unix_seconds = 0;

@@ -316,27 +316,21 @@ absl::StatusOr<KeyRecord> PostgresKeyStore::OpenRecord(absl::string_view key_id,
 
 absl::Status PostgresKeyStore::ForCaller(absl::string_view what, absl::Status s,
                                          bool outcome_unknown) const {
-  if (s.ok()) return s;
-  if (!absl::IsUnavailable(s)) {
-    // A record this server cannot read (another KEK, a damaged row): the caller learns which
-    // key and why, not where the store is.
-    const std::string prefix = absl::StrCat(description_, ": ");
-    if (!absl::StartsWith(s.message(), prefix)) return s;
-    Log(LogLevel::kWarning, "keystore_error",
-        {{"call", std::string(what)}, {"error", std::string(s.message())}});
-    return absl::Status(s.code(), s.message().substr(prefix.size()));
-  }
-  Log(LogLevel::kWarning, "keystore_unavailable",
-      {{"store", description_}, {"call", std::string(what)}, {"error", std::string(s.message())}});
   // A change whose COMMIT may have gone through is not UNAVAILABLE (which says "not done, send
   // it again": clients retry that, and a rotation would run twice) but UNKNOWN, with no retry
-  // delay: the caller reads the key to learn what happened.
-  if (outcome_unknown) {
-    return absl::UnknownError(absl::StrCat(kKeyStoreUnavailable,
-                                           ": the connection was lost during the change and its "
-                                           "outcome is unknown; read the key before trying again"));
+  // delay: the caller reads the key to learn what happened. A record this server cannot read
+  // (another KEK, a damaged row) keeps its code: the caller learns which key and why, not where
+  // the store is.
+  if (!absl::IsUnavailable(s)) {
+    return KeyStoreFailureForCaller(description_, description_, what, s, KeyStoreFailure::kOther);
   }
-  return absl::UnavailableError(std::string(kKeyStoreUnavailable));
+  if (outcome_unknown) {
+    return KeyStoreFailureForCaller(description_, description_, what, s,
+                                    KeyStoreFailure::kOutcomeUnknown,
+                                    "the connection was lost during the change");
+  }
+  return KeyStoreFailureForCaller(description_, description_, what, s,
+                                  KeyStoreFailure::kUnavailable);
 }
 
 absl::Status PostgresKeyStore::ReadLocked(absl::string_view what,

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 
 namespace offload::keys::internal {
@@ -30,8 +31,23 @@ int UniqueFd::release() {
   return fd;
 }
 
+namespace {
+constexpr char kSystemErrorPayload[] = "type.offload/keys.errno";
+}  // namespace
+
 absl::Status ErrnoError(int error_number, absl::string_view operation, absl::string_view path) {
-  return absl::ErrnoToStatus(error_number, absl::StrCat(operation, " ", path));
+  absl::Status s = absl::ErrnoToStatus(error_number, absl::StrCat(operation, " ", path));
+  s.SetPayload(kSystemErrorPayload, absl::Cord(absl::StrCat(error_number)));
+  return s;
+}
+
+bool IsSystemError(const absl::Status& s) {
+  return !s.ok() && s.GetPayload(kSystemErrorPayload).has_value();
+}
+
+void CopyPayloads(const absl::Status& from, absl::Status& to) {
+  from.ForEachPayload(
+      [&to](absl::string_view url, const absl::Cord& payload) { to.SetPayload(url, payload); });
 }
 
 absl::Status MakeDirs(const std::string& path, mode_t mode) {
@@ -96,7 +112,8 @@ absl::StatusOr<SecretBytes> ReadFileAt(int dir_fd, const std::string& name, size
 
 absl::Status WriteFileAtomically(int dir_fd, absl::string_view display_dir, const std::string& name,
                                  const std::string& temp_name, absl::Span<const uint8_t> data,
-                                 mode_t mode, bool no_replace) {
+                                 mode_t mode, bool no_replace, bool* committed_out) {
+  if (committed_out != nullptr) *committed_out = false;
   const std::string temp_path = absl::StrCat(display_dir, "/", temp_name);
   UniqueFd fd(::openat(dir_fd, temp_name.c_str(),
                        O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode));
@@ -129,6 +146,7 @@ absl::Status WriteFileAtomically(int dir_fd, absl::string_view display_dir, cons
     return ErrnoError(errno, "rename", path);
   }
   committed = true;
+  if (committed_out != nullptr) *committed_out = true;
   if (::fsync(dir_fd) != 0) return ErrnoError(errno, "fsync directory", display_dir);
   return absl::OkStatus();
 }

@@ -37,8 +37,17 @@ class UniqueFd {
   int fd_ = -1;
 };
 
-// `operation` + `path` + strerror(`error_number`), with the matching status code.
+// `operation` + `path` + strerror(`error_number`), with the matching status code, marked as the
+// system's error (IsSystemError).
 absl::Status ErrnoError(int error_number, absl::string_view operation, absl::string_view path);
+
+// Whether `s` came from ErrnoError (a system call failed: I/O, not the file's contents or
+// kind). The mark is a payload: a status rebuilt around `s` keeps it only if it copies the
+// payloads (CopyPayloads).
+bool IsSystemError(const absl::Status& s);
+
+// Copies every payload of `from` into `to`.
+void CopyPayloads(const absl::Status& from, absl::Status& to);
 
 // Creates `path` and any missing parents with `mode` (umask applies). OK if it already exists
 // as a directory.
@@ -57,9 +66,14 @@ absl::StatusOr<SecretBytes> ReadFileAt(int dir_fd, const std::string& name, size
 // new complete file: writes `temp_name` (created with `mode`), fsyncs it, renames it over `name`
 // and fsyncs the directory. With `no_replace`, links instead of renaming and fails with
 // AlreadyExists if `name` exists. `display_dir` is only used in error messages.
+// `committed`, when given, is set to whether `name` holds `data` when the call returns: true
+// also when only the final fsync of the directory failed (the new file is in place, but a crash
+// may still bring the old one back), so that a caller can tell "not written" from "written,
+// durability unknown".
 absl::Status WriteFileAtomically(int dir_fd, absl::string_view display_dir, const std::string& name,
                                  const std::string& temp_name, absl::Span<const uint8_t> data,
-                                 mode_t mode, bool no_replace = false);
+                                 mode_t mode, bool no_replace = false,
+                                 bool* committed = nullptr);
 
 }  // namespace offload::keys::internal
 
