@@ -131,20 +131,29 @@ class PostgresReconnectTest(harness.ServerTestCase):
         return [len(r.log_lines()) for r in self.replicas]
 
     @staticmethod
-    def store_failure(lines, i):
+    def store_failure(lines, mark, i):
         """The error the key store logged for the call behind bad event lines[i]: the listener's
         reload (on_change -> Load, call "load") or resync (on_resync -> LoadAll, call "load
         all") logs keystore_unavailable with the store's detail just before the listener logs
         the bad event, whose own error is only "key store unavailable" (the store gives its
-        callers no more, see PostgresKeyStore::ForCaller). None if there is no such line."""
+        callers no more, see PostgresKeyStore::ForCaller). Only lines[mark:i] are searched,
+        backwards from the bad event, and the search stops at the first store failure of any
+        call (keystore_unavailable or keystore_error) or at an earlier bad event: that line is
+        the cause only if it is keystore_unavailable of the bad event's call. None otherwise (no
+        such line, or another call's, or another failure's: an older line excuses nothing)."""
         call = "load" if "keystore_reload_failed" in lines[i] else "load all"
-        for line in reversed(lines[:i]):
+        for line in reversed(lines[mark:i]):
+            if any(e in line for e in BAD_EVENTS):
+                return None
             try:
                 event = json.loads(line)
             except ValueError:
                 continue
-            if event.get("event") == "keystore_unavailable" and event.get("call") == call:
-                return event.get("error", "")
+            name = event.get("event")
+            if name in ("keystore_unavailable", "keystore_error"):
+                if name == "keystore_unavailable" and event.get("call") == call:
+                    return event.get("error", "")
+                return None
         return None
 
     def assert_no_bad_events(self, marks, heal_timeout=10.0):
@@ -167,7 +176,7 @@ class PostgresReconnectTest(harness.ServerTestCase):
                     # detail ("postgres: connect: ...") is on its keystore_unavailable line, not
                     # on the listener's: a query that failed on a dead connection says no
                     # "connect:" there and stays a failure.
-                    cause = self.store_failure(lines, i)
+                    cause = self.store_failure(lines, mark, i)
                     if cause is not None and "postgres: connect:" in cause:
                         if not any("keys_resynced" in later for later in lines[i + 1:]):
                             unhealed.append(line)
