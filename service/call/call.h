@@ -147,10 +147,9 @@ class Call : public std::enable_shared_from_this<Call> {
   // request.
   void Start(Caller caller, absl::Time deadline);
 
-  // Ends a call that never ran (a request the protocol side could not read): answered, counted
-  // and logged as any call; with its `caller` once known (a request that could not be decoded is
-  // audited under its peer). REQUIRES: Start was not called.
-  void Fail(absl::Status status) { Finish(std::move(status)); }
+  // Ends a call that never ran (a request the protocol side could not read) for `caller`:
+  // answered, counted, logged and audited as any call, under its peer. REQUIRES: Start was not
+  // called.
   void Fail(absl::Status status, Caller caller) {
     SetCaller(std::move(caller));
     Finish(std::move(status));

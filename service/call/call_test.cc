@@ -310,7 +310,7 @@ TEST_F(CallTest, AFailedReadIsAnsweredAndCountedAsACall) {
   const api::Method* method = table_->Find("/offload.v1.Ed25519Service/Verify");
   context_->method_metrics[method] = metrics.Method(method->service, method->method, false);
   auto call = std::make_shared<TestCall>(context_, method);
-  call->Fail(absl::InvalidArgumentError("request: not protobuf"));
+  call->Fail(absl::InvalidArgumentError("request: not protobuf"), {"ipv4:127.0.0.1:1", ""});
   ASSERT_TRUE(call->sent.HasBeenNotified());
   EXPECT_EQ(call->status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(call->encodes, 1);

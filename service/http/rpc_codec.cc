@@ -58,7 +58,13 @@ bool IsParserText(absl::string_view text) {
 // quote the offending value ("(secret): invalid value \"<an ImportKey's private key>\"") or a
 // snippet of the input, and the message goes to the caller, the log and the audit log.
 std::string DescribeJsonError(absl::string_view message, const google::protobuf::Descriptor* type) {
+  // An unknown field: its name is the caller's text (it may hold ": " or a newline itself).
+  if (absl::EndsWith(message, ": Cannot find field.")) return "a field the message does not have";
   const absl::string_view first = message.substr(0, message.find('\n'));
+  if (first.size() != message.size()) {
+    // The stream parser's errors: its wording, then a snippet of the input and a caret.
+    return IsParserText(first) ? std::string(first) : "not well-formed";
+  }
   absl::string_view path, rest;
   if (absl::StartsWith(first, "(") && first.find("): ") != absl::string_view::npos) {
     const size_t end = first.find("): ");
@@ -70,7 +76,6 @@ std::string DescribeJsonError(absl::string_view message, const google::protobuf:
   } else {
     return IsParserText(first) ? std::string(first) : "not well-formed";
   }
-  if (rest == "Cannot find field.") return "a field the message does not have";
   std::string what = "invalid value";
   if (absl::StartsWith(rest, "invalid value")) {
     // "... for type T": T is the schema's (the value comes before it).

@@ -135,6 +135,10 @@ TEST(DecodeRequest, JsonErrorsNameTheFieldButNeverRepeatTheInput) {
       {R"({"keyId":"a","secret":{"x":"SECRET"}})", "request: invalid JSON: "},
       {R"({"SECRET)", "request: invalid JSON: "},
       {R"({"keyId":"a","secret":"SECRET\u0000"})", "request: invalid JSON: "},
+      // An unknown field whose name looks like a path and the parser's words, or holds a newline.
+      {R"({"keyId: Unexpected token SECRET":1})", "a field the message does not have"},
+      {R"({"SECRET\nx":1})", "a field the message does not have"},
+      {R"({"keyId" "SECRET"})", "Expected : between key:value pair."},
   };
   for (const Case& c : cases) {
     v1::ImportKeyRequest got;

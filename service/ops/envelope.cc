@@ -15,7 +15,8 @@ absl::Status CheckEnvelopeShape(absl::Span<const uint8_t> envelope) {
   }
   if (envelope[0] != kEnvelopeFormatVersion) {
     return absl::InvalidArgumentError(absl::StrCat("envelope: unknown format version ",
-                                                   envelope[0], ", expected 1"));
+                                                   envelope[0], ", expected ",
+                                                   kEnvelopeFormatVersion));
   }
   return absl::OkStatus();
 }
@@ -26,10 +27,7 @@ absl::StatusOr<EnvelopeView> ParseEnvelope(absl::Span<const uint8_t> envelope, s
     return absl::InvalidArgumentError(absl::StrCat("envelope: expected at least ", minimum,
                                                    " bytes, got ", envelope.size()));
   }
-  if (envelope[0] != kEnvelopeFormatVersion) {
-    return absl::InvalidArgumentError(absl::StrCat("envelope: unknown format version ",
-                                                   envelope[0], ", expected 1"));
-  }
+  if (absl::Status shape = CheckEnvelopeShape(envelope); !shape.ok()) return shape;  // the format
   EnvelopeView view;
   view.key_version = (uint32_t{envelope[1]} << 24) | (uint32_t{envelope[2]} << 16) |
                      (uint32_t{envelope[3]} << 8) | uint32_t{envelope[4]};

@@ -42,12 +42,12 @@ class HttpCall final : public call::Call {
     if (!post.refusal.ok()) {
       refusal_http_status_ = post.http_status;
       refusal_headers_ = std::move(post.headers);
-      return Fail(std::move(post.refusal));
+      return Fail(std::move(post.refusal), CallerOf());
     }
     if (exchange_->refusal() != httpd::Exchange::Refusal::kNone) {
       // Refused unread by the engine (a memory budget, the drain): the status says when to come
       // back.
-      return Fail(EngineRefusal(exchange_->refusal(), post.body_limit));
+      return Fail(EngineRefusal(exchange_->refusal(), post.body_limit), CallerOf());
     }
     options_ = post.options;
     if (method().secret_request) exchange_->MarkSecret();  // zeroed with the exchange
@@ -59,18 +59,23 @@ class HttpCall final : public call::Call {
     get_ = true;
     type_ = http::ContentType{http::Protocol::kConnect, http::Codec::kProto, false};
     if (exchange_->refusal() != httpd::Exchange::Refusal::kNone) {
-      return Fail(EngineRefusal(exchange_->refusal(), 0));
+      return Fail(EngineRefusal(exchange_->refusal(), 0), CallerOf());
     }
     http::ConnectGet get = http::ReadConnectGet(
         exchange_->query(), [this](const char* name) { return exchange_->header(name); },
         shared_->max_message_bytes);
     type_ = get.type;
-    if (!get.refusal.ok()) return Fail(std::move(get.refusal));
+    if (!get.refusal.ok()) return Fail(std::move(get.refusal), CallerOf());
     options_ = get.options;
     Decode(options_.encoding, get.message);
   }
 
  private:
+  // Who sent the request: the connection's peer and its verified certificate's identity.
+  call::Caller CallerOf() const {
+    return {exchange_->peer_address(), exchange_->peer_identity()};
+  }
+
   // The body (or GET message) into the request message, then the call.
   void Decode(Encoding encoding, absl::string_view bytes) {
     if (shared_->count_bytes) {
@@ -83,11 +88,10 @@ class HttpCall final : public call::Call {
       exchange_->SetDeadline(deadline);  // a reset at its end is the client's timer, not abuse
     }
     if (auto origin = exchange_->header("origin")) origin_ = std::string(*origin);
-    call::Caller caller{exchange_->peer_address(), exchange_->peer_identity()};
     if (absl::Status s = DecodeBody(encoding, bytes); !s.ok()) {
-      return Fail(std::move(s), std::move(caller));
+      return Fail(std::move(s), CallerOf());
     }
-    Start(std::move(caller), deadline);
+    Start(CallerOf(), deadline);
   }
 
   // [issue 34] The request into NewRequest(); an AEAD Open in binary proto, uncompressed, is

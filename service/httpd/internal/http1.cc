@@ -91,7 +91,7 @@ class Http1 final : public Protocol {
       : conn_(conn),
         options_(conn->options()),
         keep_alive_seconds_(static_cast<int>(std::clamp<int64_t>(
-            absl::ToInt64Seconds(conn->options().idle_timeout), 1, 1 << 30))) {}
+            absl::ToInt64Seconds(conn->options().idle_timeout), 0, 1 << 30))) {}
   ~Http1() override { Closed(); }
 
   bool Receive(const char* data, size_t size) override;
@@ -209,7 +209,8 @@ class Http1 final : public Protocol {
   int transfer_encodings_ = 0;  // Transfer-Encoding fields
   Coding coding_ = Coding::kNone;  // the last one's verdict
   int hosts_ = 0;              // Host fields
-  const int keep_alive_seconds_;  // the `keep-alive: timeout=` hint (Options::idle_timeout)
+  // The `keep-alive: timeout=` hint (Options::idle_timeout, whole seconds); 0: none is sent.
+  const int keep_alive_seconds_;
   bool finished_ = false;            // set by the parser, handled after put()
   bool keep_alive_ = true;
   bool close_ = false;               // close once the answer is written
@@ -379,10 +380,12 @@ bool Http1::OnField(absl::string_view name, absl::string_view value) {
   if (stream_->dispatched) return true;
   stream_->header_bytes += static_cast<int64_t>(name.size() + value.size());
   if (stream_->header_bytes > options_.max_header_bytes) return false;
-  Access::AddHeader(*stream_->exchange, name, value, /*lower_name=*/true);
-  // What follows is about the request's head: fields of a chunked body's trailer (the parser is
-  // past the header then) neither frame the request nor keep or close the connection.
+  // A chunked body's trailer (the parser is past the header then) is counted against the header
+  // bytes but never becomes a request header: neither framing, keep-alive nor anything the
+  // handler reads (an identity header a proxy stripped from the head must not come back in a
+  // trailer). HTTP/2 ignores request trailers alike.
   if (parser_->is_header_done()) return true;
+  Access::AddHeader(*stream_->exchange, name, value, /*lower_name=*/true);
   if (absl::EqualsIgnoreCase(name, "transfer-encoding")) {
     ++transfer_encodings_;
     coding_ = JudgeTransferEncoding(value);
@@ -619,8 +622,9 @@ void Http1::StartAnswer(Stream* s) {
   // How long the connection may stay idle: clients that pool connections retire it before we
   // close it (undici, Node's fetch, reads this; without it, its own 4 s default races ours). Not
   // when the connection ends after this answer: a request whose body is still arriving may yet
-  // close it (Finished).
-  if (keep_alive_ && s->request_done) {
+  // close it (Finished). Not under a second either: the hint counts whole seconds, and rounded up
+  // it would promise more than we keep.
+  if (keep_alive_ && s->request_done && keep_alive_seconds_ > 0) {
     absl::StrAppend(&head, "keep-alive: timeout=", keep_alive_seconds_, "\r\n");
   }
   head += "\r\n";
