@@ -156,6 +156,17 @@ def rpc_error(fn, *args, **kwargs):
     return None
 
 
+def retry_delay_ms(error):
+    """The RetryInfo delay of a gRPC error (its grpc-status-details-bin), in ms, or None."""
+    for key, value in error.trailing_metadata() or ():
+        if key == "grpc-status-details-bin":
+            for detail in pb.rpc_status.Status.FromString(value).details:
+                info = pb.error_details.RetryInfo()
+                if detail.Is(info.DESCRIPTOR) and detail.Unpack(info):
+                    return info.retry_delay.seconds * 1000 + info.retry_delay.nanos / 1e6
+    return None
+
+
 # The listeners of offload_server, by flag; server_started names the port each one bound
 # (grpc_port, http_port, metrics_port: 0 for one that is off).
 LISTENER_FLAGS = ("grpc_address", "http_address", "metrics_address")

@@ -21,20 +21,7 @@ import time
 import grpc
 
 import harness
-from harness import pb
-
-
-def retry_delay_ms(error):
-    """The RetryInfo delay of a refusal, in ms, or None."""
-    for key, value in error.trailing_metadata() or ():
-        if key != "grpc-status-details-bin":
-            continue
-        status = pb.rpc_status.Status.FromString(value)
-        for detail in status.details:
-            info = pb.error_details.RetryInfo()
-            if detail.Is(info.DESCRIPTOR) and detail.Unpack(info):
-                return info.retry_delay.seconds * 1000 + info.retry_delay.nanos / 1e6
-    return None
+from harness import pb, retry_delay_ms
 
 
 def main():

@@ -28,21 +28,10 @@ import urllib.request
 
 import grpc
 
-from harness import Server, ServerTestCase, pb
+from harness import Server, ServerTestCase, pb, retry_delay_ms
 
 T = 10
 ED = pb.keys.KEY_TYPE_ED25519
-
-
-def retry_delay_ms(error):
-    """The RetryInfo delay of a gRPC error (its grpc-status-details-bin), in ms, or None."""
-    for key, value in error.trailing_metadata() or ():
-        if key == "grpc-status-details-bin":
-            for detail in pb.rpc_status.Status.FromString(value).details:
-                info = pb.error_details.RetryInfo()
-                if detail.Is(info.DESCRIPTOR) and detail.Unpack(info):
-                    return info.retry_delay.seconds * 1000 + info.retry_delay.nanos / 1e6
-    return None
 
 
 class KeyStoreErrorsTest(ServerTestCase):

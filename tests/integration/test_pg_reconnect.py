@@ -38,7 +38,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "e2e"))
 
 import harness  # noqa: E402
-from harness import pb  # noqa: E402
+from harness import pb, retry_delay_ms  # noqa: E402
 import pg_support  # noqa: E402
 
 REPLICAS = 3
@@ -46,17 +46,6 @@ PROPAGATION_TARGET_S = 1.0  # issue 14: a change reaches the other replicas with
 PROPAGATION_BOUND_S = 5.0   # what the test asserts (a loaded machine may be slower than 1 s)
 # Log events that mean a replica used a dead connection, or missed a change for a while.
 BAD_EVENTS = ("keystore_resync_failed", "keystore_reload_failed")
-
-
-def retry_delay_ms(error):
-    """The RetryInfo delay of a gRPC error (its grpc-status-details-bin), in ms, or None."""
-    for key, value in error.trailing_metadata() or ():
-        if key == "grpc-status-details-bin":
-            for detail in pb.rpc_status.Status.FromString(value).details:
-                info = pb.error_details.RetryInfo()
-                if detail.Is(info.DESCRIPTOR) and detail.Unpack(info):
-                    return info.retry_delay.seconds * 1000 + info.retry_delay.nanos / 1e6
-    return None
 
 
 class PostgresReconnectTest(harness.ServerTestCase):
