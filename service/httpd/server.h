@@ -33,7 +33,7 @@
 // than one `chunked`, Content-Length beside chunked, an HTTP/1.1 request without Host) is answered
 // 400 or 501 by the engine before any body byte is read, and the connection closes. HTTP/1.1
 // answers on a connection that stays open carry `keep-alive: timeout=N` (the idle timeout in
-// whole seconds, at least 1), counted from the end of the answer.
+// whole seconds; none under 1 s), counted from the end of the answer.
 //
 // Abuse defences (HTTP/2 unless said; each counted in Stats::abuse by reason, see AbuseReason):
 // a client reset rate (a token bucket); nghttp2's own limits (CONTINUATION frames per header

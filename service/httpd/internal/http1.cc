@@ -11,7 +11,8 @@
 // disagreeing Content-Lengths - and, RFC 9112 3.2, an HTTP/1.1 request without Host or any
 // request with two (HTTP/1.0 may omit it). All are counted as protocol_error.
 // An answer on a connection that stays open carries `keep-alive: timeout=N` (the idle timeout,
-// whole seconds, at least 1): pooling clients (undici) retire the connection before we close it.
+// whole seconds; none under 1 s): pooling clients (undici) retire the connection before we close
+// it.
 #include <boost/beast/http/basic_parser.hpp>
 #include <boost/beast/http/error.hpp>
 
@@ -404,47 +405,42 @@ bool Http1::OnField(absl::string_view name, absl::string_view value) {
 }
 
 bool Http1::FramingAcceptable() {
-  bad_ = BadRequest();
+  const auto refuse = [this](int status, const char* text, const char* problem) {
+    bad_ = BadRequest{status, text, problem};
+    stop_ = Stop::kBadRequest;
+    return false;
+  };
   if (transfer_encodings_ > 1) {
-    bad_.text = "bad request: more than one Transfer-Encoding field\n";
-    bad_.problem = "transfer_encoding_fields";
-  } else if (transfer_encodings_ == 1) {
+    return refuse(400, "bad request: more than one Transfer-Encoding field\n",
+                  "transfer_encoding_fields");
+  }
+  if (transfer_encodings_ == 1) {
     switch (coding_) {
       case Coding::kNotFinal:
-        bad_.text = "bad request: the final transfer coding must be chunked\n";
-        bad_.problem = "transfer_encoding_not_chunked";
-        break;
+        return refuse(400, "bad request: the final transfer coding must be chunked\n",
+                      "transfer_encoding_not_chunked");
       case Coding::kRepeated:
-        bad_.text = "bad request: chunked more than once\n";
-        bad_.problem = "transfer_encoding_repeated";
-        break;
+        return refuse(400, "bad request: chunked more than once\n", "transfer_encoding_repeated");
       case Coding::kUnsupported:
-        bad_.status = 501;
-        bad_.text = "not implemented: chunked is the only transfer coding served\n";
-        bad_.problem = "transfer_coding_unsupported";
-        break;
+        return refuse(501, "not implemented: chunked is the only transfer coding served\n",
+                      "transfer_coding_unsupported");
       case Coding::kChunked:
         // Beast frames the body by its own reading of the field: served only when it reads
         // chunked too, never framed one way here and another way there.
         if (!parser_->chunked()) {
-          bad_.text = "bad request: ambiguous Transfer-Encoding\n";
-          bad_.problem = "transfer_encoding_ambiguous";
+          return refuse(400, "bad request: ambiguous Transfer-Encoding\n",
+                        "transfer_encoding_ambiguous");
         }
         break;
       case Coding::kNone:
         break;
     }
   }
-  if (*bad_.text == '\0' && hosts_ == 0 && request_version_ >= 11) {
-    bad_.text = "bad request: an HTTP/1.1 request needs a Host field\n";
-    bad_.problem = "host_missing";
-  } else if (*bad_.text == '\0' && hosts_ > 1) {
-    bad_.text = "bad request: more than one Host field\n";
-    bad_.problem = "host_fields";
+  if (hosts_ == 0 && request_version_ >= 11) {
+    return refuse(400, "bad request: an HTTP/1.1 request needs a Host field\n", "host_missing");
   }
-  if (*bad_.text == '\0') return true;
-  stop_ = Stop::kBadRequest;
-  return false;
+  if (hosts_ > 1) return refuse(400, "bad request: more than one Host field\n", "host_fields");
+  return true;
 }
 
 bool Http1::OnHeaderDone() {
